@@ -1,0 +1,345 @@
+import { readFileSync } from "node:fs";
+import { parse as parseYaml } from "yaml";
+
+/**
+ * The one configuration object. Loaded from a JSON or YAML file (`--config`),
+ * then `CONTINUUM_<SECTION>_<FIELD>` environment overrides (field names in
+ * upper snake case: `CONTINUUM_CATALOG_BROKERS`, `CONTINUUM_STORE_S3_ENDPOINT`),
+ * plus `PORT` for the HTTP API. Validated once at start-up; every bad field is
+ * named in one error.
+ *
+ * To add a field: add it to `Config`, give it a default in `defaultConfig`,
+ * and a rule in `rules`. Unknown keys in a file are errors (a typo must not
+ * silently fall back to a default).
+ */
+export interface Config {
+  model: {
+    /** A Hugging Face model directory; empty means the generated preset. */
+    dir: string;
+    /** Preset written under data dir when `dir` is empty. */
+    preset: "tiny" | "small" | "bench";
+  };
+  pages: {
+    /** Tokens per KV page (16–32). */
+    pageTokens: number;
+    /** Physical pages in the pool; bounds resident capacity. */
+    physicalPages: number;
+    /** Tokens per durable chunk (128–512). */
+    chunkTokens: number;
+  };
+  scheduler: {
+    /** Tokens processed per iteration across all lanes. */
+    maxBatchTokens: number;
+    /** Sequences per iteration. */
+    maxBatchSeqs: number;
+    /** Tokens reserved for prefill each iteration so it never starves. */
+    minPrefillTokens: number;
+    /** Rows per prefill tile of one long prompt. */
+    prefillTile: number;
+  };
+  store: {
+    /** Root for local data: store files, embedded log, generated models. */
+    dataDir: string;
+    ram: { maxBytes: number };
+    dir: { path: string; maxObjectBytes: number };
+    s3: {
+      enabled: boolean;
+      endpoint: string;
+      bucket: string;
+      region: string;
+      accessKeyId: string;
+      secretAccessKey: string;
+      multipartThresholdBytes: number;
+      maxAttempts: number;
+      writeBehindQueue: number;
+    };
+  };
+  catalog: {
+    log: "embedded" | "kafka";
+    brokers: string[];
+    clientId: string;
+    topics: { proposals: string; tx: string; rejections: string };
+    snapshotEvery: number;
+  };
+  controller: {
+    host: string;
+    httpPort: number;
+    workerPort: number;
+    heartbeatTtlMs: number;
+    offerTimeoutMs: number;
+  };
+  worker: {
+    index: number;
+    id: string;
+    controllerUrl: string;
+    peerPortBase: number;
+    threads: number;
+    backend: "auto" | "cpu" | "cuda";
+  };
+  auth: {
+    /** Bearer token → tenant. Empty: no auth, every request is tenant "default". */
+    tokens: Record<string, string>;
+    /** Shared secret workers present to the controller and to peers. */
+    clusterSecret: string;
+  };
+}
+
+export const defaultConfig: Config = {
+  model: { dir: "", preset: "tiny" },
+  pages: { pageTokens: 16, physicalPages: 4096, chunkTokens: 256 },
+  scheduler: { maxBatchTokens: 512, maxBatchSeqs: 64, minPrefillTokens: 64, prefillTile: 256 },
+  store: {
+    dataDir: ".continuum",
+    ram: { maxBytes: 1 << 30 },
+    dir: { path: "", maxObjectBytes: 256 << 20 },
+    s3: {
+      enabled: false,
+      endpoint: "http://127.0.0.1:9000",
+      bucket: "continuum",
+      region: "us-east-1",
+      accessKeyId: "continuum",
+      secretAccessKey: "continuum-secret",
+      multipartThresholdBytes: 16 << 20,
+      maxAttempts: 4,
+      writeBehindQueue: 64,
+    },
+  },
+  catalog: {
+    log: "embedded",
+    brokers: ["127.0.0.1:9092"],
+    clientId: "continuum",
+    topics: { proposals: "catalog.proposals", tx: "catalog.tx", rejections: "catalog.rejections" },
+    snapshotEvery: 10_000,
+  },
+  controller: {
+    host: "127.0.0.1",
+    httpPort: 8080,
+    workerPort: 8081,
+    heartbeatTtlMs: 3_000,
+    offerTimeoutMs: 5_000,
+  },
+  worker: {
+    index: 0,
+    id: "worker-0",
+    controllerUrl: "ws://127.0.0.1:8081",
+    peerPortBase: 8090,
+    threads: 0,
+    backend: "auto",
+  },
+  auth: { tokens: {}, clusterSecret: "" },
+};
+
+type Rule =
+  | { kind: "int"; min: number; max: number }
+  | { kind: "string"; allowEmpty?: boolean }
+  | { kind: "enum"; values: readonly string[] }
+  | { kind: "bool" }
+  | { kind: "strings" }
+  | { kind: "record" };
+
+const int = (min: number, max = Number.MAX_SAFE_INTEGER): Rule => ({ kind: "int", min, max });
+const str: Rule = { kind: "string" };
+const optStr: Rule = { kind: "string", allowEmpty: true };
+
+/** One rule per leaf path of Config. */
+const rules: Record<string, Rule> = {
+  "model.dir": optStr,
+  "model.preset": { kind: "enum", values: ["tiny", "small", "bench"] },
+  "pages.pageTokens": int(16, 32),
+  "pages.physicalPages": int(1, 1 << 24),
+  "pages.chunkTokens": int(128, 512),
+  "scheduler.maxBatchTokens": int(1, 1 << 20),
+  "scheduler.maxBatchSeqs": int(1, 4096),
+  "scheduler.minPrefillTokens": int(0, 1 << 20),
+  "scheduler.prefillTile": int(1, 1 << 20),
+  "store.dataDir": str,
+  "store.ram.maxBytes": int(0),
+  "store.dir.path": optStr,
+  "store.dir.maxObjectBytes": int(1),
+  "store.s3.enabled": { kind: "bool" },
+  "store.s3.endpoint": str,
+  "store.s3.bucket": str,
+  "store.s3.region": str,
+  "store.s3.accessKeyId": optStr,
+  "store.s3.secretAccessKey": optStr,
+  "store.s3.multipartThresholdBytes": int(5 << 20),
+  "store.s3.maxAttempts": int(1, 20),
+  "store.s3.writeBehindQueue": int(1, 1 << 16),
+  "catalog.log": { kind: "enum", values: ["embedded", "kafka"] },
+  "catalog.brokers": { kind: "strings" },
+  "catalog.clientId": str,
+  "catalog.topics.proposals": str,
+  "catalog.topics.tx": str,
+  "catalog.topics.rejections": str,
+  "catalog.snapshotEvery": int(1),
+  "controller.host": str,
+  "controller.httpPort": int(0, 65535),
+  "controller.workerPort": int(0, 65535),
+  "controller.heartbeatTtlMs": int(1),
+  "controller.offerTimeoutMs": int(1),
+  "worker.index": int(0, 4096),
+  "worker.id": str,
+  "worker.controllerUrl": str,
+  "worker.peerPortBase": int(0, 65535),
+  "worker.threads": int(0, 1024),
+  "worker.backend": { kind: "enum", values: ["auto", "cpu", "cuda"] },
+  "auth.tokens": { kind: "record" },
+  "auth.clusterSecret": optStr,
+};
+
+export class ConfigError extends Error {
+  override readonly name = "ConfigError";
+  constructor(readonly problems: readonly string[]) {
+    super(`invalid configuration:\n  ${problems.join("\n  ")}`);
+  }
+}
+
+function envName(path: string): string {
+  return `CONTINUUM_${path
+    .replace(/\./g, "_")
+    .replace(/([a-z0-9])([A-Z])/g, "$1_$2")
+    .toUpperCase()}`;
+}
+
+/** Converts one raw value (file or environment) by its rule; returns an error text or the value. */
+function coerce(
+  path: string,
+  rule: Rule,
+  raw: unknown,
+  fromEnv: boolean,
+): { ok: unknown } | { error: string } {
+  switch (rule.kind) {
+    case "int": {
+      const n = fromEnv && typeof raw === "string" && raw.trim() !== "" ? Number(raw) : raw;
+      if (typeof n !== "number" || !Number.isInteger(n))
+        return { error: `${path}: expected an integer, got ${JSON.stringify(raw)}` };
+      if (n < rule.min || n > rule.max) return { error: `${path}: ${n} is outside ${rule.min}..${rule.max}` };
+      return { ok: n };
+    }
+    case "string":
+      if (typeof raw !== "string") return { error: `${path}: expected a string, got ${JSON.stringify(raw)}` };
+      if (!rule.allowEmpty && raw === "") return { error: `${path}: must not be empty` };
+      return { ok: raw };
+    case "enum":
+      if (typeof raw !== "string" || !rule.values.includes(raw)) {
+        return { error: `${path}: expected one of ${rule.values.join("|")}, got ${JSON.stringify(raw)}` };
+      }
+      return { ok: raw };
+    case "bool": {
+      if (fromEnv && (raw === "true" || raw === "1")) return { ok: true };
+      if (fromEnv && (raw === "false" || raw === "0")) return { ok: false };
+      if (typeof raw !== "boolean")
+        return { error: `${path}: expected true or false, got ${JSON.stringify(raw)}` };
+      return { ok: raw };
+    }
+    case "strings": {
+      const list = fromEnv && typeof raw === "string" ? raw.split(",").map((s) => s.trim()) : raw;
+      if (!Array.isArray(list) || list.some((s) => typeof s !== "string" || s === "")) {
+        return { error: `${path}: expected a list of non-empty strings, got ${JSON.stringify(raw)}` };
+      }
+      return { ok: list };
+    }
+    case "record": {
+      let rec = raw;
+      if (fromEnv && typeof raw === "string") {
+        try {
+          rec = JSON.parse(raw);
+        } catch {
+          return { error: `${path}: expected a JSON object, got ${JSON.stringify(raw)}` };
+        }
+      }
+      if (typeof rec !== "object" || rec === null || Array.isArray(rec)) {
+        return { error: `${path}: expected an object of strings` };
+      }
+      for (const [k, v] of Object.entries(rec)) {
+        if (typeof v !== "string") return { error: `${path}.${k}: expected a string` };
+      }
+      return { ok: rec };
+    }
+  }
+}
+
+function getPath(obj: unknown, path: string): unknown {
+  let cur = obj;
+  for (const key of path.split(".")) {
+    if (typeof cur !== "object" || cur === null) return undefined;
+    cur = (cur as Record<string, unknown>)[key];
+  }
+  return cur;
+}
+
+function setPath(obj: Record<string, unknown>, path: string, value: unknown): void {
+  const keys = path.split(".");
+  let cur = obj;
+  for (const key of keys.slice(0, -1)) cur = cur[key] as Record<string, unknown>;
+  cur[keys[keys.length - 1]!] = value;
+}
+
+/** Every leaf path present in a parsed file that has no rule (typos). */
+function unknownPaths(obj: unknown, prefix = ""): string[] {
+  if (typeof obj !== "object" || obj === null || Array.isArray(obj)) return [];
+  const out: string[] = [];
+  for (const [k, v] of Object.entries(obj)) {
+    const path = prefix ? `${prefix}.${k}` : k;
+    if (path in rules) continue;
+    const isSection = Object.keys(rules).some((r) => r.startsWith(`${path}.`));
+    if (!isSection) out.push(`${path}: unknown setting`);
+    else out.push(...unknownPaths(v, path));
+  }
+  return out;
+}
+
+/**
+ * Builds the configuration: defaults, then the file's values, then the
+ * environment. Throws ConfigError naming every bad field; returns a fresh
+ * object the caller may keep.
+ */
+export function resolveConfig(file: unknown, env: Record<string, string | undefined> = process.env): Config {
+  const problems: string[] = [];
+  if (file !== undefined && (typeof file !== "object" || file === null || Array.isArray(file))) {
+    throw new ConfigError(["the configuration file must hold an object"]);
+  }
+  problems.push(...unknownPaths(file));
+  const config = structuredClone(defaultConfig) as unknown as Record<string, unknown>;
+  for (const [path, rule] of Object.entries(rules)) {
+    const fromFile = getPath(file, path);
+    if (fromFile !== undefined) {
+      const r = coerce(path, rule, fromFile, false);
+      if ("error" in r) problems.push(r.error);
+      else setPath(config, path, r.ok);
+    }
+    const name = path === "controller.httpPort" && env.PORT !== undefined ? "PORT" : envName(path);
+    const fromEnv = env[name];
+    if (fromEnv !== undefined) {
+      const r = coerce(`${path} (from ${name})`, rule, fromEnv, true);
+      if ("error" in r) problems.push(r.error);
+      else setPath(config, path, r.ok);
+    }
+  }
+  if (problems.length > 0) throw new ConfigError(problems);
+  return config as unknown as Config;
+}
+
+/** Reads a JSON or YAML file (by extension; YAML otherwise) and resolves it. */
+export function loadConfig(
+  path: string | undefined,
+  env: Record<string, string | undefined> = process.env,
+): Config {
+  if (path === undefined) return resolveConfig(undefined, env);
+  let text: string;
+  try {
+    text = readFileSync(path, "utf8");
+  } catch (err) {
+    throw new ConfigError([`cannot read config file ${path}: ${(err as Error).message}`]);
+  }
+  let parsed: unknown;
+  try {
+    parsed = path.endsWith(".json") ? JSON.parse(text) : parseYaml(text);
+  } catch (err) {
+    throw new ConfigError([`cannot parse config file ${path}: ${(err as Error).message}`]);
+  }
+  return resolveConfig(parsed ?? {}, env);
+}
+
+/** The environment variable that overrides a config path (for docs and errors). */
+export const configEnvName = envName;

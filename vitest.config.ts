@@ -1,0 +1,27 @@
+import { readdirSync } from "node:fs";
+import { defineConfig } from "vitest/config";
+
+// Each file in test/setup/ is a global setup that starts one real service
+// (Kafka, the S3 server) unless it is already reachable, exports where it is
+// through CONTINUUM_* environment variables, and stops what it started when
+// the run ends. So `npm test` alone runs every integration suite for real.
+const globalSetup = readdirSync(new URL("./test/setup/", import.meta.url))
+  .filter((f) => f.endsWith(".ts"))
+  .sort()
+  .map((f) => `./test/setup/${f}`);
+
+// Suites live under test/: unit (pure logic, no services), oracle (numerics
+// against references), integration (real Kafka, real S3, real processes) and
+// fault.
+export default defineConfig({
+  test: {
+    include: ["test/**/*.test.ts"],
+    globalSetup,
+    testTimeout: 60_000,
+    hookTimeout: 180_000,
+    pool: "forks",
+    // Two cores: at most two files at once so timing-sensitive tests
+    // (event-loop liveness, heartbeats) are not starved.
+    maxWorkers: 2,
+  },
+});
