@@ -20,9 +20,12 @@ describe("config", () => {
 
   it("names every bad field in one error", () => {
     try {
-      resolveConfig({ pages: { pageTokens: 8, chunkTokens: "x" }, bogus: 1, model: { presett: "tiny" } }, {
-        CONTINUUM_SCHEDULER_MAX_BATCH_SEQS: "many",
-      });
+      resolveConfig(
+        { pages: { pageTokens: 8, chunkTokens: "x" }, bogus: 1, model: { presett: "tiny" } },
+        {
+          CONTINUUM_SCHEDULER_MAX_BATCH_SEQS: "many",
+        },
+      );
       expect.unreachable();
     } catch (err) {
       expect(err).toBeInstanceOf(ConfigError);
@@ -36,7 +39,9 @@ describe("config", () => {
   });
 
   it("derives environment names in upper snake case", () => {
-    expect(configEnvName("store.s3.multipartThresholdBytes")).toBe("CONTINUUM_STORE_S3_MULTIPART_THRESHOLD_BYTES");
+    expect(configEnvName("store.s3.multipartThresholdBytes")).toBe(
+      "CONTINUUM_STORE_S3_MULTIPART_THRESHOLD_BYTES",
+    );
   });
 
   it("does not share nested objects with the defaults", () => {
