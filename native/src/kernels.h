@@ -1,0 +1,112 @@
+// The kernel contract shared by the CPU backend (native/src/*.cc) and the CUDA
+// backend (native/cuda/*.cu). Both implement the same math on the same
+// layouts; the CUDA versions take device pointers and a stream instead of a
+// thread pool (see native/cuda/kernels_cuda.cuh).
+//
+// Layouts are row-major with the last index fastest. Shapes are written in
+// brackets; T counts token rows in a ragged batch, S counts sequences.
+//
+// Determinism contract (needed for bit-exact restore, ARCHITECTURE invariant
+// 2): every output element is a reduction in a FIXED order that depends only on
+// that element's own inputs — never on T, S, the thread count, how rows are
+// split across threads, or what else is in the batch. Threads partition
+// outputs, never a reduction. So a row gives the same bits alone or in any
+// batch, and a prompt gives the same bits whatever its prefill chunking.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ck {
+
+using f16 = uint16_t;   // IEEE 754 binary16, bit pattern
+using bf16 = uint16_t;  // bfloat16, bit pattern (upper half of an f32)
+
+enum class DType : int32_t { F32 = 0, F16 = 1, BF16 = 2 };
+
+class ThreadPool;  // defined by the CPU backend; nullptr means run on the caller's thread
+
+// ---- conversions --------------------------------------------------------
+// f32 -> f16 with round-to-nearest-even; subnormals kept, overflow -> ±inf,
+// NaN stays NaN (quiet). f16/bf16 -> f32 is exact.
+f16 f32_to_f16(float x);
+float f16_to_f32(f16 h);
+float bf16_to_f32(bf16 h);
+
+// ---- routed append --------------------------------------------------------
+// rows [B, row_elems] f32 -> pages [num_slots, row_elems] f16 where
+// row_elems = n_kv * head_dim and slot = page * page_size + offset.
+// pages[slots[b]] = f32_to_f16(rows[b]). Callers validate first (every slot in
+// [0, num_slots), no slot twice) so a bad batch writes nothing.
+void routed_append(const float* rows, const int32_t* slots, int32_t B, int32_t row_elems, f16* pages,
+                   ThreadPool* pool);
+
+// ---- attention ------------------------------------------------------------
+// Causal attention for a ragged batch of rows over paged K/V of one layer.
+// Row t belongs to sequence row_seq[t] and sits at absolute position
+// row_pos[t]; it attends to that sequence's keys at positions 0..row_pos[t]
+// inclusive (its own key must already be appended). Key position j of
+// sequence s lives in slot page_table[s * pt_stride + j / page_size] *
+// page_size + j % page_size. Head h reads kv head h / (n_heads / n_kv) (GQA).
+//
+//   out[t,h,:] = sum_j softmax_j(scale * q[t,h,:]·k[j,kvh,:]) v[j,kvh,:]
+//
+// computed in f32 with keys visited in increasing j (max pass, then
+// exp-sum/accumulate pass, in that fixed order).
+struct PagedAttention {
+  const float* q;             // [T, n_heads, head_dim]
+  const f16* k_pages;         // [num_pages, page_size, n_kv, head_dim]
+  const f16* v_pages;         // [num_pages, page_size, n_kv, v_head_dim]
+  const int32_t* page_table;  // [S, pt_stride]
+  const int32_t* row_seq;     // [T]
+  const int32_t* row_pos;     // [T]
+  float* out;                 // [T, n_heads, v_head_dim]
+  int32_t T, n_heads, n_kv, head_dim, v_head_dim, page_size, pt_stride;
+  int64_t num_pages;
+  float scale;
+};
+void paged_attention(const PagedAttention& a, ThreadPool* pool);
+
+// The correctness oracle: the same attention over a per-sequence contiguous
+// cache, k [S, ctx_cap, n_kv, head_dim], v [S, ctx_cap, n_kv, v_head_dim].
+struct ContiguousAttention {
+  const float* q;
+  const f16* k;
+  const f16* v;
+  const int32_t* row_seq;
+  const int32_t* row_pos;
+  float* out;
+  int32_t T, n_heads, n_kv, head_dim, v_head_dim, ctx_cap;
+  float scale;
+};
+void contiguous_attention(const ContiguousAttention& a, ThreadPool* pool);
+
+// ---- dense ops -------------------------------------------------------------
+// y[T, N] = x[T, K] · W[N, K]^T (+ bias[N] when bias != nullptr), W stored in
+// `wt` (the Hugging Face Linear layout [out, in]); accumulation in f32 in a
+// fixed order over K. Reads each weight once per call, not once per row.
+void matmul(const float* x, int32_t T, int32_t K, const void* W, DType wt, int32_t N, const float* bias,
+            float* y, ThreadPool* pool);
+
+// y[t,:] = x[t,:] / sqrt(mean(x[t,:]^2) + eps) * w   (RMSNorm; w in `wt`)
+void rmsnorm(const float* x, const void* w, DType wt, int32_t T, int32_t D, float eps, float* y,
+             ThreadPool* pool);
+
+// In-place rotary embedding, Hugging Face Llama convention (rotate_half: pairs
+// (i, i + head_dim/2)): for head vector x at position p, i < head_dim/2,
+//   theta = p * inv_freq[i]
+//   x'[i]       = x[i] cos(theta) - x[i+d/2] sin(theta)
+//   x'[i + d/2] = x[i+d/2] cos(theta) + x[i] sin(theta)
+// x [T, n_heads, head_dim]; inv_freq [head_dim/2] already includes any
+// Llama-3 frequency scaling.
+void rope(float* x, int32_t T, int32_t n_heads, int32_t head_dim, const int32_t* pos, const float* inv_freq,
+          ThreadPool* pool);
+
+// out[t,i] = silu(gate[t,i]) * up[t,i], silu(g) = g / (1 + exp(-g)). [T, F]
+void swiglu(const float* gate, const float* up, int32_t T, int32_t F, float* out, ThreadPool* pool);
+
+// out[t,:] = embedding[ids[t], :] converted to f32. embedding [vocab, D] in `wt`.
+void embed(const int32_t* ids, int32_t T, const void* embedding, DType wt, int32_t D, float* out,
+           ThreadPool* pool);
+
+}  // namespace ck
