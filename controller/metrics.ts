@@ -1,0 +1,114 @@
+/**
+ * A small Prometheus text-format registry. Histograms have fixed buckets
+ * (bounded memory whatever the traffic); label sets are bounded per metric so
+ * a client cannot grow memory by inventing label values.
+ */
+
+const MAX_LABEL_SETS = 256;
+
+type Labels = Readonly<Record<string, string>>;
+
+function labelKey(labels: Labels): string {
+  return Object.keys(labels)
+    .sort()
+    .map((k) => `${k}="${labels[k]!.replace(/\\/g, "\\\\").replace(/"/g, '\\"').replace(/\n/g, "\\n")}"`)
+    .join(",");
+}
+
+abstract class Metric {
+  constructor(
+    readonly name: string,
+    readonly help: string,
+  ) {}
+  abstract render(): string[];
+}
+
+export class Counter extends Metric {
+  private readonly values = new Map<string, number>();
+  inc(labels: Labels = {}, by = 1): void {
+    const key = labelKey(labels);
+    if (!this.values.has(key) && this.values.size >= MAX_LABEL_SETS) return;
+    this.values.set(key, (this.values.get(key) ?? 0) + by);
+  }
+  get(labels: Labels = {}): number {
+    return this.values.get(labelKey(labels)) ?? 0;
+  }
+  render(): string[] {
+    const out = [`# HELP ${this.name} ${this.help}`, `# TYPE ${this.name} counter`];
+    if (this.values.size === 0) out.push(`${this.name} 0`);
+    for (const [k, v] of this.values) out.push(`${this.name}${k ? `{${k}}` : ""} ${v}`);
+    return out;
+  }
+}
+
+export class Gauge extends Metric {
+  constructor(
+    name: string,
+    help: string,
+    private readonly read: () => ReadonlyArray<readonly [Labels, number]>,
+  ) {
+    super(name, help);
+  }
+  render(): string[] {
+    const out = [`# HELP ${this.name} ${this.help}`, `# TYPE ${this.name} gauge`];
+    for (const [labels, v] of this.read().slice(0, MAX_LABEL_SETS)) {
+      const k = labelKey(labels);
+      out.push(`${this.name}${k ? `{${k}}` : ""} ${v}`);
+    }
+    return out;
+  }
+}
+
+export class Histogram extends Metric {
+  private readonly counts: number[];
+  private sum = 0;
+  private count = 0;
+  constructor(
+    name: string,
+    help: string,
+    private readonly buckets: readonly number[],
+  ) {
+    super(name, help);
+    for (let i = 1; i < buckets.length; i++) {
+      if (!(buckets[i]! > buckets[i - 1]!)) throw new Error(`${name}: buckets must increase`);
+    }
+    this.counts = new Array(buckets.length).fill(0);
+  }
+  observe(v: number): void {
+    this.sum += v;
+    this.count += 1;
+    for (let i = 0; i < this.buckets.length; i++) if (v <= this.buckets[i]!) this.counts[i]! += 1;
+  }
+  get observations(): number {
+    return this.count;
+  }
+  render(): string[] {
+    const out = [`# HELP ${this.name} ${this.help}`, `# TYPE ${this.name} histogram`];
+    for (let i = 0; i < this.buckets.length; i++) {
+      out.push(`${this.name}_bucket{le="${this.buckets[i]}"} ${this.counts[i]}`);
+    }
+    out.push(
+      `${this.name}_bucket{le="+Inf"} ${this.count}`,
+      `${this.name}_sum ${this.sum}`,
+      `${this.name}_count ${this.count}`,
+    );
+    return out;
+  }
+}
+
+export class Registry {
+  private readonly metrics: Metric[] = [];
+  add<M extends Metric>(m: M): M {
+    if (this.metrics.some((x) => x.name === m.name)) throw new Error(`metric ${m.name} registered twice`);
+    this.metrics.push(m);
+    return m;
+  }
+  render(): string {
+    return `${this.metrics.flatMap((m) => m.render()).join("\n")}\n`;
+  }
+}
+
+/** Seconds buckets from 1 ms to ~60 s, roughly ×2 apart. */
+export const LATENCY_BUCKETS_S = [
+  0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
+] as const;
