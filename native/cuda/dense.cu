@@ -1,0 +1,220 @@
+// Dense ops: deterministic tiled matmul, RMSNorm, RoPE, SwiGLU, embedding.
+// Each output element is reduced by one thread (matmul) or one fixed-size
+// block (rmsnorm) in an order that depends only on the element's own row, so
+// results never depend on T or on the other rows of the batch.
+#include <cmath>
+
+#include "f16.cuh"
+#include "kernels_cuda.cuh"
+
+namespace ck::cuda {
+namespace {
+
+template <ck::DType W>
+__device__ __forceinline__ float load_w(const void* w, int64_t i) {
+  if constexpr (W == ck::DType::F32) return static_cast<const float*>(w)[i];
+  if constexpr (W == ck::DType::F16) return f16_to_f32_exact(static_cast<const uint16_t*>(w)[i]);
+  if constexpr (W == ck::DType::BF16) return bf16_to_f32_exact(static_cast<const uint16_t*>(w)[i]);
+  return 0.0f;
+}
+
+// ---- matmul ------------------------------------------------------------------
+// Block tile kBM rows of x by kBN rows of W (outputs), 16x16 threads, each
+// thread 4x4 outputs at rows ty + 16 i and columns tx + 16 j. K is walked in
+// tiles of kBK in increasing order and, inside a tile, k increasing: every
+// y[t,n] is the FMA chain sum_{k=0}^{K-1} x[t,k] W[n,k] (zero padding past K
+// adds exact zeros), then + bias[n].
+constexpr int kBM = 64, kBN = 64, kBK = 16, kTX = 16, kTY = 16;
+
+template <ck::DType WT>
+__global__ void __launch_bounds__(kTX* kTY) matmul_kernel(const float* __restrict__ x, int32_t T, int32_t K,
+                                                          const void* __restrict__ W, int32_t N,
+                                                          const float* __restrict__ bias, float* __restrict__ y) {
+  __shared__ float xs[kBK][kBM + 1];  // transposed: xs[k][row]
+  __shared__ float ws[kBK][kBN + 1];  // ws[k][col]
+  const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * kTX + tx;
+  const int64_t row0 = int64_t{blockIdx.y} * kBM, col0 = int64_t{blockIdx.x} * kBN;
+  float acc[4][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+
+  for (int32_t k0 = 0; k0 < K; k0 += kBK) {
+    // 64x16 elements per tile, 256 threads: 4 each; kk fastest for coalescing.
+#pragma unroll
+    for (int e = 0; e < (kBM * kBK) / (kTX * kTY); ++e) {
+      const int idx = tid + e * kTX * kTY;
+      const int kk = idx % kBK, r = idx / kBK;
+      const int64_t k = k0 + kk;
+      const int64_t xr = row0 + r, wr = col0 + r;
+      xs[kk][r] = (xr < T && k < K) ? x[xr * K + k] : 0.0f;
+      ws[kk][r] = (wr < N && k < K) ? load_w<WT>(W, wr * K + k) : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kBK; ++kk) {
+      float xv[4], wv[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) xv[i] = xs[kk][ty + kTY * i];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) wv[j] = ws[kk][tx + kTX * j];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(xv[i], wv[j], acc[i][j]);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t r = row0 + ty + kTY * i;
+    if (r >= T) continue;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t c = col0 + tx + kTX * j;
+      if (c < N) y[r * N + c] = bias != nullptr ? acc[i][j] + bias[c] : acc[i][j];
+    }
+  }
+}
+
+// ---- rmsnorm -------------------------------------------------------------------
+constexpr int kNormThreads = 256;
+
+template <ck::DType WT>
+__global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(const float* __restrict__ x, const void* __restrict__ w,
+                                                               int32_t D, float eps, float* __restrict__ y) {
+  __shared__ float warp_sums[kNormThreads / 32];
+  __shared__ float inv_sh;
+  const float* xr = x + int64_t{blockIdx.x} * D;
+  float* yr = y + int64_t{blockIdx.x} * D;
+  // Thread i sums d = i, i+256, ... in order; warps reduce by a fixed shuffle
+  // tree; thread 0 adds the 8 warp sums in order 0..7.
+  float ss = 0.0f;
+  for (int32_t d = threadIdx.x; d < D; d += kNormThreads) ss = fmaf(xr[d], xr[d], ss);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.0f;
+    for (int i = 0; i < kNormThreads / 32; ++i) total += warp_sums[i];
+    inv_sh = 1.0f / sqrtf(total / static_cast<float>(D) + eps);
+  }
+  __syncthreads();
+  const float inv = inv_sh;
+  for (int32_t d = threadIdx.x; d < D; d += kNormThreads) yr[d] = xr[d] * inv * load_w<WT>(w, d);
+}
+
+// ---- rope, swiglu, embed -----------------------------------------------------------
+__global__ void rope_kernel(float* __restrict__ x, int32_t T, int32_t n_heads, int32_t head_dim,
+                            const int32_t* __restrict__ pos, const float* __restrict__ inv_freq) {
+  const int32_t half = head_dim / 2;
+  const int64_t n = int64_t{T} * n_heads * half;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n; e += int64_t{gridDim.x} * blockDim.x) {
+    const int32_t i = static_cast<int32_t>(e % half);
+    const int64_t th = e / half;  // t * n_heads + h
+    const int32_t t = static_cast<int32_t>(th / n_heads);
+    const float theta = static_cast<float>(pos[t]) * inv_freq[i];
+    float s, c;
+    sincosf(theta, &s, &c);
+    float* v = x + th * head_dim;
+    const float a = v[i], b = v[i + half];
+    v[i] = a * c - b * s;
+    v[i + half] = b * c + a * s;
+  }
+}
+
+__global__ void swiglu_kernel(const float* __restrict__ gate, const float* __restrict__ up, int64_t n,
+                              float* __restrict__ out) {
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n; e += int64_t{gridDim.x} * blockDim.x) {
+    const float g = gate[e];
+    out[e] = g / (1.0f + expf(-g)) * up[e];
+  }
+}
+
+template <ck::DType WT>
+__global__ void embed_kernel(const int32_t* __restrict__ ids, const void* __restrict__ emb, int32_t vocab,
+                             int32_t D, float* __restrict__ out) {
+  const int32_t t = blockIdx.x;
+  const int32_t id = ids[t];
+  float* o = out + int64_t{t} * D;
+  const bool ok = id >= 0 && id < vocab;
+  for (int32_t d = threadIdx.x; d < D; d += blockDim.x)
+    o[d] = ok ? load_w<WT>(emb, int64_t{id} * D + d) : __int_as_float(0x7fc00000);
+}
+
+int elementwise_grid(int64_t n, int threads) {
+  const int64_t blocks = (n + threads - 1) / threads;
+  return static_cast<int>(blocks < 65535 * 8 ? (blocks > 0 ? blocks : 1) : 65535 * 8);
+}
+
+void require_dtype(ck::DType wt, const char* what) {
+  CK_REQUIRE(wt == ck::DType::F32 || wt == ck::DType::F16 || wt == ck::DType::BF16,
+             std::string(what) + ": unknown weight dtype");
+}
+
+}  // namespace
+
+void matmul(const float* x, int32_t T, int32_t K, const void* W, ck::DType wt, int32_t N, const float* bias,
+            float* y, cudaStream_t stream) {
+  CK_REQUIRE(T >= 0 && K > 0 && N > 0, "matmul: bad shape");
+  CK_REQUIRE((T + kBM - 1) / kBM <= 65535, "matmul: T too large for one launch");
+  require_dtype(wt, "matmul");
+  if (T == 0) return;
+  const dim3 grid((N + kBN - 1) / kBN, (T + kBM - 1) / kBM), block(kTX, kTY);
+  switch (wt) {
+    case ck::DType::F32: matmul_kernel<ck::DType::F32><<<grid, block, 0, stream>>>(x, T, K, W, N, bias, y); break;
+    case ck::DType::F16: matmul_kernel<ck::DType::F16><<<grid, block, 0, stream>>>(x, T, K, W, N, bias, y); break;
+    case ck::DType::BF16: matmul_kernel<ck::DType::BF16><<<grid, block, 0, stream>>>(x, T, K, W, N, bias, y); break;
+  }
+  CK_LAUNCH("matmul_kernel");
+}
+
+void rmsnorm(const float* x, const void* w, ck::DType wt, int32_t T, int32_t D, float eps, float* y,
+             cudaStream_t stream) {
+  CK_REQUIRE(T >= 0 && D > 0 && eps >= 0.0f, "rmsnorm: bad shape or eps");
+  require_dtype(wt, "rmsnorm");
+  if (T == 0) return;
+  switch (wt) {
+    case ck::DType::F32: rmsnorm_kernel<ck::DType::F32><<<T, kNormThreads, 0, stream>>>(x, w, D, eps, y); break;
+    case ck::DType::F16: rmsnorm_kernel<ck::DType::F16><<<T, kNormThreads, 0, stream>>>(x, w, D, eps, y); break;
+    case ck::DType::BF16: rmsnorm_kernel<ck::DType::BF16><<<T, kNormThreads, 0, stream>>>(x, w, D, eps, y); break;
+  }
+  CK_LAUNCH("rmsnorm_kernel");
+}
+
+void rope(float* x, int32_t T, int32_t n_heads, int32_t head_dim, const int32_t* pos, const float* inv_freq,
+          cudaStream_t stream) {
+  CK_REQUIRE(T >= 0 && n_heads > 0 && head_dim > 0 && head_dim % 2 == 0, "rope: bad shape (head_dim must be even)");
+  const int64_t n = int64_t{T} * n_heads * (head_dim / 2);
+  if (n == 0) return;
+  rope_kernel<<<elementwise_grid(n, 256), 256, 0, stream>>>(x, T, n_heads, head_dim, pos, inv_freq);
+  CK_LAUNCH("rope_kernel");
+}
+
+void swiglu(const float* gate, const float* up, int32_t T, int32_t F, float* out, cudaStream_t stream) {
+  CK_REQUIRE(T >= 0 && F > 0, "swiglu: bad shape");
+  const int64_t n = int64_t{T} * F;
+  if (n == 0) return;
+  swiglu_kernel<<<elementwise_grid(n, 256), 256, 0, stream>>>(gate, up, n, out);
+  CK_LAUNCH("swiglu_kernel");
+}
+
+void embed(const int32_t* ids, int32_t T, const void* embedding, ck::DType wt, int32_t vocab, int32_t D, float* out,
+           cudaStream_t stream) {
+  CK_REQUIRE(T >= 0 && vocab > 0 && D > 0, "embed: bad shape");
+  require_dtype(wt, "embed");
+  if (T == 0) return;
+  const int threads = D >= 1024 ? 256 : 128;
+  switch (wt) {
+    case ck::DType::F32: embed_kernel<ck::DType::F32><<<T, threads, 0, stream>>>(ids, embedding, vocab, D, out); break;
+    case ck::DType::F16: embed_kernel<ck::DType::F16><<<T, threads, 0, stream>>>(ids, embedding, vocab, D, out); break;
+    case ck::DType::BF16:
+      embed_kernel<ck::DType::BF16><<<T, threads, 0, stream>>>(ids, embedding, vocab, D, out);
+      break;
+  }
+  CK_LAUNCH("embed_kernel");
+}
+
+}  // namespace ck::cuda
