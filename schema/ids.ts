@@ -20,6 +20,8 @@ export type ContentId = Brand<string, "ContentId">;
 export type WorkerId = Brand<string, "WorkerId">;
 export type RequestId = Brand<string, "RequestId">;
 export type TenantId = Brand<string, "TenantId">;
+/** One continuation's resident route on a worker (a request's, a fork's, or a cached prefix's). */
+export type ContinuationId = Brand<string, "ContinuationId">;
 
 /** Counts of tokens (rows of attention state). */
 export type TokenCount = Brand<number, "TokenCount">;
@@ -59,7 +61,7 @@ export const ContentId = (s: unknown): ContentId => hex256<ContentId>("content i
 /** Ids chosen by people or processes: 1–128 printable ASCII characters without spaces. */
 const NAME = /^[\x21-\x7e]{1,128}$/;
 
-function name<T extends WorkerId | RequestId | TenantId>(what: string, s: unknown): T {
+function name<T extends WorkerId | RequestId | TenantId | ContinuationId>(what: string, s: unknown): T {
   if (typeof s !== "string" || !NAME.test(s)) {
     throw new InvalidIdError(
       `${what} must be 1-128 printable ASCII characters, got ${JSON.stringify(s)?.slice(0, 80)}`,
@@ -71,6 +73,7 @@ function name<T extends WorkerId | RequestId | TenantId>(what: string, s: unknow
 export const WorkerId = (s: unknown): WorkerId => name<WorkerId>("worker id", s);
 export const RequestId = (s: unknown): RequestId => name<RequestId>("request id", s);
 export const TenantId = (s: unknown): TenantId => name<TenantId>("tenant id", s);
+export const ContinuationId = (s: unknown): ContinuationId => name<ContinuationId>("continuation id", s);
 
 function count<T extends TokenCount | PageCount | PageId | Generation | LogOffset>(
   what: string,

@@ -1,0 +1,290 @@
+import { type PageCount, type RequestId, TokenCount } from "../../schema/ids.ts";
+import {
+  type Budgets,
+  type CacheSource,
+  type Phase,
+  type PreemptDisposition,
+  phaseOf,
+  type RequestRecord,
+  repairEligible,
+  SchedulerInputError,
+} from "./request.ts";
+
+/** One lane of the next step: rows [firstRow, firstRow + tokens) of request `id`. */
+export interface ScheduledWork {
+  readonly id: RequestId;
+  readonly phase: Phase;
+  readonly firstRow: TokenCount;
+  readonly tokens: TokenCount;
+  readonly source: CacheSource["kind"];
+}
+
+export type DeferReason =
+  | "token-budget"
+  | "sequence-budget"
+  | "awaiting-pages"
+  | "not-admitted"
+  | "preempted";
+
+export interface Preemption {
+  readonly id: RequestId;
+  readonly disposition: PreemptDisposition;
+  /** Pages this preemption returns: its reservation, plus its pages unless kept resident. */
+  readonly freesPages: PageCount;
+  /** The waiting request it makes room for. */
+  readonly forRequest: RequestId;
+  readonly reason: string;
+}
+
+export interface Admission {
+  readonly id: RequestId;
+  readonly pages: PageCount;
+  /** For a resumption: how the request was preempted, so how its state comes back. */
+  readonly resumedFrom: PreemptDisposition | null;
+}
+
+export interface IterationPlan {
+  /** Decode lanes first, then repair and prefill tiles. */
+  readonly scheduled: readonly ScheduledWork[];
+  readonly deferred: readonly { readonly id: RequestId; readonly reason: DeferReason }[];
+  /** Waiting requests to admit (reserve pages for), in order; resumptions included. */
+  readonly admit: readonly Admission[];
+  readonly preempt: readonly Preemption[];
+  readonly unusedTokens: number;
+  readonly unusedSeqs: number;
+}
+
+function cmp(a: string, b: string): number {
+  return a < b ? -1 : a > b ? 1 : 0;
+}
+
+/** Service order: priority (high first), deadline (early first, none last), arrival, id. */
+function serviceOrder(a: RequestRecord, b: RequestRecord): number {
+  return (
+    b.priority - a.priority ||
+    (a.deadline ?? Number.POSITIVE_INFINITY) - (b.deadline ?? Number.POSITIVE_INFINITY) ||
+    a.arrival - b.arrival ||
+    cmp(a.id, b.id)
+  );
+}
+
+/** Victim order: lowest priority first, then the latest arrival, then the larger id. */
+function victimOrder(a: RequestRecord, b: RequestRecord): number {
+  return a.priority - b.priority || b.arrival - a.arrival || cmp(b.id, a.id);
+}
+
+/** Age order, which alone decides who gets the minimum prefill budget: arrival, then id. */
+function ageOrder(a: RequestRecord, b: RequestRecord): number {
+  return a.arrival - b.arrival || cmp(a.id, b.id);
+}
+
+function positiveInt(what: string, n: number, allowZero = false): void {
+  if (!Number.isSafeInteger(n) || n < (allowZero ? 0 : 1))
+    throw new SchedulerInputError(
+      `${what} must be a ${allowZero ? "non-negative" : "positive"} integer, got ${n}`,
+    );
+}
+
+function validate(requests: readonly RequestRecord[], b: Budgets): void {
+  positiveInt("budgets.maxBatchTokens", b.maxBatchTokens);
+  positiveInt("budgets.maxBatchSeqs", b.maxBatchSeqs);
+  positiveInt("budgets.minPrefillTokens", b.minPrefillTokens, true);
+  positiveInt("budgets.prefillTile", b.prefillTile);
+  positiveInt("budgets.repairTile", b.repairTile);
+  positiveInt("budgets.pageTokens", b.pageTokens);
+  positiveInt("budgets.availablePages", b.availablePages, true);
+  for (const [k, v] of Object.entries(b.costs))
+    if (!Number.isFinite(v) || v < 0)
+      throw new SchedulerInputError(`budgets.costs.${k} must be ≥ 0, got ${v}`);
+  const seen = new Set<RequestId>();
+  for (const r of requests) {
+    const at = `request ${r.id}`;
+    if (seen.has(r.id)) throw new SchedulerInputError(`${at} appears twice`);
+    seen.add(r.id);
+    if (r.model !== b.model)
+      throw new SchedulerInputError(`${at}: model ${r.model} is not this worker's ${b.model}`);
+    if (r.tokens.length === 0) throw new SchedulerInputError(`${at}: empty token history`);
+    positiveInt(`${at}: processed`, r.processed, true);
+    if (r.processed > r.tokens.length - 1)
+      throw new SchedulerInputError(
+        `${at}: processed ${r.processed} beyond the ${r.tokens.length - 1} rows before the pending token`,
+      );
+    if (r.pendingToken !== r.tokens[r.tokens.length - 1])
+      throw new SchedulerInputError(
+        `${at}: pending token ${r.pendingToken} is not the last token of its history`,
+      );
+    if (
+      !Number.isFinite(r.priority) ||
+      !Number.isFinite(r.arrival) ||
+      (r.deadline !== null && !Number.isFinite(r.deadline))
+    )
+      throw new SchedulerInputError(`${at}: priority, arrival and deadline must be finite`);
+    positiveInt(`${at}: repairTokens`, r.repairTokens, true);
+    if (r.repairTokens > r.processed)
+      throw new SchedulerInputError(`${at}: repairs more rows than it processed`);
+    if (r.repairTokens > 0 && r.source.kind !== "repair")
+      throw new SchedulerInputError(`${at}: repair work without a repair cache source`);
+    if (r.source.kind === "repair" && !repairEligible(b.repair, r.source.quality))
+      throw new SchedulerInputError(
+        `${at}: repair source is ineligible (opt-in ${b.repair.optIn}, minimum quality ${b.repair.minQuality}, quality ${r.source.quality})`,
+      );
+    positiveInt(`${at}: admitPages`, r.admitPages, true);
+    positiveInt(`${at}: reservedPages`, r.reservedPages, true);
+    positiveInt(`${at}: releasablePages`, r.releasablePages, true);
+    if (r.state === "running" && r.preempted !== null)
+      throw new SchedulerInputError(`${at}: running but marked preempted`);
+  }
+}
+
+/**
+ * How a victim gives up pages to cover `shortfall`: keep its pages resident if
+ * its reservation alone covers it; otherwise free them, checkpointing when
+ * capture + restore costs less than recomputing the processed rows (and at
+ * least one full page exists to capture), else dropping.
+ */
+function disposition(
+  v: RequestRecord,
+  shortfall: number,
+  b: Budgets,
+): { d: PreemptDisposition; frees: number; why: string } {
+  if (v.reservedPages >= shortfall)
+    return {
+      d: "keep-resident",
+      frees: v.reservedPages,
+      why: `its ${v.reservedPages} reserved pages cover the shortfall`,
+    };
+  const rows = v.processed;
+  const recompute = rows * b.costs.prefillPerTokenMs;
+  const checkpoint = rows * (b.costs.capturePerTokenMs + b.costs.restorePerTokenMs);
+  const frees = v.reservedPages + v.releasablePages;
+  if (rows >= b.pageTokens && checkpoint < recompute)
+    return {
+      d: "checkpoint",
+      frees,
+      why: `checkpoint ${checkpoint.toFixed(3)} ms < recompute ${recompute.toFixed(3)} ms`,
+    };
+  return {
+    d: "drop",
+    frees,
+    why: `recompute ${recompute.toFixed(3)} ms ≤ checkpoint ${checkpoint.toFixed(3)} ms`,
+  };
+}
+
+/**
+ * Plan one continuous-batching iteration. Pure: the same requests and budgets
+ * give a deep-equal plan.
+ *
+ * 1. Admission: waiting requests in service order reserve their pages while
+ *    they fit. One that does not fit may preempt running requests of strictly
+ *    lower priority (lowest priority, latest arrival first); if even that is
+ *    not enough, admission stops there so nobody behind it jumps the queue.
+ * 2. Decode lanes take one row each, first, from the budget minus the minimum
+ *    prefill reservation (rows and one lane) held while prefill/repair waits.
+ * 3. The oldest prefill/repair (by arrival, then id) takes its tile next, so
+ *    under any decode load it advances ≥ min(minPrefillTokens, tile) rows per
+ *    iteration: every prompt finishes within a bounded number of iterations.
+ * 4. Other prefill/repair tiles share what is left in service order.
+ */
+export function planIteration(requests: readonly RequestRecord[], budgets: Budgets): IterationPlan {
+  validate(requests, budgets);
+  const admit: Admission[] = [];
+  const preempt: Preemption[] = [];
+  const preempted = new Set<RequestId>();
+  const admitted = new Set<RequestId>();
+
+  let free = budgets.availablePages as number;
+  const waiting = requests.filter((r) => r.state === "waiting").sort(serviceOrder);
+  for (const w of waiting) {
+    if (w.admitPages <= free) {
+      free -= w.admitPages;
+      admit.push({ id: w.id, pages: w.admitPages, resumedFrom: w.preempted });
+      admitted.add(w.id);
+      continue;
+    }
+    const victims = requests
+      .filter((r) => r.state === "running" && !preempted.has(r.id) && r.priority < w.priority)
+      .sort(victimOrder);
+    const chosen: Preemption[] = [];
+    let room = free;
+    for (const v of victims) {
+      if (room >= w.admitPages) break;
+      const { d, frees, why } = disposition(v, w.admitPages - room, budgets);
+      if (frees === 0) continue;
+      chosen.push({
+        id: v.id,
+        disposition: d,
+        freesPages: frees as PageCount,
+        forRequest: w.id,
+        reason: `priority ${v.priority} < ${w.priority}, arrival ${v.arrival}; ${why}`,
+      });
+      room += frees;
+    }
+    if (room < w.admitPages) break;
+    for (const c of chosen) {
+      preempt.push(c);
+      preempted.add(c.id);
+    }
+    free = room - w.admitPages;
+    admit.push({ id: w.id, pages: w.admitPages, resumedFrom: w.preempted });
+    admitted.add(w.id);
+  }
+
+  const deferred: { id: RequestId; reason: DeferReason }[] = [];
+  const candidates: RequestRecord[] = [];
+  for (const r of [...requests].sort(serviceOrder)) {
+    if (preempted.has(r.id)) deferred.push({ id: r.id, reason: "preempted" });
+    else if (r.state === "waiting" && !admitted.has(r.id))
+      deferred.push({ id: r.id, reason: "not-admitted" });
+    else if (!r.runnable) deferred.push({ id: r.id, reason: "awaiting-pages" });
+    else candidates.push(r);
+  }
+
+  const decodes = candidates.filter((r) => phaseOf(r).phase === "decode");
+  const others = candidates.filter((r) => phaseOf(r).phase !== "decode");
+  const holdTokens = others.length > 0 ? Math.min(budgets.minPrefillTokens, budgets.maxBatchTokens) : 0;
+  const holdSeqs = holdTokens > 0 ? 1 : 0;
+  let tokens = budgets.maxBatchTokens;
+  let seqs = budgets.maxBatchSeqs;
+  const scheduled: ScheduledWork[] = [];
+
+  for (const r of decodes) {
+    if (seqs - holdSeqs < 1) deferred.push({ id: r.id, reason: "sequence-budget" });
+    else if (tokens - holdTokens < 1) deferred.push({ id: r.id, reason: "token-budget" });
+    else {
+      scheduled.push({
+        id: r.id,
+        phase: "decode",
+        firstRow: r.processed,
+        tokens: TokenCount(1),
+        source: r.source.kind,
+      });
+      tokens--;
+      seqs--;
+    }
+  }
+
+  const oldest = [...others].sort(ageOrder)[0];
+  const order = oldest ? [oldest, ...others.filter((r) => r !== oldest)] : [];
+  for (const r of order) {
+    const { phase, remaining } = phaseOf(r);
+    const tile = phase === "repair" ? budgets.repairTile : budgets.prefillTile;
+    const n = Math.min(remaining, tile, tokens);
+    if (seqs < 1) deferred.push({ id: r.id, reason: "sequence-budget" });
+    else if (n < 1) deferred.push({ id: r.id, reason: "token-budget" });
+    else {
+      // Repair rewrites already-processed rows: the last `repairTokens` of them.
+      const firstRow = phase === "repair" ? r.processed - r.repairTokens : r.processed;
+      scheduled.push({
+        id: r.id,
+        phase,
+        firstRow: TokenCount(firstRow),
+        tokens: TokenCount(n),
+        source: r.source.kind,
+      });
+      tokens -= n;
+      seqs--;
+    }
+  }
+
+  return { scheduled, deferred, admit, preempt, unusedTokens: tokens, unusedSeqs: seqs };
+}
