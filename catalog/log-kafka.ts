@@ -1,0 +1,696 @@
+import { randomUUID } from "node:crypto";
+import {
+  type Admin,
+  AssignerProtocol,
+  type Consumer,
+  type EachBatchPayload,
+  Kafka,
+  type LogEntry,
+  logLevel,
+  type PartitionAssigner,
+  Partitioners,
+  type Producer,
+  type Transaction,
+} from "kafkajs";
+import {
+  CatalogLogError,
+  checkOffset,
+  type FullCatalogLog,
+  type LogRecord,
+  type WriterCommit,
+  type WriterLease,
+} from "./log.ts";
+
+/**
+ * The catalog log on Apache Kafka (kafkajs 2.2.4; broker pinned in
+ * deploy/kafka/pom.xml).
+ *
+ * Topics (created explicitly by ensureTopics, one partition each, retention
+ * unlimited): catalog.proposals, catalog.tx, catalog.rejections.
+ *
+ * Logical offsets. catalog.tx is written only inside Kafka transactions, so
+ * its partition offsets have holes (commit/abort markers, aborted records).
+ * Every record the writer appends carries a header `continuum-offset` with its
+ * logical offset (decimal): the n-th committed record says n. Readers hand out
+ * logical offsets; the embedded log and Kafka therefore agree on offsets, and
+ * a snapshot at offset N means the same in both. Since each committed record
+ * occupies its own partition offset, partition offset ≥ logical offset, so a
+ * reader starting at logical N seeks the partition to N and skips what is
+ * below N (at most one marker per writer transaction plus aborted records).
+ *
+ * Exactly-once writer (see catalog/writer.ts for the loop):
+ *   - one consumer group `<proposals>.writer` on the single-partition proposals
+ *     topic; the member that owns partition 0 is the active writer, the others
+ *     are standbys (a sticky assignor keeps the partition with its owner when
+ *     a standby joins, so a join does not cause a takeover);
+ *   - a transactional producer with a fixed transactional id
+ *     (`<tx>.writer`), idempotent, one request in flight. Acquiring the lease
+ *     initializes it, which bumps the producer epoch: the previous holder (a
+ *     zombie that lost its group membership but still runs) is fenced, and its
+ *     open transaction is aborted before we read any state;
+ *   - per batch: begin → send tx records → send rejections → sendOffsets
+ *     (proposals consumed, with metadata {"txEnd","rejEnd"}) → commit. The
+ *     committed group offset and its metadata change atomically with the
+ *     records, so after fencing the new holder reads both and resumes exactly
+ *     where the last committed batch ended. endOffset() reads the same
+ *     metadata (it may run ahead of visible records by one in-flight commit
+ *     whose markers are being written; those records will arrive).
+ *   - CONCURRENT_TRANSACTIONS (the coordinator still finishing the previous
+ *     commit) is retried with bounded exponential backoff; kafkajs does not.
+ */
+
+export const OFFSET_HEADER = "continuum-offset";
+
+/** Proposals a writer may take in one Kafka transaction; a batch of more is split. */
+const DEFAULT_MAX_BATCH = 2000;
+/** Bytes per produce request; below the topics' max.message.bytes. */
+const MAX_SEND_BYTES = 1 << 20;
+/** Topic-level record batch limit (room for one wire message of 16 MiB plus framing). */
+const TOPIC_MAX_MESSAGE_BYTES = 20 * 1024 * 1024;
+/** Bounds of the proposal producer's group-commit buffer. */
+const MAX_PENDING_PROPOSALS = 20_000;
+
+export interface KafkaTopics {
+  readonly proposals: string;
+  readonly tx: string;
+  readonly rejections: string;
+}
+
+export interface KafkaLogOptions {
+  readonly brokers: readonly string[];
+  readonly clientId: string;
+  readonly topics: KafkaTopics;
+  /** Records per subscriber callback and proposals per writer transaction (default 2,000). */
+  readonly maxBatch?: number;
+  /** Writer group session timeout: how long a dead writer holds the lease (default 6,000 ms, the broker minimum). */
+  readonly sessionTimeoutMs?: number;
+  /** kafkajs log lines at or above this level go to stderr as JSON (default: errors). */
+  readonly logLevel?: "nothing" | "error" | "warn" | "info";
+}
+
+export const writerGroupId = (t: KafkaTopics): string => `${t.proposals}.writer`;
+export const writerTransactionalId = (t: KafkaTopics): string => `${t.tx}.writer`;
+
+function kafkaClient(
+  brokers: readonly string[],
+  clientId: string,
+  level: KafkaLogOptions["logLevel"],
+): Kafka {
+  const levels = {
+    nothing: logLevel.NOTHING,
+    error: logLevel.ERROR,
+    warn: logLevel.WARN,
+    info: logLevel.INFO,
+  };
+  return new Kafka({
+    clientId,
+    brokers: [...brokers],
+    logLevel: levels[level ?? "error"],
+    // Bounded reconnects: about a minute of retries before an operation fails.
+    retry: { initialRetryTime: 100, maxRetryTime: 5_000, retries: 15 },
+    logCreator:
+      () =>
+      ({ namespace, level: lvl, log }: LogEntry) => {
+        const { message, timestamp: _t, logger: _l, ...rest } = log;
+        process.stderr.write(
+          `${JSON.stringify({ t: new Date().toISOString(), src: "kafkajs", level: lvl, ns: namespace, msg: message, ...rest })}\n`,
+        );
+      },
+  });
+}
+
+/** Polls the admin client until the cluster answers (bounded by `timeoutMs`). */
+export async function waitForKafka(brokers: readonly string[], timeoutMs: number): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  let last: unknown;
+  while (Date.now() < deadline) {
+    const admin = kafkaClient(brokers, "continuum-ready", "nothing").admin();
+    try {
+      await admin.connect();
+      const cluster = await admin.describeCluster();
+      if (cluster.brokers.length > 0 && cluster.controller !== null) return;
+    } catch (err) {
+      last = err;
+    } finally {
+      await admin.disconnect().catch(() => undefined);
+    }
+    await new Promise((r) => setTimeout(r, 250));
+  }
+  throw new CatalogLogError(
+    `Kafka at ${brokers.join(",")} not ready after ${timeoutMs} ms: ${(last as Error | undefined)?.message ?? "no answer"}`,
+  );
+}
+
+/** Creates the three catalog topics if missing (one partition each, unlimited retention); checks existing ones have one partition. */
+export async function ensureTopics(brokers: readonly string[], topics: KafkaTopics): Promise<void> {
+  const admin = kafkaClient(brokers, "continuum-topics", "nothing").admin();
+  await admin.connect();
+  try {
+    const names = [topics.proposals, topics.tx, topics.rejections];
+    const existing = new Set(await admin.listTopics());
+    const missing = names.filter((n) => !existing.has(n));
+    if (missing.length > 0) {
+      await admin.createTopics({
+        waitForLeaders: true,
+        topics: missing.map((topic) => ({
+          topic,
+          numPartitions: 1,
+          replicationFactor: 1,
+          configEntries: [
+            { name: "retention.ms", value: "-1" },
+            { name: "retention.bytes", value: "-1" },
+            { name: "max.message.bytes", value: String(TOPIC_MAX_MESSAGE_BYTES) },
+          ],
+        })),
+      });
+    }
+    const meta = await admin.fetchTopicMetadata({ topics: names });
+    for (const t of meta.topics) {
+      if (t.partitions.length !== 1) {
+        throw new CatalogLogError(
+          `topic ${t.name} has ${t.partitions.length} partitions; the catalog needs exactly 1`,
+        );
+      }
+    }
+  } finally {
+    await admin.disconnect();
+  }
+}
+
+/** Retries an operation while Kafka answers CONCURRENT_TRANSACTIONS: 5 ms doubling to 500 ms, 40 attempts. */
+async function retryConcurrent<T>(op: () => Promise<T>): Promise<T> {
+  const attempts = 40;
+  let delay = 5;
+  for (let i = 1; ; i++) {
+    try {
+      return await op();
+    } catch (err) {
+      const type = (err as { type?: string }).type;
+      if (type !== "CONCURRENT_TRANSACTIONS" || i >= attempts) throw err;
+      await new Promise((r) => setTimeout(r, delay));
+      delay = Math.min(500, delay * 2);
+    }
+  }
+}
+
+function logicalOffset(
+  headers: Record<string, unknown> | undefined,
+  topic: string,
+  kafkaOffset: string,
+): number {
+  const h = headers?.[OFFSET_HEADER];
+  const n = h === undefined ? Number.NaN : Number(Buffer.isBuffer(h) ? h.toString("utf8") : String(h));
+  if (!Number.isSafeInteger(n) || n < 0) {
+    throw new CatalogLogError(`${topic}@${kafkaOffset}: record has no valid ${OFFSET_HEADER} header`);
+  }
+  return n;
+}
+
+/** Splits records into produce requests of at most MAX_SEND_BYTES each. */
+function chunksBySize<T extends { value: Buffer }>(messages: readonly T[]): T[][] {
+  const out: T[][] = [];
+  let cur: T[] = [];
+  let bytes = 0;
+  for (const m of messages) {
+    if (cur.length > 0 && bytes + m.value.length > MAX_SEND_BYTES) {
+      out.push(cur);
+      cur = [];
+      bytes = 0;
+    }
+    cur.push(m);
+    bytes += m.value.length;
+  }
+  if (cur.length > 0) out.push(cur);
+  return out;
+}
+
+/**
+ * Group commit for proposals: callers queue; one send at a time carries
+ * everything queued (up to MAX_SEND_BYTES per request, acks=all, idempotent)
+ * and answers each caller once the broker acknowledged it.
+ */
+class ProposalBatcher {
+  private queue: Array<{ value: Buffer; done: () => void; fail: (e: Error) => void }> = [];
+  private sending = false;
+  private readonly spaceFreed: Array<() => void> = [];
+
+  constructor(
+    private readonly producer: Producer,
+    private readonly topic: string,
+  ) {}
+
+  async propose(bytes: Uint8Array): Promise<void> {
+    while (this.queue.length >= MAX_PENDING_PROPOSALS) {
+      await new Promise<void>((r) => this.spaceFreed.push(r));
+    }
+    return new Promise((done, fail) => {
+      this.queue.push({ value: Buffer.from(bytes), done, fail });
+      if (!this.sending) void this.drain();
+    });
+  }
+
+  private async drain(): Promise<void> {
+    this.sending = true;
+    while (this.queue.length > 0) {
+      const [group] = chunksBySize(this.queue);
+      const taken = group!;
+      this.queue = this.queue.slice(taken.length);
+      for (const w of this.spaceFreed.splice(0)) w();
+      try {
+        await this.producer.send({
+          topic: this.topic,
+          acks: -1,
+          messages: taken.map((m) => ({ value: m.value })),
+        });
+        for (const m of taken) m.done();
+      } catch (err) {
+        for (const m of taken) m.fail(err as Error);
+      }
+    }
+    this.sending = false;
+  }
+}
+
+export class KafkaLog implements FullCatalogLog {
+  private readonly kafka: Kafka;
+  private readonly admin: Admin;
+  private proposer: { producer: Producer; batcher: ProposalBatcher } | undefined;
+  private readonly maxBatch: number;
+  private readonly closers = new Set<() => Promise<void>>();
+  private closed = false;
+
+  private constructor(private readonly opts: KafkaLogOptions) {
+    this.kafka = kafkaClient(opts.brokers, opts.clientId, opts.logLevel);
+    this.admin = this.kafka.admin();
+    this.maxBatch = opts.maxBatch ?? DEFAULT_MAX_BATCH;
+  }
+
+  /** Connects, and creates the topics if they are missing. */
+  static async open(opts: KafkaLogOptions): Promise<KafkaLog> {
+    if (opts.brokers.length === 0) throw new CatalogLogError("Kafka log: no brokers configured");
+    await ensureTopics(opts.brokers, opts.topics);
+    const log = new KafkaLog(opts);
+    await log.admin.connect();
+    return log;
+  }
+
+  private checkOpen(what: string): void {
+    if (this.closed) throw new CatalogLogError(`${what}: the Kafka log is closed`);
+  }
+
+  async propose(bytes: Uint8Array): Promise<void> {
+    this.checkOpen("propose");
+    if (!(bytes instanceof Uint8Array)) throw new CatalogLogError("propose: bytes must be a Uint8Array");
+    if (this.proposer === undefined) {
+      const producer = this.kafka.producer({
+        idempotent: true,
+        maxInFlightRequests: 1,
+        createPartitioner: Partitioners.DefaultPartitioner,
+      });
+      this.proposer = { producer, batcher: new ProposalBatcher(producer, this.opts.topics.proposals) };
+      this.closers.add(() => producer.disconnect());
+      await producer.connect();
+    }
+    await this.proposer.batcher.propose(bytes);
+  }
+
+  /** Writer progress as committed with the last writer transaction. */
+  async writerState(): Promise<{ proposalsOffset: number; txEnd: number; rejEnd: number }> {
+    const [topic] = await this.admin.fetchOffsets({
+      groupId: writerGroupId(this.opts.topics),
+      topics: [this.opts.topics.proposals],
+    });
+    const p = topic?.partitions.find((x) => x.partition === 0);
+    const offset = p === undefined ? -1 : Number(p.offset);
+    if (p === undefined || offset < 0) return { proposalsOffset: 0, txEnd: 0, rejEnd: 0 };
+    let meta: { txEnd?: unknown; rejEnd?: unknown };
+    try {
+      meta = JSON.parse(p.metadata ?? "");
+    } catch {
+      throw new CatalogLogError(
+        `group ${writerGroupId(this.opts.topics)}: committed offset without writer metadata (was it committed by something other than the catalog writer?)`,
+      );
+    }
+    const txEnd = Number(meta.txEnd);
+    const rejEnd = Number(meta.rejEnd);
+    if (!Number.isSafeInteger(txEnd) || !Number.isSafeInteger(rejEnd)) {
+      throw new CatalogLogError(
+        `group ${writerGroupId(this.opts.topics)}: bad writer metadata ${p.metadata}`,
+      );
+    }
+    return { proposalsOffset: offset, txEnd, rejEnd };
+  }
+
+  async endOffset(): Promise<number> {
+    this.checkOpen("endOffset");
+    return (await this.writerState()).txEnd;
+  }
+
+  subscribe(
+    fromOffset: number,
+    onBatch: (records: readonly LogRecord[]) => Promise<void>,
+  ): Promise<{ stop(): Promise<void> }> {
+    return this.follow(this.opts.topics.tx, "subscribe", fromOffset, onBatch);
+  }
+
+  subscribeRejections(
+    fromOffset: number,
+    onBatch: (records: readonly LogRecord[]) => Promise<void>,
+  ): Promise<{ stop(): Promise<void> }> {
+    return this.follow(this.opts.topics.rejections, "subscribeRejections", fromOffset, onBatch);
+  }
+
+  /**
+   * Reads a writer-stamped topic from logical offset `fromOffset` with a
+   * private consumer group that never commits. Invariant: records are handed
+   * out densely (next, next+1, …); a gap means the topic was written by
+   * something else and is reported, not skipped.
+   */
+  private async follow(
+    topic: string,
+    what: string,
+    fromOffset: number,
+    onBatch: (records: readonly LogRecord[]) => Promise<void>,
+  ): Promise<{ stop(): Promise<void> }> {
+    this.checkOpen(what);
+    checkOffset(what, fromOffset);
+    const consumer = this.kafka.consumer({
+      groupId: `${this.opts.clientId}.reader.${randomUUID()}`,
+      readUncommitted: false,
+      maxBytesPerPartition: 8 << 20,
+      maxWaitTimeInMs: 100,
+    });
+    let next = fromOffset;
+    // Partition offset to resume from after a rejoin (restart after a broker outage): one past the last record handed out.
+    let kafkaNext = fromOffset;
+    await consumer.connect();
+    await consumer.subscribe({ topic, fromBeginning: true });
+    consumer.on(consumer.events.GROUP_JOIN, () =>
+      consumer.seek({ topic, partition: 0, offset: String(kafkaNext) }),
+    );
+    await consumer.run({
+      autoCommit: false,
+      eachBatch: async ({ batch, heartbeat, isRunning, isStale }: EachBatchPayload) => {
+        const records: LogRecord[] = [];
+        let lastKafka = "";
+        for (const m of batch.messages) {
+          const offset = logicalOffset(m.headers, topic, m.offset);
+          lastKafka = m.offset;
+          if (offset < next) continue;
+          if (offset !== next + records.length) {
+            throw new CatalogLogError(
+              `${topic}@${m.offset}: logical offset ${offset}, expected ${next + records.length}`,
+            );
+          }
+          records.push({ offset, bytes: new Uint8Array(m.value ?? Buffer.alloc(0)) });
+        }
+        for (let i = 0; i < records.length; i += this.maxBatch) {
+          if (!isRunning() || isStale()) return;
+          const part = records.slice(i, i + this.maxBatch);
+          await onBatch(part);
+          next = part[part.length - 1]!.offset + 1;
+          await heartbeat();
+        }
+        if (lastKafka !== "") kafkaNext = Math.max(kafkaNext, Number(lastKafka) + 1);
+      },
+    });
+    const stop = async (): Promise<void> => {
+      this.closers.delete(stop);
+      await consumer.disconnect();
+    };
+    this.closers.add(stop);
+    return { stop };
+  }
+
+  async acquireWriter(signal?: AbortSignal): Promise<WriterLease> {
+    this.checkOpen("acquireWriter");
+    const lease = new KafkaWriterLease(this.kafka, this, this.opts, this.maxBatch);
+    this.closers.add(() => lease.stop());
+    await lease.acquire(signal);
+    return lease;
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    for (const c of [...this.closers]) await c().catch(() => undefined);
+    this.closers.clear();
+    await this.admin.disconnect();
+  }
+}
+
+/**
+ * Keeps partition 0 of the proposals topic with the member that already owns
+ * it; otherwise gives it to the first member by id. Every other member gets
+ * nothing (a standby). `owns()` is read when this member joins.
+ */
+function stickyWriterAssigner(owns: () => boolean): PartitionAssigner {
+  const name = "ContinuumStickyWriter";
+  const version = 1;
+  return ({ cluster }) => ({
+    name,
+    version,
+    protocol({ topics }) {
+      return {
+        name,
+        metadata: AssignerProtocol.MemberMetadata.encode({
+          version,
+          topics,
+          userData: Buffer.from(owns() ? "owner" : "standby"),
+        }),
+      };
+    },
+    async assign({ members, topics }) {
+      const decoded = members
+        .map((m) => ({
+          memberId: m.memberId,
+          meta: AssignerProtocol.MemberMetadata.decode(m.memberMetadata),
+        }))
+        .sort((a, b) => (a.memberId < b.memberId ? -1 : a.memberId > b.memberId ? 1 : 0));
+      const owner = decoded.find((m) => m.meta?.userData.toString() === "owner") ?? decoded[0];
+      const assignment: Record<string, number[]> = {};
+      for (const topic of topics) {
+        assignment[topic] = cluster.findTopicPartitionMetadata(topic).map((p) => p.partitionId);
+      }
+      return decoded.map((m) => ({
+        memberId: m.memberId,
+        memberAssignment: AssignerProtocol.MemberAssignment.encode({
+          version,
+          assignment: m.memberId === owner?.memberId ? assignment : {},
+          userData: Buffer.alloc(0),
+        }),
+      }));
+    },
+  });
+}
+
+type LeaseState = "joining" | "ready" | "running" | "stopped" | "lost";
+
+class KafkaWriterLease implements WriterLease {
+  txEnd = 0;
+  proposalsOffset = 0;
+  private rejEnd = 0;
+  private state: LeaseState = "joining";
+  private readonly consumer: Consumer;
+  private readonly producer: Producer;
+  private handler: ((p: readonly LogRecord[]) => Promise<WriterCommit> | WriterCommit) | undefined;
+  private runResult: { resolve: () => void; reject: (e: Error) => void } | undefined;
+  private runPromise: Promise<void> | undefined;
+  private inBatch: Promise<void> = Promise.resolve();
+  private readonly topics: KafkaTopics;
+  private owner = false;
+  private readonly stateChanged: Array<() => void> = [];
+
+  constructor(
+    kafka: Kafka,
+    private readonly log: KafkaLog,
+    opts: KafkaLogOptions,
+    private readonly maxBatch: number,
+  ) {
+    this.topics = opts.topics;
+    const sessionTimeout = opts.sessionTimeoutMs ?? 6_000;
+    this.consumer = kafka.consumer({
+      groupId: writerGroupId(opts.topics),
+      sessionTimeout,
+      rebalanceTimeout: Math.max(10_000, sessionTimeout * 2),
+      heartbeatInterval: Math.max(100, Math.floor(sessionTimeout / 6)),
+      partitionAssigners: [stickyWriterAssigner(() => this.owner)],
+      maxBytesPerPartition: 8 << 20,
+      maxWaitTimeInMs: 50,
+      readUncommitted: false,
+    });
+    this.producer = kafka.producer({
+      transactionalId: writerTransactionalId(opts.topics),
+      idempotent: true,
+      maxInFlightRequests: 1,
+      transactionTimeout: 30_000,
+      createPartitioner: Partitioners.DefaultPartitioner,
+    });
+  }
+
+  private setState(s: LeaseState): void {
+    this.state = s;
+    for (const w of this.stateChanged.splice(0)) w();
+  }
+
+  private waitState(): Promise<void> {
+    return new Promise((r) => this.stateChanged.push(r));
+  }
+
+  /** Joins the group, waits for partition 0, fences the previous holder and reads where it stopped. */
+  async acquire(signal?: AbortSignal): Promise<void> {
+    const { proposals } = this.topics;
+    let assigned: () => void = () => undefined;
+    const gotPartition = new Promise<void>((r) => {
+      assigned = r;
+    });
+    this.consumer.on(this.consumer.events.GROUP_JOIN, ({ payload }) => {
+      const mine = (payload.memberAssignment[proposals] ?? []).includes(0);
+      if (mine) {
+        this.owner = true;
+        assigned();
+      } else if (this.owner) {
+        // A rebalance moved the partition away: another member takes over and fences us.
+        this.owner = false;
+        this.lose(new CatalogLogError("writer lease lost: the proposals partition was reassigned"));
+      }
+    });
+    this.consumer.on(this.consumer.events.CRASH, ({ payload }) => {
+      this.lose(new CatalogLogError(`writer lease lost: consumer crashed: ${payload.error.message}`));
+    });
+    await this.consumer.connect();
+    await this.consumer.subscribe({ topic: proposals, fromBeginning: true });
+    await this.consumer.run({
+      autoCommit: false,
+      eachBatchAutoResolve: false,
+      partitionsConsumedConcurrently: 1,
+      eachBatch: (payload) => this.onProposals(payload),
+    });
+    const aborted = new Promise<void>((_, reject) => {
+      if (signal?.aborted) reject(signal.reason);
+      signal?.addEventListener("abort", () => reject(signal.reason));
+    });
+    try {
+      await Promise.race([gotPartition, aborted]);
+      // Fencing: bumps the epoch of the transactional id and aborts (or waits out) the previous holder's open transaction.
+      await this.producer.connect();
+      const st = await this.log.writerState();
+      this.txEnd = st.txEnd;
+      this.rejEnd = st.rejEnd;
+      this.proposalsOffset = st.proposalsOffset;
+      this.consumer.seek({ topic: proposals, partition: 0, offset: String(st.proposalsOffset) });
+      this.setState("ready");
+    } catch (err) {
+      await this.shutdown();
+      throw err;
+    }
+  }
+
+  run(handler: (proposals: readonly LogRecord[]) => Promise<WriterCommit> | WriterCommit): Promise<void> {
+    if (this.state !== "ready") {
+      return Promise.reject(new CatalogLogError(`run: lease is ${this.state}, not ready`));
+    }
+    this.handler = handler;
+    this.runPromise = new Promise((resolve, reject) => {
+      this.runResult = { resolve, reject };
+    });
+    this.setState("running");
+    return this.runPromise;
+  }
+
+  private async onProposals({ batch, heartbeat, isRunning, isStale }: EachBatchPayload): Promise<void> {
+    // Before run(): hold the batch (heartbeating) until the writer has caught up and calls run().
+    while (this.state === "joining" || this.state === "ready") {
+      await Promise.race([this.waitState(), new Promise((r) => setTimeout(r, 1_000))]);
+      if (isRunning()) await heartbeat().catch(() => undefined);
+    }
+    if (this.state !== "running" || !isRunning() || isStale()) return;
+    const handler = this.handler!;
+    let done: () => void = () => undefined;
+    this.inBatch = new Promise((r) => {
+      done = r;
+    });
+    try {
+      let next = this.proposalsOffset;
+      const fresh = batch.messages.filter((m) => Number(m.offset) >= next);
+      for (let i = 0; i < fresh.length; i += this.maxBatch) {
+        if (this.state !== "running" || !isRunning() || isStale()) return;
+        const part = fresh.slice(i, i + this.maxBatch);
+        const records = part.map((m) => ({
+          offset: Number(m.offset),
+          bytes: new Uint8Array(m.value ?? Buffer.alloc(0)),
+        }));
+        const result = await handler(records);
+        next = records[records.length - 1]!.offset + 1;
+        await this.commit(result, next);
+        this.proposalsOffset = next;
+        await heartbeat();
+      }
+    } catch (err) {
+      this.lose(err as Error);
+    } finally {
+      done();
+    }
+  }
+
+  /** One Kafka transaction: tx records, rejections, consumed offset with metadata; commit. Throws (after abort) on failure. */
+  private async commit(c: WriterCommit, consumed: number): Promise<void> {
+    const txn: Transaction = await this.producer.transaction();
+    try {
+      const stamp = (records: readonly Uint8Array[], from: number) =>
+        records.map((r, i) => ({
+          value: Buffer.from(r.buffer, r.byteOffset, r.byteLength),
+          headers: { [OFFSET_HEADER]: String(from + i) },
+        }));
+      for (const part of chunksBySize(stamp(c.tx, this.txEnd))) {
+        await retryConcurrent(() => txn.send({ topic: this.topics.tx, acks: -1, messages: part }));
+      }
+      for (const part of chunksBySize(stamp(c.rejections, this.rejEnd))) {
+        await retryConcurrent(() => txn.send({ topic: this.topics.rejections, acks: -1, messages: part }));
+      }
+      const metadata = JSON.stringify({
+        txEnd: this.txEnd + c.tx.length,
+        rejEnd: this.rejEnd + c.rejections.length,
+      });
+      await retryConcurrent(() =>
+        txn.sendOffsets({
+          consumerGroupId: writerGroupId(this.topics),
+          topics: [
+            {
+              topic: this.topics.proposals,
+              partitions: [{ partition: 0, offset: String(consumed), metadata }],
+            },
+          ],
+        } as unknown as Parameters<Transaction["sendOffsets"]>[0]),
+      );
+      await txn.commit();
+    } catch (err) {
+      await txn.abort().catch(() => undefined);
+      throw err;
+    }
+    this.txEnd += c.tx.length;
+    this.rejEnd += c.rejections.length;
+  }
+
+  private lose(err: Error): void {
+    if (this.state === "stopped" || this.state === "lost") return;
+    this.setState("lost");
+    this.runResult?.reject(err);
+    // Not awaited: disconnect waits for eachBatch, which may be the caller.
+    void this.shutdown();
+  }
+
+  private async shutdown(): Promise<void> {
+    await this.consumer.disconnect().catch(() => undefined);
+    await this.producer.disconnect().catch(() => undefined);
+  }
+
+  async stop(): Promise<void> {
+    if (this.state === "stopped") return;
+    const wasLost = this.state === "lost";
+    if (!wasLost) this.setState("stopped");
+    await this.inBatch;
+    await this.shutdown();
+    if (!wasLost) this.runResult?.resolve();
+  }
+}
