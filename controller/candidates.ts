@@ -1,0 +1,236 @@
+import type {
+  CandidateSource,
+  DroppedCandidate,
+  Heartbeat,
+  RestoreTier,
+  StoreTier,
+} from "../schema/control.ts";
+import { catalogNodeId, prefixChain } from "../schema/identity.ts";
+import type { ModelFingerprint, NodeId, RequestId, TokenCount, WorkerId } from "../schema/ids.ts";
+import type { LiveWorker } from "./heartbeat-view.ts";
+
+/**
+ * Candidate derivation: for one request, every way each live worker could
+ * produce its first token — from its resident GPU prefix, from each durable
+ * prefix boundary by fastest tier class, or by recomputing. The alternatives
+ * stay separate, so a resident entry that turns out stale (or is too old to
+ * trust) falls back to the same worker's durable prefix instead of to
+ * recompute. Pure: values in, values out.
+ */
+
+/** One prefix boundary of the request's chain: a whole chunk's node id and the tokens through it. */
+export interface ChainBoundary {
+  readonly nodeId: NodeId;
+  /** Tokens from the sequence start through the end of this chunk. */
+  readonly tokens: TokenCount;
+}
+
+export interface RouteRequest {
+  readonly requestId: RequestId;
+  readonly modelFingerprint: ModelFingerprint;
+  /** Whole chunks of the processed prompt (all tokens but the pending last one), in order. */
+  readonly chain: readonly ChainBoundary[];
+  readonly promptTokens: TokenCount;
+  readonly maxTokens: TokenCount;
+}
+
+/**
+ * The request's chain boundaries: the prompt minus its pending last token,
+ * cut into whole chunks, each named by its catalog node id.
+ */
+export function planChain(
+  fingerprint: ModelFingerprint,
+  prompt: ArrayLike<number>,
+  chunkTokens: number,
+  cacheSalt?: string,
+): ChainBoundary[] {
+  const processed = Array.prototype.slice.call(prompt, 0, Math.max(0, prompt.length - 1)) as number[];
+  return prefixChain(processed, chunkTokens, cacheSalt).map((n) => ({
+    nodeId: catalogNodeId(fingerprint, n.hash),
+    tokens: (n.start + n.count) as TokenCount,
+  }));
+}
+
+/** A ready replica of one chunk. S3 replicas belong to no worker. */
+export interface ChunkReplica {
+  readonly tier: StoreTier;
+  readonly workerId: WorkerId | null;
+}
+
+/**
+ * The catalog's answer for a request's chain (from catalog/queries.ts, passed
+ * in as plain values): `replicas[i]` lists the ready replicas of chain node i
+ * for each node of the longest published prefix; its length is that prefix's
+ * length in nodes.
+ */
+export interface CatalogAnswer {
+  readonly replicas: readonly (readonly ChunkReplica[])[];
+}
+
+export const noCatalogAnswer: CatalogAnswer = { replicas: [] };
+
+export interface Candidate {
+  readonly workerId: WorkerId;
+  readonly source: CandidateSource;
+  /** Prompt tokens already computed somewhere (0 for recompute). */
+  readonly cachedTokens: TokenCount;
+  /** The boundary the cached tokens end at; null for recompute. */
+  readonly boundary: NodeId | null;
+  /** Attention-state bytes to fetch into host memory, by source tier (all 0 for resident and recompute). */
+  readonly bytesByTier: Readonly<Record<RestoreTier, number>>;
+}
+
+export interface Candidates {
+  readonly candidates: Candidate[];
+  /** Alternatives derived but not trusted (a resident prefix older than `residentFreshMs`). */
+  readonly dropped: DroppedCandidate[];
+}
+
+const NO_BYTES: Readonly<Record<RestoreTier, number>> = Object.freeze({ ram: 0, ssd: 0, peer: 0, s3: 0 });
+
+/** Tier classes, fastest first; class k may use any tier up to and including its own. */
+const TIER_CLASSES: readonly RestoreTier[] = ["ram", "ssd", "peer", "s3"];
+const TIER_RANK: Readonly<Record<RestoreTier, number>> = { ram: 0, ssd: 1, peer: 2, s3: 3 };
+
+/** Resident node ids per heartbeat, memoized on the (immutable) heartbeat value. */
+const residentSets = new WeakMap<Heartbeat, ReadonlySet<NodeId>>();
+
+function residentSet(hb: Heartbeat): ReadonlySet<NodeId> {
+  let s = residentSets.get(hb);
+  if (!s) {
+    s = new Set(hb.residentPrefixes.map((p) => p.nodeId));
+    residentSets.set(hb, s);
+  }
+  return s;
+}
+
+/** Index of the longest chain boundary resident on the worker, or -1. A node id commits to its whole prefix. */
+export function longestResident(hb: Heartbeat, chain: readonly ChainBoundary[]): number {
+  const set = residentSet(hb);
+  for (let i = chain.length - 1; i >= 0; i--) if (set.has(chain[i]!.nodeId)) return i;
+  return -1;
+}
+
+/** Per chain node: the best local tier per worker, the ram/ssd holders (for peers), and S3. */
+interface ChunkSources {
+  readonly local: Map<WorkerId, StoreTier>;
+  readonly holders: number;
+  readonly firstHolder: WorkerId | null;
+  readonly s3: boolean;
+}
+
+function indexReplicas(answer: CatalogAnswer, nodes: number): ChunkSources[] {
+  const out: ChunkSources[] = [];
+  const n = Math.min(nodes, answer.replicas.length);
+  for (let i = 0; i < n; i++) {
+    const local = new Map<WorkerId, StoreTier>();
+    let s3 = false;
+    for (const r of answer.replicas[i]!) {
+      if (r.tier === "s3") {
+        s3 = true;
+        continue;
+      }
+      if (r.workerId === null) continue;
+      const prev = local.get(r.workerId);
+      if (prev === undefined || (prev === "ssd" && r.tier === "ram")) local.set(r.workerId, r.tier);
+    }
+    const first = local.size > 0 ? (local.keys().next().value as WorkerId) : null;
+    out.push({ local, holders: local.size, firstHolder: first, s3 });
+  }
+  return out;
+}
+
+/** The fastest tier (by class rank) from which `worker` can read chunk `c`, within the allowed class. */
+function bestTier(c: ChunkSources, worker: WorkerId, hasS3: boolean, maxRank: number): RestoreTier | null {
+  const own = c.local.get(worker);
+  if (own !== undefined && TIER_RANK[own] <= maxRank) return own;
+  const peer = c.holders > 1 || (c.holders === 1 && c.firstHolder !== worker);
+  if (peer && TIER_RANK.peer <= maxRank) return "peer";
+  if (c.s3 && hasS3 && TIER_RANK.s3 <= maxRank) return "s3";
+  return null;
+}
+
+export interface DeriveOptions {
+  /** Resident prefixes reported longer ago than this are not trusted (their durable alternatives stay). */
+  readonly residentFreshMs: number;
+}
+
+/**
+ * Derives candidates for `request` on every worker in `workers` (live
+ * observations; constraints such as model or pages are the router's job):
+ * - `resident`: the longest chain boundary in the worker's heartbeat;
+ * - one durable candidate per tier class (ram, ssd, peer, s3) whose prefix is
+ *   strictly longer than the faster class's — each chunk from the fastest
+ *   tier the class allows; a chunk on another worker's RAM/SSD is `peer`, S3
+ *   is reachable by every worker that reports the tier;
+ * - `recompute`.
+ */
+export function deriveCandidates(
+  request: RouteRequest,
+  workers: readonly LiveWorker[],
+  catalog: CatalogAnswer,
+  options: DeriveOptions,
+): Candidates {
+  const chain = request.chain;
+  const sources = indexReplicas(catalog, chain.length);
+  const candidates: Candidate[] = [];
+  const dropped: DroppedCandidate[] = [];
+
+  for (const { heartbeat: hb, ageMs } of workers) {
+    const w = hb.workerId;
+    const r = longestResident(hb, chain);
+    if (r >= 0) {
+      if (ageMs > options.residentFreshMs) {
+        dropped.push({
+          workerId: w,
+          source: "resident",
+          reason: "stale_resident",
+          detail: `resident prefix reported ${ageMs} ms ago (trusted for ${options.residentFreshMs} ms)`,
+        });
+      } else {
+        candidates.push({
+          workerId: w,
+          source: "resident",
+          cachedTokens: chain[r]!.tokens,
+          boundary: chain[r]!.nodeId,
+          bytesByTier: NO_BYTES,
+        });
+      }
+    }
+
+    const hasS3 = hb.durableTiers.includes("s3");
+    let prevLen = 0;
+    for (const cls of TIER_CLASSES) {
+      if (cls === "s3" && !hasS3) break;
+      const maxRank = TIER_RANK[cls];
+      // bytes[t] = Σ over chunks fetched from tier t of chunk tokens × kvBytesPerToken
+      const bytes = { ram: 0, ssd: 0, peer: 0, s3: 0 };
+      let len = 0;
+      for (; len < sources.length; len++) {
+        const t = bestTier(sources[len]!, w, hasS3, maxRank);
+        if (t === null) break;
+        const chunkTokens = chain[len]!.tokens - (len === 0 ? 0 : chain[len - 1]!.tokens);
+        bytes[t] += chunkTokens * hb.kvBytesPerToken;
+      }
+      if (len > prevLen) {
+        candidates.push({
+          workerId: w,
+          source: cls,
+          cachedTokens: chain[len - 1]!.tokens,
+          boundary: chain[len - 1]!.nodeId,
+          bytesByTier: bytes,
+        });
+        prevLen = len;
+      }
+    }
+
+    candidates.push({
+      workerId: w,
+      source: "recompute",
+      cachedTokens: 0 as TokenCount,
+      boundary: null,
+      bytesByTier: NO_BYTES,
+    });
+  }
+  return { candidates, dropped };
+}

@@ -1,0 +1,203 @@
+import type {
+  CandidateRecord,
+  DecisionRecord,
+  DroppedCandidate,
+  Heartbeat,
+  RestoreTier,
+  TtftTerms,
+} from "../schema/control.ts";
+import { pagesFor, type TokenCount, type WorkerId } from "../schema/ids.ts";
+import { type Candidate, type CatalogAnswer, deriveCandidates, type RouteRequest } from "./candidates.ts";
+import { type HeartbeatView, liveWorkers } from "./heartbeat-view.ts";
+
+/**
+ * The TTFT router (pure). For each candidate:
+ *
+ *   queue    = queuedTokens × prefillPerTokenMs + queuedRequests × firstTokenMs
+ *   fetch    = Σ_tier bytes[tier] / MiB × restoreMsPerMiB[tier]
+ *   upload   = Σ bytes / MiB × uploadMsPerMiB
+ *   prefill  = (promptTokens − cachedTokens) × prefillPerTokenMs
+ *   TTFT     = max(queue, fetch) + upload + prefill + firstTokenMs
+ *
+ * (a fetch overlaps the wait in the worker's queue; the upload and the prefill
+ * need the device). Hard constraints drop a candidate; the rest rank by TTFT,
+ * then more cached tokens, then worker id, then source.
+ *
+ * Load term: between heartbeats the controller's own count of outstanding
+ * assignments (offered or accepted, first token not yet seen) feeds the queue
+ * as max(heartbeat queue, outstanding) — max, not sum, because a heartbeat
+ * sent after an accept already counts that work. So each assignment raises a
+ * worker's predicted queue at once, and a hot prefix resident on one worker
+ * spills to others as soon as waiting there costs more than fetching or
+ * recomputing elsewhere, instead of pinning every request to one worker.
+ */
+
+const MIB = 1024 * 1024;
+
+/** Assigned, not yet started work the controller knows of on one worker. */
+export interface Outstanding {
+  readonly requests: number;
+  /** Prompt tokens still to prefill (promptTokens − cachedTokens of each). */
+  readonly tokens: number;
+}
+
+export interface RouterPolicy {
+  /** Name recorded in decision records. */
+  readonly name: string;
+  /** Heartbeats older than this are offline. */
+  readonly heartbeatTtlMs: number;
+  /** Resident prefixes older than this are not trusted (durable alternatives stay). */
+  readonly residentFreshMs: number;
+}
+
+export const defaultRouterPolicy: RouterPolicy = {
+  name: "ttft/v1",
+  heartbeatTtlMs: 3_000,
+  residentFreshMs: 1_500,
+};
+
+export interface RouteInput {
+  readonly request: RouteRequest;
+  /** The attempt this decision is for (1 for the first offer). */
+  readonly attempt: number;
+  readonly view: HeartbeatView;
+  readonly nowMs: number;
+  readonly catalog: CatalogAnswer;
+  readonly outstanding: ReadonlyMap<WorkerId, Outstanding>;
+  /** Workers that already declined, timed out or failed this request. */
+  readonly exclude: ReadonlySet<WorkerId>;
+  readonly policy: RouterPolicy;
+}
+
+/** The predicted terms of one candidate on one worker. */
+export function predictTerms(
+  hb: Heartbeat,
+  candidate: Pick<Candidate, "cachedTokens" | "bytesByTier">,
+  promptTokens: number,
+  outstanding: Outstanding | undefined,
+): TtftTerms {
+  const c = hb.costs;
+  const queuedTokens = Math.max(hb.queue.queuedTokens, outstanding?.tokens ?? 0);
+  const queuedRequests = Math.max(hb.queue.queuedRequests, outstanding?.requests ?? 0);
+  let fetchMs = 0;
+  let bytes = 0;
+  for (const t of Object.keys(candidate.bytesByTier) as RestoreTier[]) {
+    const b = candidate.bytesByTier[t];
+    fetchMs += (b / MIB) * c.restoreMsPerMiB[t];
+    bytes += b;
+  }
+  return {
+    queueMs: queuedTokens * c.prefillPerTokenMs + queuedRequests * c.firstTokenMs,
+    fetchMs,
+    uploadMs: (bytes / MIB) * c.uploadMsPerMiB,
+    prefillMs: Math.max(0, promptTokens - candidate.cachedTokens) * c.prefillPerTokenMs,
+    firstTokenMs: c.firstTokenMs,
+  };
+}
+
+export function ttftOf(t: TtftTerms): number {
+  return Math.max(t.queueMs, t.fetchMs) + t.uploadMs + t.prefillMs + t.firstTokenMs;
+}
+
+const SOURCE_ORDER = { resident: 0, ram: 1, ssd: 2, peer: 3, s3: 4, recompute: 5 } as const;
+
+/** Rank order: TTFT ascending, then cached tokens descending, then worker id, then source. */
+export function compareCandidates(a: CandidateRecord, b: CandidateRecord): number {
+  if (a.predictedTtftMs !== b.predictedTtftMs) return a.predictedTtftMs - b.predictedTtftMs;
+  if (a.cachedTokens !== b.cachedTokens) return b.cachedTokens - a.cachedTokens;
+  if (a.workerId !== b.workerId) return a.workerId < b.workerId ? -1 : 1;
+  return SOURCE_ORDER[a.source] - SOURCE_ORDER[b.source];
+}
+
+/** The hard constraint a candidate breaks on a worker, or null. */
+export function violatedConstraint(
+  hb: Heartbeat,
+  request: RouteRequest,
+  candidate: Candidate,
+): Pick<DroppedCandidate, "reason" | "detail"> | null {
+  if (hb.modelFingerprint !== request.modelFingerprint) {
+    return { reason: "wrong_model", detail: `worker serves ${hb.modelFingerprint.slice(0, 12)}` };
+  }
+  const total = request.promptTokens + request.maxTokens;
+  if (total > hb.maxContext) {
+    return {
+      reason: "context_too_long",
+      detail: `prompt + max tokens = ${total} > context ${hb.maxContext}`,
+    };
+  }
+  // Whole pages of a resident prefix are shared, not allocated again.
+  const shared = candidate.source === "resident" ? Math.floor(candidate.cachedTokens / hb.pageTokens) : 0;
+  const need = pagesFor(total as TokenCount, hb.pageTokens) - shared;
+  const have = hb.freePages + hb.evictablePages;
+  if (need > have) {
+    return {
+      reason: "pages_short",
+      detail: `needs ${need} pages, has ${hb.freePages} free + ${hb.evictablePages} evictable`,
+    };
+  }
+  return null;
+}
+
+/**
+ * Routes one request: derives candidates from the live view and the catalog
+ * answer, drops those breaking a hard constraint, predicts and ranks the
+ * rest. The returned record holds the inputs and reasons; `choice` is the
+ * best candidate (null when nothing is feasible).
+ */
+export function route(input: RouteInput): DecisionRecord {
+  const { request, policy } = input;
+  const live = liveWorkers(input.view, input.nowMs, policy.heartbeatTtlMs);
+  const dropped: DroppedCandidate[] = [];
+  const liveIds = new Set(live.map((l) => l.heartbeat.workerId));
+  const offline = [...input.view.entries.keys()].filter((id) => !liveIds.has(id)).sort();
+  for (const id of offline) {
+    dropped.push({ workerId: id, source: "recompute", reason: "offline", detail: "no live heartbeat" });
+  }
+  const eligible = live.filter((l) => {
+    if (!input.exclude.has(l.heartbeat.workerId)) return true;
+    dropped.push({
+      workerId: l.heartbeat.workerId,
+      source: "recompute",
+      reason: "already_tried",
+      detail: "failed an earlier attempt of this request",
+    });
+    return false;
+  });
+  const derived = deriveCandidates(request, eligible, input.catalog, {
+    residentFreshMs: policy.residentFreshMs,
+  });
+  dropped.push(...derived.dropped);
+
+  const byWorker = new Map<WorkerId, Heartbeat>(eligible.map((l) => [l.heartbeat.workerId, l.heartbeat]));
+  const ranked: CandidateRecord[] = [];
+  for (const c of derived.candidates) {
+    const hb = byWorker.get(c.workerId)!;
+    const bad = violatedConstraint(hb, request, c);
+    if (bad) {
+      dropped.push({ workerId: c.workerId, source: c.source, ...bad });
+      continue;
+    }
+    const terms = predictTerms(hb, c, request.promptTokens, input.outstanding.get(c.workerId));
+    ranked.push({
+      workerId: c.workerId,
+      source: c.source,
+      cachedTokens: c.cachedTokens,
+      boundary: c.boundary,
+      terms,
+      predictedTtftMs: ttftOf(terms),
+    });
+  }
+  ranked.sort(compareCandidates);
+  return {
+    requestId: request.requestId,
+    attempt: input.attempt,
+    modelFingerprint: request.modelFingerprint,
+    promptTokens: request.promptTokens,
+    maxTokens: request.maxTokens,
+    policy: policy.name,
+    ranked,
+    dropped,
+    choice: ranked[0] ?? null,
+    measuredTtftMs: null,
+  };
+}

@@ -1,0 +1,336 @@
+import { Schema } from "effect";
+import {
+  InvalidIdError,
+  type ModelFingerprint,
+  ModelFingerprint as makeFingerprint,
+  NodeId,
+  type PageCount,
+  RequestId,
+  type TokenCount,
+  WorkerId,
+} from "./ids.ts";
+import { defineMessage, type MessageKind, MessageRegistry } from "./wire.ts";
+
+/**
+ * The control plane between workers and the controller (a WebSocket per
+ * worker): heartbeats, the fenced assignment lifecycle (offer → accept |
+ * decline, tokens, result, cancel) and the routing decision record.
+ *
+ * Fencing: every assignment message carries `(requestId, attempt)`. Attempts
+ * of one request strictly increase (1, 2, …); a receiver ignores any message
+ * whose attempt is not the one it currently holds for that request.
+ *
+ * Heartbeats are connection-scoped observations, versioned by
+ * `(epoch, sequence)`: `epoch` bumps each time the worker process starts,
+ * `sequence` each time it sends. They are never catalog facts.
+ */
+
+// ---------------------------------------------------------------- field schemas
+
+function guard<T>(make: (u: never) => T): (u: unknown) => u is T {
+  return (u: unknown): u is T => {
+    try {
+      make(u as never);
+      return true;
+    } catch (err) {
+      if (err instanceof InvalidIdError) return false;
+      throw err;
+    }
+  };
+}
+
+const WorkerIdField = Schema.declare(guard(WorkerId), { expected: "a worker id (1-128 printable ASCII)" });
+const RequestIdField = Schema.declare(guard(RequestId), {
+  expected: "a request id (1-128 printable ASCII)",
+});
+const NodeIdField = Schema.declare(guard(NodeId), { expected: "a node id (64 lowercase hex digits)" });
+const FingerprintField = Schema.declare(guard<ModelFingerprint>(makeFingerprint), {
+  expected: "a model fingerprint (64 lowercase hex digits)",
+});
+const isCount = (u: unknown): boolean => typeof u === "number" && Number.isSafeInteger(u) && u >= 0;
+const TokenCountField = Schema.declare((u: unknown): u is TokenCount => isCount(u), {
+  expected: "a token count (non-negative integer)",
+});
+const PageCountField = Schema.declare((u: unknown): u is PageCount => isCount(u), {
+  expected: "a page count (non-negative integer)",
+});
+const Count = Schema.Int.check(Schema.isGreaterThanOrEqualTo(0));
+/** Attempts start at 1; 0 never names an assignment. */
+const Attempt = Schema.Int.check(Schema.isGreaterThanOrEqualTo(1));
+/** A duration or cost in milliseconds (finite, non-negative). */
+const Ms = Schema.Finite.check(Schema.isGreaterThanOrEqualTo(0));
+const TokenId = Schema.Int.check(Schema.isGreaterThanOrEqualTo(0), Schema.isLessThanOrEqualTo(0xffffffff));
+
+/** Bounds on list fields, so one frame cannot carry an unbounded list. */
+export const MAX_RESIDENT_PREFIXES = 4096;
+export const MAX_PROMPT_TOKENS = 1 << 20;
+export const MAX_TOKENS_PER_FRAME = 4096;
+export const MAX_DECISION_CANDIDATES = 1024;
+
+// ---------------------------------------------------------------- vocabulary
+
+/** Durable tiers a worker's chunk store holds (S3 is shared by the fleet). */
+export const StoreTiers = ["ram", "ssd", "s3"] as const;
+export type StoreTier = (typeof StoreTiers)[number];
+
+/** Where restored bytes come from, seen from one worker: its own RAM/SSD, another worker's (peer), or S3. */
+export const RestoreTiers = ["ram", "ssd", "peer", "s3"] as const;
+export type RestoreTier = (typeof RestoreTiers)[number];
+
+/** A candidate's source of cached attention state; `recompute` caches nothing. */
+export const CandidateSources = ["resident", "ram", "ssd", "peer", "s3", "recompute"] as const;
+export type CandidateSource = (typeof CandidateSources)[number];
+
+/** Why a worker refused an offer after re-running admission against its real state. */
+export const DeclineReasons = [
+  "wrong_model",
+  "context_too_long",
+  "pages_short",
+  "stale_attempt",
+  "draining",
+] as const;
+export type DeclineReason = (typeof DeclineReasons)[number];
+
+/** Why the router dropped a candidate before ranking (hard constraints). */
+export const DropReasons = [
+  "offline",
+  "wrong_model",
+  "context_too_long",
+  "pages_short",
+  "stale_resident",
+  "already_tried",
+] as const;
+export type DropReason = (typeof DropReasons)[number];
+
+// ---------------------------------------------------------------- heartbeat
+
+const ResidentPrefix = Schema.Struct({
+  /** Catalog node id of the last chunk of a resident prefix (a prefix boundary). */
+  nodeId: NodeIdField,
+  /** Tokens from the start of the sequence through that chunk. */
+  tokens: TokenCountField,
+});
+
+const RestoreMsPerMiB = Schema.Struct({ ram: Ms, ssd: Ms, peer: Ms, s3: Ms });
+
+/**
+ * Smoothed measured costs (configured values until the first sample; `samples`
+ * lets policy tell a first sample from an established estimate). Accelerator
+ * time is measured apart from queue delay, so queueing is counted once, from
+ * `queue`.
+ */
+const CalibratedCosts = Schema.Struct({
+  prefillPerTokenMs: Ms,
+  firstTokenMs: Ms,
+  /** Host → device copy of restored bytes. */
+  uploadMsPerMiB: Ms,
+  /** Fetch into host memory, by source tier. */
+  restoreMsPerMiB: RestoreMsPerMiB,
+  samples: Count,
+});
+
+const QueueState = Schema.Struct({
+  /** Prompt tokens admitted but not yet prefilled. */
+  queuedTokens: TokenCountField,
+  queuedRequests: Count,
+  /** Requests decoding now. */
+  runningRequests: Count,
+});
+
+const HeartbeatBody = Schema.Struct({
+  workerId: WorkerIdField,
+  epoch: Count,
+  sequence: Count,
+  modelFingerprint: FingerprintField,
+  maxContext: TokenCountField,
+  pageTokens: Schema.Int.check(Schema.isBetween({ minimum: 1, maximum: 1024 })),
+  /** Bytes of attention state per token (all layers, K and V): converts chunk tokens to MiB. */
+  kvBytesPerToken: Schema.Int.check(Schema.isGreaterThanOrEqualTo(1)),
+  freePages: PageCountField,
+  evictablePages: PageCountField,
+  residentPrefixes: Schema.Array(ResidentPrefix).check(Schema.isMaxLength(MAX_RESIDENT_PREFIXES)),
+  durableTiers: Schema.Array(Schema.Literals(StoreTiers)).check(Schema.isMaxLength(StoreTiers.length)),
+  queue: QueueState,
+  costs: CalibratedCosts,
+});
+export type Heartbeat = (typeof HeartbeatBody)["Type"];
+export type CalibratedCosts = (typeof CalibratedCosts)["Type"];
+export type QueueState = (typeof QueueState)["Type"];
+export type ResidentPrefix = (typeof ResidentPrefix)["Type"];
+
+// ---------------------------------------------------------------- assignment lifecycle
+
+const Sampling = Schema.Struct({
+  temperature: Schema.optional(Schema.Finite.check(Schema.isGreaterThanOrEqualTo(0))),
+  topP: Schema.optional(Schema.Finite.check(Schema.isBetween({ minimum: 0, maximum: 1 }))),
+  topK: Schema.optional(Count),
+  seed: Schema.optional(Schema.Int),
+  stop: Schema.optional(Schema.Array(Schema.String).check(Schema.isMaxLength(16))),
+});
+
+/** What the router expected when it chose this worker; the worker plans its own restore. */
+const OfferPlan = Schema.Struct({
+  source: Schema.Literals(CandidateSources),
+  cachedTokens: TokenCountField,
+  predictedTtftMs: Ms,
+});
+
+const OfferBody = Schema.Struct({
+  requestId: RequestIdField,
+  attempt: Attempt,
+  workerId: WorkerIdField,
+  modelFingerprint: FingerprintField,
+  /** Prompt token ids; the worker hashes its chain with `cacheSalt`. */
+  prompt: Schema.Array(TokenId).check(Schema.isMaxLength(MAX_PROMPT_TOKENS)),
+  maxTokens: TokenCountField,
+  /** The tenant's cache salt (empty: unsalted chain). */
+  cacheSalt: Schema.String,
+  sampling: Sampling,
+  plan: OfferPlan,
+});
+export type Offer = (typeof OfferBody)["Type"];
+export type Sampling = (typeof Sampling)["Type"];
+
+const AcceptBody = Schema.Struct({
+  requestId: RequestIdField,
+  attempt: Attempt,
+  workerId: WorkerIdField,
+  epoch: Count,
+  reservedPages: PageCountField,
+});
+export type Accept = (typeof AcceptBody)["Type"];
+
+const DeclineBody = Schema.Struct({
+  requestId: RequestIdField,
+  attempt: Attempt,
+  workerId: WorkerIdField,
+  reason: Schema.Literals(DeclineReasons),
+  /** Human-readable detail (e.g. "need 40 pages, have 12 free + 8 evictable"). */
+  detail: Schema.String,
+});
+export type Decline = (typeof DeclineBody)["Type"];
+
+/** Generated tokens of one attempt; `index` is the position of `tokens[0]` in the output stream. */
+const TokensBody = Schema.Struct({
+  requestId: RequestIdField,
+  attempt: Attempt,
+  workerId: WorkerIdField,
+  index: Count,
+  tokens: Schema.Array(TokenId).check(Schema.isMaxLength(MAX_TOKENS_PER_FRAME)),
+});
+export type Tokens = (typeof TokensBody)["Type"];
+
+export const FinishReasons = ["stop", "length", "cancelled", "error"] as const;
+export type FinishReason = (typeof FinishReasons)[number];
+
+/** The end of one attempt. `tokensTotal` lets the controller detect a lost tokens frame. */
+const ResultBody = Schema.Struct({
+  requestId: RequestIdField,
+  attempt: Attempt,
+  workerId: WorkerIdField,
+  outcome: Schema.Literals(["completed", "failed"]),
+  finishReason: Schema.Literals(FinishReasons),
+  tokensTotal: Count,
+  /** Measured time to first token on the worker (from accept); null when no token was produced. */
+  measuredTtftMs: Schema.NullOr(Ms),
+  /** Empty when completed. */
+  reason: Schema.String,
+});
+export type Result = (typeof ResultBody)["Type"];
+
+const CancelBody = Schema.Struct({
+  requestId: RequestIdField,
+  attempt: Attempt,
+  reason: Schema.String,
+});
+export type Cancel = (typeof CancelBody)["Type"];
+
+// ---------------------------------------------------------------- decision record
+
+const TtftTerms = Schema.Struct({
+  queueMs: Ms,
+  fetchMs: Ms,
+  uploadMs: Ms,
+  prefillMs: Ms,
+  firstTokenMs: Ms,
+});
+export type TtftTerms = (typeof TtftTerms)["Type"];
+
+const CandidateRecord = Schema.Struct({
+  workerId: WorkerIdField,
+  source: Schema.Literals(CandidateSources),
+  cachedTokens: TokenCountField,
+  /** The prefix boundary the cached tokens end at (absent for recompute). */
+  boundary: Schema.NullOr(NodeIdField),
+  terms: TtftTerms,
+  /** max(queue, fetch) + upload + prefill + first token. */
+  predictedTtftMs: Ms,
+});
+export type CandidateRecord = (typeof CandidateRecord)["Type"];
+
+const DroppedCandidate = Schema.Struct({
+  workerId: WorkerIdField,
+  source: Schema.Literals(CandidateSources),
+  reason: Schema.Literals(DropReasons),
+  detail: Schema.String,
+});
+export type DroppedCandidate = (typeof DroppedCandidate)["Type"];
+
+/**
+ * One routing decision with its inputs and prediction (a decision-grade fact:
+ * proposed to the catalog, batched, so the cost model can be replayed and
+ * checked against `measuredTtftMs`).
+ */
+const DecisionBody = Schema.Struct({
+  requestId: RequestIdField,
+  attempt: Attempt,
+  modelFingerprint: FingerprintField,
+  promptTokens: TokenCountField,
+  maxTokens: TokenCountField,
+  /** Routing policy name (e.g. "ttft/v1"). */
+  policy: Schema.String,
+  /** Feasible candidates in rank order (best first). */
+  ranked: Schema.Array(CandidateRecord).check(Schema.isMaxLength(MAX_DECISION_CANDIDATES)),
+  dropped: Schema.Array(DroppedCandidate).check(Schema.isMaxLength(MAX_DECISION_CANDIDATES)),
+  /** The candidate offered (null: nothing feasible). */
+  choice: Schema.NullOr(CandidateRecord),
+  measuredTtftMs: Schema.NullOr(Ms),
+});
+export type DecisionRecord = (typeof DecisionBody)["Type"];
+
+// ---------------------------------------------------------------- kinds and channels
+
+export const HeartbeatMessage = defineMessage("control.heartbeat", HeartbeatBody);
+export const OfferMessage = defineMessage("control.offer", OfferBody);
+export const AcceptMessage = defineMessage("control.accept", AcceptBody);
+export const DeclineMessage = defineMessage("control.decline", DeclineBody);
+export const TokensMessage = defineMessage("control.tokens", TokensBody);
+export const ResultMessage = defineMessage("control.result", ResultBody);
+export const CancelMessage = defineMessage("control.cancel", CancelBody);
+export const DecisionMessage = defineMessage("control.decision", DecisionBody);
+
+/** Everything a worker may send the controller. */
+export type WorkerToController = Heartbeat | Accept | Decline | Tokens | Result;
+/** Everything the controller may send a worker. */
+export type ControllerToWorker = Offer | Cancel;
+
+export const workerToController = new MessageRegistry<WorkerToController>([
+  HeartbeatMessage,
+  AcceptMessage,
+  DeclineMessage,
+  TokensMessage,
+  ResultMessage,
+] as MessageKind<WorkerToController>[]);
+
+export const controllerToWorker = new MessageRegistry<ControllerToWorker>([
+  OfferMessage,
+  CancelMessage,
+] as MessageKind<ControllerToWorker>[]);
+
+/** Heartbeat versions order by (epoch, sequence); returns <0, 0, >0. */
+export function compareVersion(
+  a: { readonly epoch: number; readonly sequence: number },
+  b: { readonly epoch: number; readonly sequence: number },
+): number {
+  return a.epoch !== b.epoch ? a.epoch - b.epoch : a.sequence - b.sequence;
+}
