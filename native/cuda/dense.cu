@@ -84,26 +84,27 @@ constexpr int kNormThreads = 256;
 template <ck::DType WT>
 __global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(const float* __restrict__ x, const void* __restrict__ w,
                                                                int32_t D, float eps, float* __restrict__ y) {
-  __shared__ float warp_sums[kNormThreads / 32];
+  __shared__ double warp_sums[kNormThreads / 32];
   __shared__ float inv_sh;
   const float* xr = x + int64_t{blockIdx.x} * D;
   float* yr = y + int64_t{blockIdx.x} * D;
-  // Thread i sums d = i, i+256, ... in order; warps reduce by a fixed shuffle
-  // tree; thread 0 adds the 8 warp sums in order 0..7.
-  float ss = 0.0f;
-  for (int32_t d = threadIdx.x; d < D; d += kNormThreads) ss = fmaf(xr[d], xr[d], ss);
+  // Sum of squares in f64 (as the CPU backend does: no f32 cancellation for
+  // wide rows). Thread i sums d = i, i+256, ... in order; warps reduce by a
+  // fixed shuffle tree; thread 0 adds the 8 warp sums in order 0..7.
+  double ss = 0.0;
+  for (int32_t d = threadIdx.x; d < D; d += kNormThreads) ss += static_cast<double>(xr[d]) * xr[d];
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
   if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = ss;
   __syncthreads();
   if (threadIdx.x == 0) {
-    float total = 0.0f;
+    double total = 0.0;
     for (int i = 0; i < kNormThreads / 32; ++i) total += warp_sums[i];
-    inv_sh = 1.0f / sqrtf(total / static_cast<float>(D) + eps);
+    inv_sh = static_cast<float>(1.0 / sqrt(total / D + static_cast<double>(eps)));
   }
   __syncthreads();
   const float inv = inv_sh;
-  for (int32_t d = threadIdx.x; d < D; d += kNormThreads) yr[d] = xr[d] * inv * load_w<WT>(w, d);
+  for (int32_t d = threadIdx.x; d < D; d += kNormThreads) yr[d] = (xr[d] * inv) * load_w<WT>(w, d);
 }
 
 // ---- rope, swiglu, embed -----------------------------------------------------------
@@ -115,9 +116,11 @@ __global__ void rope_kernel(float* __restrict__ x, int32_t T, int32_t n_heads, i
     const int32_t i = static_cast<int32_t>(e % half);
     const int64_t th = e / half;  // t * n_heads + h
     const int32_t t = static_cast<int32_t>(th / n_heads);
-    const float theta = static_cast<float>(pos[t]) * inv_freq[i];
-    float s, c;
-    sincosf(theta, &s, &c);
+    // theta in f64 (as the CPU backend does): in f32, p * inv_freq loses
+    // ~p * 6e-8 rad of phase, 5e-4 at p = 8192.
+    double sd, cd;
+    sincos(static_cast<double>(pos[t]) * static_cast<double>(inv_freq[i]), &sd, &cd);
+    const float s = static_cast<float>(sd), c = static_cast<float>(cd);
     float* v = x + th * head_dim;
     const float a = v[i], b = v[i + half];
     v[i] = a * c - b * s;

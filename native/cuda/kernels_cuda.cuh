@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "../src/kernels.h"
 #include "check.cuh"
@@ -149,13 +150,18 @@ size_t host_bytes_per_page(const KvPools& pools);
 
 enum class TransferState : int32_t { Pending = 0, Done = 1 };
 
+// Bounds of PageTransfer: transfers in flight at once, and pinned bytes in all.
+constexpr int32_t kMaxTransferTickets = 64;
+constexpr size_t kMaxPinnedBytes = size_t{4} << 30;  // 4 GiB of page-locked host memory at most
+
 // Downloads, uploads and page copies on a stream of their own, apart from
 // compute, through a bounded pool of pinned staging slabs (slab_count *
 // slab_bytes pinned bytes in total, allocated once). A transfer takes one slab;
 // when none is free, begin_* returns -1 and queues nothing (the caller retries
 // after polling others). Each transfer first waits (on the device, not the
 // host) for the work queued on the compute stream so far, so a download reads
-// what compute wrote. Before compute may read uploaded or copied pages the
+// what compute wrote. At most kMaxTransferTickets transfers are in flight; a
+// begin_* beyond that also returns -1. Before compute may read uploaded or copied pages the
 // caller must see poll() == Done (or call order_compute_after).
 class PageTransfer {
  public:
@@ -187,16 +193,19 @@ class PageTransfer {
   struct Ticket;
   int32_t acquire_ticket(bool needs_slab);
   void check_pages(const int32_t* pages, int32_t n_pages, const char* what) const;
+  void follow_compute();
+  void finish(int32_t ticket);
+  void release_all() noexcept;
 
   KvPools pools_;
+  std::vector<f16*> layer_k_, layer_v_;  // owned copies of the per-layer pool pointers
   cudaStream_t compute_;
   cudaStream_t copy_ = nullptr;
+  cudaEvent_t compute_mark_ = nullptr;  // recorded on compute, waited on by copy
   int32_t slab_count_;
   size_t slab_bytes_;
   unsigned char* pinned_ = nullptr;  // slab_count * slab_bytes, cudaHostAlloc
   Ticket* tickets_ = nullptr;        // [kMaxTickets]
 };
-
-constexpr int32_t kMaxTransferTickets = 64;
 
 }  // namespace ck::cuda
