@@ -136,6 +136,8 @@ export interface PagePoolSnapshot {
   readonly evictablePages: PageCount;
   /** refcounts[page] for every page id (0 unless resident). */
   readonly refcounts: readonly number[];
+  /** readers[page]: captures reading the page; a released page with readers waits in `evicting`. */
+  readonly readers: readonly number[];
   readonly routes: readonly RouteSnapshot[];
   /** Sealed, indexed prefixes, by token count then hash. */
   readonly prefixes: readonly PrefixBoundary[];
@@ -703,6 +705,7 @@ export class PageManager {
       evictingPages: evicting as PageCount,
       evictablePages: evictable as PageCount,
       refcounts,
+      readers: this.states.map((s) => (s.kind === "resident" || s.kind === "evicting" ? s.readers : 0)),
       routes,
       prefixes,
     };
