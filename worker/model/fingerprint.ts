@@ -1,0 +1,84 @@
+import { createHash } from "node:crypto";
+import { type ModelManifest, modelFingerprint } from "../../schema/identity.ts";
+import type { ModelFingerprint } from "../../schema/ids.ts";
+import type { EngineSpec } from "./config.ts";
+import type { LoadedTensor } from "./safetensors.ts";
+
+/**
+ * The model fingerprint (schema/identity.ts): sha256 of the canonical
+ * manifest {weightsDigest, architecture, kvDtype, layout, variant}. Two
+ * workers share attention state only when all of these agree.
+ */
+export const WEIGHTS_DIGEST_TAG = "continuum/weights/v1";
+export const KV_DTYPE = "f16";
+export const KV_LAYOUT = "kv-gqa/v1";
+
+/**
+ * sha256(tag ‖ for each tensor in name order: u32 len ‖ name ‖ u32 len ‖ dtype
+ * ‖ u32 rank ‖ u64 dims… ‖ u64 byteLength ‖ bytes), all little-endian. Names
+ * are compared as strings of code units (checkpoint names are ASCII).
+ */
+export function weightsDigest(tensors: Iterable<LoadedTensor>): string {
+  const sorted = [...tensors].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+  const h = createHash("sha256").update(WEIGHTS_DIGEST_TAG);
+  for (let i = 1; i < sorted.length; i++)
+    if (sorted[i]!.name === sorted[i - 1]!.name)
+      throw new RangeError(`tensor '${sorted[i]!.name}' given twice`);
+  for (const t of sorted) {
+    const name = Buffer.from(t.name, "utf8");
+    const dtype = Buffer.from(t.dtype, "ascii");
+    const head = Buffer.alloc(4 + name.length + 4 + dtype.length + 4 + 8 * t.shape.length + 8);
+    let o = head.writeUInt32LE(name.length, 0);
+    o += name.copy(head, o);
+    o = head.writeUInt32LE(dtype.length, o);
+    o += dtype.copy(head, o);
+    o = head.writeUInt32LE(t.shape.length, o);
+    for (const d of t.shape) o = head.writeBigUInt64LE(BigInt(d), o);
+    head.writeBigUInt64LE(BigInt(t.data.byteLength), o);
+    h.update(head).update(t.data);
+  }
+  return h.digest("hex");
+}
+
+/** The config fields that shape the computation, normalised (what the engine sees). */
+export function architectureOf(spec: EngineSpec): Record<string, unknown> {
+  return {
+    family: "llama",
+    nLayers: spec.nLayers,
+    hidden: spec.hidden,
+    nHeads: spec.nHeads,
+    nKvHeads: spec.nKvHeads,
+    headDim: spec.headDim,
+    vHeadDim: spec.vHeadDim,
+    ffn: spec.ffn,
+    vocab: spec.vocab,
+    rmsEps: spec.rmsEps,
+    ropeTheta: spec.ropeTheta,
+    ropeScaling: spec.ropeScaling ?? null,
+    attentionBias: spec.attentionBias,
+    tiedEmbeddings: spec.tiedEmbeddings,
+  };
+}
+
+export function modelManifest(
+  spec: EngineSpec,
+  tensors: Iterable<LoadedTensor>,
+  variant: string,
+): ModelManifest {
+  if (variant.length === 0) throw new RangeError("execution variant must be named");
+  return {
+    weightsDigest: weightsDigest(tensors),
+    architecture: architectureOf(spec),
+    kvDtype: KV_DTYPE,
+    layout: KV_LAYOUT,
+    variant,
+  };
+}
+
+export function fingerprintOf(
+  spec: EngineSpec,
+  tensors: Iterable<LoadedTensor>,
+  variant: string,
+): ModelFingerprint {
+  return modelFingerprint(modelManifest(spec, tensors, variant));
+}

@@ -1,0 +1,82 @@
+import { readFile } from "node:fs/promises";
+import { join } from "node:path";
+import type { ModelManifest } from "../../schema/identity.ts";
+import { modelFingerprint } from "../../schema/identity.ts";
+import type { ModelFingerprint } from "../../schema/ids.ts";
+import { type ModelConfig, ModelConfigError, parseModelConfig } from "./config.ts";
+import { modelManifest } from "./fingerprint.ts";
+import type { ByteProgress } from "./progress.ts";
+import { ModelTokenizer } from "./tokenizer.ts";
+import { loadWeights, type ModelWeights } from "./weights.ts";
+
+/**
+ * A Hugging Face model directory, loaded: config.json, the safetensors
+ * checkpoint (single or sharded), tokenizer.json (+ tokenizer_config.json),
+ * and generation_config.json when present. The loader treats every directory
+ * alike; nothing here knows whether the model was generated.
+ */
+export interface LoadedModel {
+  readonly dir: string;
+  readonly config: ModelConfig;
+  readonly weights: ModelWeights;
+  readonly tokenizer: ModelTokenizer;
+  /** Tokens that end generation: generation_config.json's eos ids, else config.json's. */
+  readonly eosTokenIds: readonly number[];
+  readonly manifest: ModelManifest;
+  readonly fingerprint: ModelFingerprint;
+}
+
+export interface LoadModelOptions {
+  /** The execution variant whose numerics the KV bytes depend on (e.g. "cpu-f32acc/v1"). */
+  readonly variant: string;
+  readonly progress?: ByteProgress;
+}
+
+async function readJson(path: string, optional: boolean): Promise<Record<string, unknown> | undefined> {
+  let text: string;
+  try {
+    text = await readFile(path, "utf8");
+  } catch (err) {
+    if (optional && (err as NodeJS.ErrnoException).code === "ENOENT") return undefined;
+    throw new ModelConfigError(path, `cannot read: ${(err as Error).message}`);
+  }
+  try {
+    return JSON.parse(text) as Record<string, unknown>;
+  } catch (err) {
+    throw new ModelConfigError(path, `not JSON: ${(err as Error).message}`);
+  }
+}
+
+/** Reads and validates DIR/config.json only. */
+export async function readModelConfig(dir: string): Promise<ModelConfig> {
+  return parseModelConfig(await readJson(join(dir, "config.json"), false));
+}
+
+export async function loadModelDir(dir: string, opts: LoadModelOptions): Promise<LoadedModel> {
+  const config = await readModelConfig(dir);
+  const gen = await readJson(join(dir, "generation_config.json"), true);
+  let eos = config.eosTokenIds;
+  if (gen && gen.eos_token_id !== undefined && gen.eos_token_id !== null) {
+    const v = gen.eos_token_id;
+    const ids = Array.isArray(v) ? v : [v];
+    for (const id of ids)
+      if (!Number.isSafeInteger(id) || (id as number) < 0 || (id as number) >= config.spec.vocab)
+        throw new ModelConfigError(
+          "generation_config.json: eos_token_id",
+          `not a token id: ${JSON.stringify(id)}`,
+        );
+    eos = ids as number[];
+  }
+  const tokenizer = await ModelTokenizer.load(dir);
+  const weights = await loadWeights(dir, config.spec, opts.progress ? { progress: opts.progress } : {});
+  const manifest = modelManifest(config.spec, weights.tensors.values(), opts.variant);
+  return {
+    dir,
+    config,
+    weights,
+    tokenizer,
+    eosTokenIds: eos,
+    manifest,
+    fingerprint: modelFingerprint(manifest),
+  };
+}
