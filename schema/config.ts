@@ -52,6 +52,22 @@ export interface Config {
       multipartThresholdBytes: number;
       maxAttempts: number;
       writeBehindQueue: number;
+      /** Multipart part size (S3's minimum is 5 MiB, except the last part). */
+      partBytes: number;
+      /** Parts of one multipart upload in flight at once. */
+      partConcurrency: number;
+      /** Deadline of one S3 request attempt (a stopped server never hangs a caller). */
+      requestTimeoutMs: number;
+      /** First retry delay; doubles per attempt (bounded by maxAttempts). */
+      retryBaseMs: number;
+      /** Bytes the write-behind queue may hold at once (besides its job count). */
+      writeBehindBytes: number;
+      /** Uploads running at once from the write-behind queue. */
+      writeBehindConcurrency: number;
+      /** How long a required write waits for room in a full write-behind queue. */
+      requiredWaitMs: number;
+      /** Create the bucket at start-up when it is missing (local S3 servers). */
+      createBucket: boolean;
     };
   };
   catalog: {
@@ -102,6 +118,14 @@ export const defaultConfig: Config = {
       multipartThresholdBytes: 16 << 20,
       maxAttempts: 4,
       writeBehindQueue: 64,
+      partBytes: 8 << 20,
+      partConcurrency: 4,
+      requestTimeoutMs: 30_000,
+      retryBaseMs: 100,
+      writeBehindBytes: 512 << 20,
+      writeBehindConcurrency: 2,
+      requiredWaitMs: 30_000,
+      createBucket: false,
     },
   },
   catalog: {
@@ -165,6 +189,14 @@ const rules: Record<string, Rule> = {
   "store.s3.multipartThresholdBytes": int(5 << 20),
   "store.s3.maxAttempts": int(1, 20),
   "store.s3.writeBehindQueue": int(1, 1 << 16),
+  "store.s3.partBytes": int(5 << 20, 5 << 30),
+  "store.s3.partConcurrency": int(1, 64),
+  "store.s3.requestTimeoutMs": int(100, 3_600_000),
+  "store.s3.retryBaseMs": int(1, 60_000),
+  "store.s3.writeBehindBytes": int(1),
+  "store.s3.writeBehindConcurrency": int(1, 64),
+  "store.s3.requiredWaitMs": int(0, 3_600_000),
+  "store.s3.createBucket": { kind: "bool" },
   "catalog.log": { kind: "enum", values: ["embedded", "kafka"] },
   "catalog.brokers": { kind: "strings" },
   "catalog.clientId": str,

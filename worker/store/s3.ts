@@ -1,0 +1,658 @@
+import type { Readable } from "node:stream";
+import {
+  AbortMultipartUploadCommand,
+  CompleteMultipartUploadCommand,
+  CreateBucketCommand,
+  CreateMultipartUploadCommand,
+  DeleteObjectCommand,
+  GetObjectCommand,
+  HeadBucketCommand,
+  HeadObjectCommand,
+  ListObjectsV2Command,
+  PutObjectCommand,
+  S3Client,
+  UploadPartCommand,
+} from "@aws-sdk/client-s3";
+import type { ContentId } from "../../schema/ids.ts";
+import {
+  type ChunkInfo,
+  type ChunkMeta,
+  type ChunkTier,
+  checkId,
+  checkMeta,
+  contentHasher,
+  encodeHeader,
+  type StoreReporter,
+  stderrReporter,
+  TierCounters,
+  type TierStats,
+  VerifiedChunk,
+} from "./chunk.ts";
+import {
+  ContentMismatchError,
+  CorruptChunkError,
+  InvalidChunkError,
+  ObjectTooLargeError,
+  StoreClosedError,
+  StoreError,
+  StoreUnavailableError,
+} from "./errors.ts";
+import { FrameReader } from "./frame-reader.ts";
+import { AttemptTimeoutError, type RetryPolicy, withRetries } from "./retry.ts";
+
+export interface S3TierOptions {
+  readonly endpoint: string;
+  readonly bucket: string;
+  readonly region: string;
+  readonly accessKeyId: string;
+  readonly secretAccessKey: string;
+  /** Key prefix of every chunk object. */
+  readonly prefix?: string;
+  readonly maxObjectBytes: number;
+  /** Objects (framed) larger than this go up in parts. */
+  readonly multipartThresholdBytes: number;
+  /** Part size, ≥ 5 MiB (S3's minimum for every part but the last). */
+  readonly partBytes: number;
+  /** Parts in flight at once for one object: bounds memory to partConcurrency × partBytes. */
+  readonly partConcurrency: number;
+  readonly maxAttempts: number;
+  readonly retryBaseMs: number;
+  /** Deadline of one request attempt, plus time for its body at FLOOR_BYTES_PER_MS. */
+  readonly requestTimeoutMs: number;
+  /** HeadBucket at open and CreateBucket when missing. */
+  readonly createBucket?: boolean;
+  readonly report?: StoreReporter;
+}
+
+/** Slowest body transfer an attempt's deadline allows for: 10 MiB/s, in bytes per ms. */
+const FLOOR_BYTES_PER_MS = (10 << 20) / 1000;
+/** S3 allows at most 10,000 parts per upload. */
+const MAX_PARTS = 10_000;
+const MIN_PART_BYTES = 5 << 20;
+const ID_KEY = /([0-9a-f]{64})$/;
+
+type Body = Readable & AsyncIterable<Uint8Array>;
+
+/**
+ * The S3 tier through @aws-sdk/client-s3, path-style (S3Proxy, MinIO and AWS
+ * alike). Objects use the same framing as the file tier, so a get verifies
+ * framing and content hash before returning bytes.
+ *
+ * Every request runs under `withRetries`: bounded attempts, exponential
+ * backoff, and a deadline per attempt that aborts the request (and its body),
+ * so a stopped server costs a caller at most
+ * maxAttempts × deadline + Σ backoff, never a hang. SDK retries are off (ours
+ * are the only ones) and checksums are computed only when an operation
+ * requires them: streamed bodies otherwise go out with aws-chunked framing
+ * that some S3-compatible servers store as part of the object.
+ */
+export class S3Tier implements ChunkTier {
+  readonly tier = "s3" as const;
+  readonly maxObjectBytes: number;
+  readonly bucket: string;
+  readonly prefix: string;
+  readonly client: S3Client;
+  private readonly opts: S3TierOptions;
+  private readonly policy: RetryPolicy;
+  private readonly report: StoreReporter;
+  private readonly counters = new TierCounters();
+  private readonly closing = new AbortController();
+  private readonly inFlight = new Set<Promise<unknown>>();
+
+  private constructor(opts: S3TierOptions) {
+    if (opts.partBytes < MIN_PART_BYTES)
+      throw new RangeError(`s3 tier: partBytes must be ≥ ${MIN_PART_BYTES}`);
+    if (opts.multipartThresholdBytes < opts.partBytes) {
+      throw new RangeError("s3 tier: multipartThresholdBytes must be ≥ partBytes");
+    }
+    if (opts.maxAttempts < 1) throw new RangeError("s3 tier: maxAttempts must be ≥ 1");
+    this.opts = opts;
+    this.maxObjectBytes = opts.maxObjectBytes;
+    this.bucket = opts.bucket;
+    this.prefix = opts.prefix ?? "chunks/";
+    this.report = opts.report ?? stderrReporter;
+    this.policy = { maxAttempts: opts.maxAttempts, baseMs: opts.retryBaseMs, capMs: opts.retryBaseMs * 32 };
+    this.client = new S3Client({
+      endpoint: opts.endpoint,
+      region: opts.region,
+      forcePathStyle: true,
+      credentials: { accessKeyId: opts.accessKeyId, secretAccessKey: opts.secretAccessKey },
+      maxAttempts: 1,
+      requestChecksumCalculation: "WHEN_REQUIRED",
+      responseChecksumValidation: "WHEN_REQUIRED",
+      requestHandler: {
+        connectionTimeout: Math.min(opts.requestTimeoutMs, 5_000),
+        // Idle socket: a server that stops answering mid-body is noticed.
+        socketTimeout: opts.requestTimeoutMs,
+        httpAgent: { keepAlive: true, maxSockets: 32 },
+      },
+    });
+  }
+
+  /** Builds the client and, when asked, makes sure the bucket exists. */
+  static async open(opts: S3TierOptions): Promise<S3Tier> {
+    const tier = new S3Tier(opts);
+    if (opts.createBucket) {
+      try {
+        await tier.ensureBucket();
+      } catch (err) {
+        tier.client.destroy();
+        throw err;
+      }
+    }
+    return tier;
+  }
+
+  keyOf(id: ContentId): string {
+    return `${this.prefix}${id}`;
+  }
+
+  async put(id: unknown, bytes: unknown, meta: unknown): Promise<void> {
+    this.open();
+    await this.putVerified(VerifiedChunk.check(id, bytes, meta, this));
+  }
+
+  async putVerified(chunk: VerifiedChunk): Promise<void> {
+    this.open();
+    if (chunk.bytes.byteLength > this.maxObjectBytes) {
+      throw new ObjectTooLargeError("s3", chunk.bytes.byteLength, this.maxObjectBytes);
+    }
+    const prefix = Buffer.concat([encodeHeader(chunk.metaJson, chunk.bytes.byteLength), chunk.metaJson]);
+    const total = prefix.byteLength + chunk.bytes.byteLength;
+    await this.track(async () => {
+      if (total <= this.opts.multipartThresholdBytes) {
+        await this.putObject(chunk.id, Buffer.concat([prefix, chunk.bytes], total));
+      } else {
+        await this.putMultipart(chunk.id, prefix, chunk.bytes);
+      }
+    });
+    this.counters.puts++;
+  }
+
+  /**
+   * Streamed put: `payload` yields exactly `payloadBytes` bytes whose content
+   * id (with `meta`) must be `id`. Small objects are gathered and sent in one
+   * PUT; large ones go up part by part as they arrive (memory ≤ partConcurrency
+   * × partBytes) and the upload is completed only after the hash matched, so a
+   * mismatch or short stream aborts it and leaves the bucket unchanged.
+   */
+  async putStream(
+    id: unknown,
+    meta: unknown,
+    payload: AsyncIterable<Uint8Array>,
+    payloadBytes: number,
+  ): Promise<void> {
+    this.open();
+    const cid = checkId(id);
+    const metaJson = checkMeta(cid, meta);
+    if (!Number.isSafeInteger(payloadBytes) || payloadBytes < 0) {
+      throw new InvalidChunkError(
+        `chunk ${cid}: payloadBytes must be a non-negative integer, got ${payloadBytes}`,
+      );
+    }
+    if (payloadBytes > this.maxObjectBytes)
+      throw new ObjectTooLargeError("s3", payloadBytes, this.maxObjectBytes);
+    const prefix = Buffer.concat([encodeHeader(metaJson, payloadBytes), metaJson]);
+    const total = prefix.byteLength + payloadBytes;
+    const hash = contentHasher(metaJson);
+    const lengthError = (got: number) =>
+      new InvalidChunkError(
+        `chunk ${cid}: the stream gave ${got === -1 ? "more than" : got} of ${payloadBytes} declared bytes`,
+      );
+    await this.track(async () => {
+      if (total <= this.opts.multipartThresholdBytes) {
+        const body = Buffer.allocUnsafe(total);
+        prefix.copy(body, 0);
+        let at = prefix.byteLength;
+        for await (const piece of payload) {
+          if (at + piece.byteLength > total) throw lengthError(-1);
+          body.set(piece, at);
+          hash.update(piece);
+          at += piece.byteLength;
+        }
+        if (at !== total) throw lengthError(at - prefix.byteLength);
+        const actual = hash.digest("hex") as ContentId;
+        if (actual !== cid) throw new ContentMismatchError(cid, actual);
+        await this.putObject(cid, body);
+        return;
+      }
+      const upload = await this.createUpload(cid);
+      try {
+        const parts = new PartUploader(this, cid, upload, this.opts.partConcurrency);
+        const partBytes = this.opts.partBytes;
+        let part = Buffer.allocUnsafe(Math.min(partBytes, total));
+        prefix.copy(part, 0);
+        let fill = prefix.byteLength;
+        let sent = prefix.byteLength;
+        let seen = 0;
+        for await (const piece of payload) {
+          if (seen + piece.byteLength > payloadBytes) throw lengthError(-1);
+          hash.update(piece);
+          seen += piece.byteLength;
+          let from = 0;
+          while (from < piece.byteLength) {
+            const n = Math.min(piece.byteLength - from, part.byteLength - fill);
+            part.set(piece.subarray(from, from + n), fill);
+            fill += n;
+            from += n;
+            if (fill === part.byteLength) {
+              await parts.add(part);
+              sent += fill;
+              part = Buffer.allocUnsafe(Math.min(partBytes, Math.max(total - sent, 1)));
+              fill = 0;
+            }
+          }
+        }
+        if (seen !== payloadBytes) throw lengthError(seen);
+        const actual = hash.digest("hex") as ContentId;
+        if (actual !== cid) throw new ContentMismatchError(cid, actual);
+        if (fill > 0) await parts.add(part.subarray(0, fill));
+        await this.completeUpload(cid, upload, await parts.finish());
+      } catch (err) {
+        await this.abortUpload(cid, upload);
+        throw err;
+      }
+    });
+    this.counters.puts++;
+  }
+
+  async get(id: unknown): Promise<VerifiedChunk | undefined> {
+    this.open();
+    const cid = checkId(id);
+    const got = await this.track(() =>
+      this.retry(`get ${cid}`, undefined, async (signal) => {
+        const body = await this.getBody(cid, signal);
+        if (body === undefined) return undefined;
+        const reader = new FrameReader("s3", cid, body.contentLength);
+        let payload: Buffer | undefined;
+        let at = 0;
+        for await (const piece of body.stream) {
+          for (const p of reader.push(piece)) {
+            payload ??= Buffer.allocUnsafe(reader.payloadLen ?? 0);
+            payload.set(p, at);
+            at += p.byteLength;
+          }
+        }
+        const { meta, metaJson } = reader.finish();
+        return VerifiedChunk.trusted(cid, payload ?? Buffer.alloc(0), meta, metaJson);
+      }),
+    ).catch((err) => this.onReadError(cid, err));
+    if (got === undefined) this.counters.misses++;
+    else this.counters.hits++;
+    return got;
+  }
+
+  /**
+   * Streamed get: the payload in pieces as they arrive, each hashed on the
+   * way. The last step of the iteration verifies length and hash and throws
+   * CorruptChunkError when they are wrong, so a consumer must not use (e.g.
+   * mark runnable) what it received until the iteration completed. Undefined
+   * when the object is missing. Only the request is retried, never a
+   * half-delivered body.
+   */
+  async getStream(
+    id: unknown,
+  ): Promise<{ meta: ChunkMeta; payloadBytes: number; pieces: AsyncIterable<Uint8Array> } | undefined> {
+    this.open();
+    const cid = checkId(id);
+    const body = await this.track(() =>
+      this.retry(`get ${cid}`, undefined, async (signal) => this.getBody(cid, signal)),
+    ).catch((err) => this.onReadError(cid, err));
+    if (body === undefined) {
+      this.counters.misses++;
+      return undefined;
+    }
+    const iterator = body.stream[Symbol.asyncIterator]();
+    const reader = new FrameReader("s3", cid, body.contentLength);
+    // Read until the metadata is known; the payload bytes read with it wait in `early`.
+    const early: Uint8Array[] = [];
+    try {
+      while (reader.meta === undefined) {
+        const next = await iterator.next();
+        if (next.done) reader.finish();
+        else early.push(...reader.push(next.value));
+      }
+    } catch (err) {
+      body.stream.destroy();
+      this.onReadError(cid, err);
+    }
+    const self = this;
+    async function* pieces(): AsyncIterable<Uint8Array> {
+      try {
+        yield* early;
+        for (;;) {
+          const next = await iterator.next();
+          if (next.done) break;
+          yield* reader.push(next.value);
+        }
+        reader.finish();
+        self.counters.hits++;
+      } catch (err) {
+        self.onReadError(cid, err);
+      } finally {
+        body?.stream.destroy();
+      }
+    }
+    return { meta: reader.meta as ChunkMeta, payloadBytes: reader.payloadLen ?? 0, pieces: pieces() };
+  }
+
+  async has(id: unknown): Promise<boolean> {
+    this.open();
+    const cid = checkId(id);
+    return this.track(() =>
+      this.retry(`head ${cid}`, undefined, async (signal) => {
+        try {
+          await this.client.send(new HeadObjectCommand({ Bucket: this.bucket, Key: this.keyOf(cid) }), {
+            abortSignal: signal,
+          });
+          return true;
+        } catch (err) {
+          if (isNotFound(err)) return false;
+          throw err;
+        }
+      }),
+    );
+  }
+
+  async delete(id: unknown): Promise<boolean> {
+    this.open();
+    const cid = checkId(id);
+    const existed = await this.has(cid);
+    if (!existed) return false;
+    await this.track(() =>
+      this.retry(`delete ${cid}`, undefined, (signal) =>
+        this.client.send(new DeleteObjectCommand({ Bucket: this.bucket, Key: this.keyOf(cid) }), {
+          abortSignal: signal,
+        }),
+      ),
+    );
+    return true;
+  }
+
+  async *list(): AsyncIterable<ChunkInfo> {
+    this.open();
+    let token: string | undefined;
+    do {
+      const page = await this.track(() =>
+        this.retry("list", undefined, (signal) =>
+          this.client.send(
+            new ListObjectsV2Command({
+              Bucket: this.bucket,
+              Prefix: this.prefix,
+              ContinuationToken: token,
+              MaxKeys: 1000,
+            }),
+            { abortSignal: signal },
+          ),
+        ),
+      );
+      for (const obj of page.Contents ?? []) {
+        const m = obj.Key === undefined ? null : ID_KEY.exec(obj.Key);
+        if (m && obj.Key === this.keyOf(m[1] as ContentId))
+          yield { id: m[1] as ContentId, storedBytes: obj.Size ?? 0 };
+      }
+      token = page.IsTruncated ? page.NextContinuationToken : undefined;
+    } while (token !== undefined);
+  }
+
+  stats(): TierStats {
+    return { tier: "s3", objects: null, bytes: null, capacityBytes: null, ...this.counters };
+  }
+
+  /** Stops accepting work, aborts retries and requests in flight, waits for them, releases sockets. */
+  async close(): Promise<void> {
+    if (this.closing.signal.aborted) return;
+    this.closing.abort();
+    await Promise.allSettled([...this.inFlight]);
+    this.client.destroy();
+  }
+
+  // ---- requests ---------------------------------------------------------
+
+  private async ensureBucket(): Promise<void> {
+    const exists = await this.retry(`head bucket ${this.bucket}`, undefined, async (signal) => {
+      try {
+        await this.client.send(new HeadBucketCommand({ Bucket: this.bucket }), { abortSignal: signal });
+        return true;
+      } catch (err) {
+        if (isNotFound(err)) return false;
+        throw err;
+      }
+    });
+    if (exists) return;
+    await this.retry(`create bucket ${this.bucket}`, undefined, async (signal) => {
+      try {
+        await this.client.send(new CreateBucketCommand({ Bucket: this.bucket }), { abortSignal: signal });
+      } catch (err) {
+        const name = (err as Error).name;
+        if (name !== "BucketAlreadyOwnedByYou" && name !== "BucketAlreadyExists") throw err;
+      }
+    });
+  }
+
+  private async putObject(id: ContentId, body: Buffer): Promise<void> {
+    await this.retry(`put ${id}`, body.byteLength, (signal) =>
+      this.client.send(
+        new PutObjectCommand({
+          Bucket: this.bucket,
+          Key: this.keyOf(id),
+          Body: body,
+          ContentLength: body.byteLength,
+        }),
+        { abortSignal: signal },
+      ),
+    );
+  }
+
+  /** Parts are views of [prefix ‖ payload]; only the first part is copied (to join the two). */
+  private async putMultipart(id: ContentId, prefix: Buffer, payload: Uint8Array): Promise<void> {
+    const P = this.opts.partBytes;
+    const total = prefix.byteLength + payload.byteLength;
+    const count = Math.ceil(total / P);
+    if (count > MAX_PARTS)
+      throw new ObjectTooLargeError("s3", payload.byteLength, MAX_PARTS * P - prefix.byteLength);
+    const upload = await this.createUpload(id);
+    try {
+      const parts = new PartUploader(this, id, upload, this.opts.partConcurrency);
+      for (let i = 0; i < count; i++) {
+        // Framed range [i·P, min((i+1)·P, total)); payload offsets are shifted by the prefix length.
+        const end = Math.min((i + 1) * P, total) - prefix.byteLength;
+        const body =
+          i === 0
+            ? Buffer.concat([prefix, payload.subarray(0, end)])
+            : payload.subarray(i * P - prefix.byteLength, end);
+        await parts.add(body);
+      }
+      await this.completeUpload(id, upload, await parts.finish());
+    } catch (err) {
+      await this.abortUpload(id, upload);
+      throw err;
+    }
+  }
+
+  private async createUpload(id: ContentId): Promise<string> {
+    const out = await this.retry(`create multipart ${id}`, undefined, (signal) =>
+      this.client.send(new CreateMultipartUploadCommand({ Bucket: this.bucket, Key: this.keyOf(id) }), {
+        abortSignal: signal,
+      }),
+    );
+    if (out.UploadId === undefined)
+      throw new StoreUnavailableError("s3", `create multipart ${id}`, 1, "no UploadId");
+    return out.UploadId;
+  }
+
+  /** Uploads one part (1-based number) and returns its ETag. */
+  async uploadPart(id: ContentId, uploadId: string, partNumber: number, body: Uint8Array): Promise<string> {
+    const out = await this.retry(`upload part ${partNumber} of ${id}`, body.byteLength, (signal) =>
+      this.client.send(
+        new UploadPartCommand({
+          Bucket: this.bucket,
+          Key: this.keyOf(id),
+          UploadId: uploadId,
+          PartNumber: partNumber,
+          Body: body,
+          ContentLength: body.byteLength,
+        }),
+        { abortSignal: signal },
+      ),
+    );
+    if (out.ETag === undefined)
+      throw new StoreUnavailableError("s3", `upload part ${partNumber} of ${id}`, 1, "no ETag");
+    return out.ETag;
+  }
+
+  private async completeUpload(id: ContentId, uploadId: string, etags: string[]): Promise<void> {
+    await this.retry(`complete multipart ${id}`, undefined, (signal) =>
+      this.client.send(
+        new CompleteMultipartUploadCommand({
+          Bucket: this.bucket,
+          Key: this.keyOf(id),
+          UploadId: uploadId,
+          MultipartUpload: { Parts: etags.map((ETag, i) => ({ ETag, PartNumber: i + 1 })) },
+        }),
+        { abortSignal: signal },
+      ),
+    );
+  }
+
+  /** Best effort: a failed abort leaves parts the server's lifecycle rules reclaim, never a visible object. */
+  private async abortUpload(id: ContentId, uploadId: string): Promise<void> {
+    try {
+      await this.client.send(
+        new AbortMultipartUploadCommand({ Bucket: this.bucket, Key: this.keyOf(id), UploadId: uploadId }),
+        { abortSignal: AbortSignal.timeout(this.opts.requestTimeoutMs) },
+      );
+    } catch {
+      // The upload was never completed, so no object became visible.
+    }
+  }
+
+  /** GetObject's body stream, tied to the attempt's signal; undefined on 404. */
+  private async getBody(
+    id: ContentId,
+    signal: AbortSignal,
+  ): Promise<{ stream: Body; contentLength: number | undefined } | undefined> {
+    try {
+      const out = await this.client.send(new GetObjectCommand({ Bucket: this.bucket, Key: this.keyOf(id) }), {
+        abortSignal: signal,
+      });
+      const stream = out.Body as Body | undefined;
+      if (stream === undefined) throw new StoreUnavailableError("s3", `get ${id}`, 1, "response had no body");
+      // The deadline covers the body too: destroying the stream ends a stalled read.
+      const onAbort = () =>
+        stream.destroy(signal.reason instanceof Error ? signal.reason : new Error("aborted"));
+      signal.addEventListener("abort", onAbort, { once: true });
+      stream.once("close", () => signal.removeEventListener("abort", onAbort));
+      return { stream, contentLength: out.ContentLength };
+    } catch (err) {
+      if (isNotFound(err)) return undefined;
+      throw err;
+    }
+  }
+
+  private retry<T>(
+    op: string,
+    bodyBytes: number | undefined,
+    attempt: (signal: AbortSignal) => Promise<T>,
+  ): Promise<T> {
+    return withRetries(
+      {
+        tier: "s3",
+        op,
+        policy: this.policy,
+        attemptMs: this.opts.requestTimeoutMs + Math.ceil((bodyBytes ?? 0) / FLOOR_BYTES_PER_MS),
+        closing: this.closing.signal,
+        report: this.report,
+        retryable,
+      },
+      attempt,
+    );
+  }
+
+  /** Counts a corrupt read and reports it; rethrows every error. */
+  private onReadError(id: ContentId, err: unknown): never {
+    if (err instanceof CorruptChunkError) {
+      this.counters.corrupt++;
+      this.report({ kind: "corrupt", tier: "s3", id, reason: err.reason });
+    }
+    throw err;
+  }
+
+  /** Keeps `close` waiting for work that started before it. */
+  private track<T>(work: () => Promise<T>): Promise<T> {
+    const p = work();
+    this.inFlight.add(p);
+    const done = () => this.inFlight.delete(p);
+    p.then(done, done);
+    return p;
+  }
+
+  private open(): void {
+    if (this.closing.signal.aborted) throw new StoreClosedError("s3 tier is closed");
+  }
+}
+
+/**
+ * Parts of one multipart upload with at most `concurrency` in flight; `add`
+ * waits while the window is full, so memory stays bounded.
+ */
+class PartUploader {
+  private readonly etags: string[] = [];
+  private readonly window = new Set<Promise<void>>();
+  private failure: unknown;
+  private next = 1;
+
+  constructor(
+    private readonly tier: S3Tier,
+    private readonly id: ContentId,
+    private readonly uploadId: string,
+    private readonly concurrency: number,
+  ) {}
+
+  async add(body: Uint8Array): Promise<void> {
+    while (this.window.size >= this.concurrency) await Promise.race(this.window);
+    if (this.failure !== undefined) throw this.failure;
+    const n = this.next++;
+    const p: Promise<void> = this.tier.uploadPart(this.id, this.uploadId, n, body).then(
+      (etag) => {
+        this.etags[n - 1] = etag;
+        this.window.delete(p);
+      },
+      (err) => {
+        this.failure ??= err;
+        this.window.delete(p);
+      },
+    );
+    this.window.add(p);
+  }
+
+  /** ETags in part order once every part is up; the first failure otherwise. */
+  async finish(): Promise<string[]> {
+    await Promise.all([...this.window]);
+    if (this.failure !== undefined) throw this.failure;
+    return this.etags;
+  }
+}
+
+function statusOf(err: unknown): number | undefined {
+  const s = (err as { $metadata?: { httpStatusCode?: unknown } } | null)?.$metadata?.httpStatusCode;
+  return typeof s === "number" ? s : undefined;
+}
+
+function isNotFound(err: unknown): boolean {
+  const name = (err as Error | null)?.name;
+  return statusOf(err) === 404 || name === "NoSuchKey" || name === "NotFound" || name === "NoSuchBucket";
+}
+
+/**
+ * Another attempt may help after network trouble, a timeout, 5xx, 429 or 408.
+ * Client errors (403, 404, a bad request) and our own verdicts (corrupt,
+ * mismatch, closed) are final.
+ */
+function retryable(err: unknown): boolean {
+  if (err instanceof AttemptTimeoutError) return true;
+  if (err instanceof StoreError) return false;
+  const status = statusOf(err);
+  if (status !== undefined) return status >= 500 || status === 429 || status === 408;
+  return true;
+}
