@@ -1,0 +1,502 @@
+/**
+ * The typed face of the native engine (native/build/Release/continuum_native.node).
+ *
+ * TypeScript owns policy (which page, refcounts, generations); the engine owns
+ * memory and arithmetic: weights, per-layer fp16 K/V page pools, the contiguous
+ * oracle cache, and the full forward for one ragged batch. Every call that does
+ * real work runs on a native thread and returns a promise: `step` and weight
+ * loading on the engine's compute thread, page transfers on its transfer
+ * thread, so a long prefill never stalls the event loop and a restore never
+ * waits behind a prefill.
+ *
+ * Bad input (a page id or slot out of range, duplicate slots, lengths that
+ * disagree, an unknown tensor, a freed engine) throws synchronously with the
+ * reason and writes nothing.
+ */
+import { createRequire } from "node:module";
+import type { PageId } from "../schema/ids.ts";
+
+export type WeightDType = "f32" | "f16" | "bf16";
+
+/** Llama-3 rotary frequency scaling, with Hugging Face's `rope_scaling` field names. */
+export interface Llama3RopeScaling {
+  readonly factor: number;
+  readonly low_freq_factor: number;
+  readonly high_freq_factor: number;
+  readonly original_max_position_embeddings: number;
+}
+
+/** The architecture of a Llama-family model (Qwen2 = Llama + q/k/v bias). */
+export interface ModelSpec {
+  readonly nLayers: number;
+  readonly hidden: number;
+  readonly nHeads: number;
+  readonly nKvHeads: number;
+  readonly headDim: number;
+  /** Value head dimension; defaults to headDim. */
+  readonly vHeadDim?: number;
+  /** MLP intermediate size. */
+  readonly ffn: number;
+  readonly vocab: number;
+  readonly rmsEps: number;
+  readonly ropeTheta: number;
+  readonly ropeScaling?: Llama3RopeScaling | null;
+  /** q/k/v projections carry a bias (Qwen2). */
+  readonly attentionBias: boolean;
+  /** lm_head shares model.embed_tokens.weight. */
+  readonly tiedEmbeddings: boolean;
+  /** Positions are in [0, maxPosition). */
+  readonly maxPosition: number;
+}
+
+/** One tensor as read from safetensors: little-endian bytes in `dtype`. */
+export interface WeightTensor {
+  readonly dtype: WeightDType;
+  readonly shape: readonly number[];
+  readonly data: Uint8Array;
+}
+
+/** Tensors keyed by Hugging Face name. */
+export type Weights = ReadonlyMap<string, WeightTensor> | Readonly<Record<string, WeightTensor>>;
+
+/**
+ * One ragged batch of prefill and decode rows for the paged path. Row t is
+ * token tokens[t] of sequence rowSeq[t] at absolute position positions[t];
+ * its K/V go to slot slotMapping[t] = page * pageSize + positions[t] % pageSize
+ * where page = pageTable[rowSeq[t] * ptStride + positions[t] / pageSize]
+ * (checked). Attention reads keys 0..positions[t] of the row's sequence
+ * through its page table, so earlier keys must already be in the pool (or be
+ * rows of this batch). Logits are returned for `logitRows`, in that order.
+ */
+export interface StepBatch {
+  readonly tokens: Int32Array;
+  readonly positions: Int32Array;
+  readonly rowSeq: Int32Array;
+  readonly slotMapping: Int32Array;
+  /** [S, ptStride] physical page ids; entries past a sequence's last page are ignored (use -1). */
+  readonly pageTable: Int32Array;
+  readonly ptStride: number;
+  readonly logitRows: Int32Array;
+}
+
+/** A batch for the contiguous oracle: row t's K/V go to position positions[t] of cache sequence rowSeq[t]. */
+export interface ContiguousBatch {
+  readonly tokens: Int32Array;
+  readonly positions: Int32Array;
+  readonly rowSeq: Int32Array;
+  readonly logitRows: Int32Array;
+}
+
+export interface CpuFeatures {
+  readonly avx2: boolean;
+  readonly fma: boolean;
+  readonly f16c: boolean;
+}
+
+export interface EngineOptions {
+  /** Compute threads (the compute thread plus workers); default: all cores. */
+  readonly threads?: number;
+}
+
+/**
+ * Byte layout of downloadPages/uploadPages: for each page id in the order
+ * given, for each layer ascending: the K page [pageSize, nKvHeads, headDim]
+ * then the V page [pageSize, nKvHeads, vHeadDim], fp16 little-endian. One page
+ * is `pageBytes` = nLayers * pageSize * nKvHeads * (headDim + vHeadDim) * 2.
+ */
+export interface Engine {
+  readonly backend: "cpu";
+  readonly spec: ModelSpec;
+  readonly threads: number;
+  /** Bytes of one page across all layers (0 before createPool). */
+  readonly pageBytes: number;
+  readonly freed: boolean;
+  /** Allocates the per-layer K/V page pools, zeroed; once per engine. */
+  createPool(numPages: number, pageSize: number): void;
+  /** Allocates the contiguous oracle cache [numSeqs, ctxCap] per layer, zeroed; once per engine. */
+  createContiguousCache(numSeqs: number, ctxCap: number): void;
+  /** Full forward over the paged pools; resolves with logits [logitRows.length, vocab]. */
+  step(batch: StepBatch): Promise<Float32Array>;
+  /** The same forward over the contiguous cache (the correctness oracle). */
+  stepContiguous(batch: ContiguousBatch): Promise<Float32Array>;
+  downloadPages(pageIds: Int32Array | readonly PageId[]): Promise<Uint8Array>;
+  /** The engine reads `bytes` on its transfer thread: do not modify them until the promise settles. */
+  uploadPages(pageIds: Int32Array | readonly PageId[], bytes: Uint8Array): Promise<void>;
+  /** Copy-on-write: every layer's K and V of page src into page dst. */
+  copyPage(src: PageId, dst: PageId): Promise<void>;
+  /**
+   * Releases native memory. Waits for the job running on each thread, rejects
+   * queued ones with "engine freed"; afterwards every call throws "engine freed".
+   */
+  free(): void;
+}
+
+// ---- the addon --------------------------------------------------------------
+
+interface NativeEngine {
+  loadWeights(tensors: { dtype: WeightDType; data: Uint8Array }[]): Promise<void>;
+  tensorNames(): { name: string; shape: number[] }[];
+  createPool(numPages: number, pageSize: number): void;
+  createContiguousCache(numSeqs: number, ctxCap: number): void;
+  step(batch: StepBatch): Promise<Float32Array>;
+  stepContiguous(batch: ContiguousBatch): Promise<Float32Array>;
+  downloadPages(ids: Int32Array): Promise<Uint8Array>;
+  uploadPages(ids: Int32Array, bytes: Uint8Array): Promise<void>;
+  copyPage(src: number, dst: number): Promise<void>;
+  free(): void;
+  readonly threads: number;
+  readonly pageBytes: number;
+}
+
+/** Synchronous single-kernel hooks on a shared thread pool: for tests and benchmarks only. */
+export interface Kernels {
+  setThreads(n: number): void;
+  threads(): number;
+  /** Switches the vector path (test hook); false when the CPU lacks it. */
+  setIsa(isa: "generic" | "avx2"): boolean;
+  isa(): "generic" | "avx2";
+  /** f32 → f16 bits through the vector path that routed append uses. */
+  f32ToF16(x: Float32Array, y: Uint16Array): void;
+  /** f32 → f16 bits through the scalar conversion. */
+  f32ToF16Scalar(x: Float32Array, y: Uint16Array): void;
+  f16ToF32(x: Uint16Array, y: Float32Array): void;
+  bf16ToF32(x: Uint16Array, y: Float32Array): void;
+  /** pages[slots[b]] = f16(rows[b]); pages is [numSlots, rowElems]. */
+  routedAppend(rows: Float32Array, slots: Int32Array, rowElems: number, pages: Uint16Array): void;
+  pagedAttention(a: {
+    q: Float32Array;
+    kPages: Uint16Array;
+    vPages: Uint16Array;
+    pageTable: Int32Array;
+    rowSeq: Int32Array;
+    rowPos: Int32Array;
+    out: Float32Array;
+    T: number;
+    nHeads: number;
+    nKv: number;
+    headDim: number;
+    vHeadDim?: number;
+    pageSize: number;
+    ptStride: number;
+    scale: number;
+  }): void;
+  contiguousAttention(a: {
+    q: Float32Array;
+    k: Uint16Array;
+    v: Uint16Array;
+    rowSeq: Int32Array;
+    rowPos: Int32Array;
+    out: Float32Array;
+    T: number;
+    nHeads: number;
+    nKv: number;
+    headDim: number;
+    vHeadDim?: number;
+    ctxCap: number;
+    scale: number;
+  }): void;
+  /** y[T, N] = x[T, K] · W[N, K]^T (+ bias); w holds W's bytes in dtype. */
+  matmul(
+    x: Float32Array,
+    T: number,
+    K: number,
+    w: Uint8Array,
+    dtype: WeightDType,
+    N: number,
+    bias: Float32Array | null,
+    y: Float32Array,
+  ): void;
+  rmsnorm(
+    x: Float32Array,
+    w: Uint8Array,
+    dtype: WeightDType,
+    T: number,
+    D: number,
+    eps: number,
+    y: Float32Array,
+  ): void;
+  /** In place on x [T, nHeads, headDim]. */
+  rope(
+    x: Float32Array,
+    T: number,
+    nHeads: number,
+    headDim: number,
+    pos: Int32Array,
+    invFreq: Float32Array,
+  ): void;
+  swiglu(gate: Float32Array, up: Float32Array, out: Float32Array): void;
+  embed(ids: Int32Array, table: Uint8Array, dtype: WeightDType, D: number, out: Float32Array): void;
+  /** Multi-threaded copy: the memory-bandwidth yardstick. */
+  memcpy(dst: Uint8Array, src: Uint8Array): void;
+}
+
+interface Addon {
+  readonly Engine: new (spec: ModelSpec, invFreq: Float32Array, threads?: number) => NativeEngine;
+  readonly backend: "cpu";
+  readonly features: CpuFeatures;
+  readonly defaultThreads: number;
+  readonly kernels: Kernels;
+}
+
+const addonPath = new URL("./build/Release/continuum_native.node", import.meta.url).pathname;
+
+function loadAddon(): Addon {
+  try {
+    return createRequire(import.meta.url)(addonPath) as Addon;
+  } catch (e) {
+    throw new Error(
+      `native addon not loadable at ${addonPath} (build it with \`npm run build:native\`): ${(e as Error).message}`,
+    );
+  }
+}
+
+const addon = loadAddon();
+
+/** Which backend computes, and what the CPU offers (for benchmark env lines). */
+export const backend: "cpu" = addon.backend;
+export const features: CpuFeatures = addon.features;
+export const defaultThreads: number = addon.defaultThreads;
+export const kernels: Kernels = addon.kernels;
+
+// ---- model description ----------------------------------------------------------
+
+export class ModelSpecError extends Error {
+  override readonly name = "ModelSpecError";
+}
+
+export class WeightError extends Error {
+  override readonly name = "WeightError";
+}
+
+/**
+ * Rotary inverse frequencies [headDim / 2]: inv_freq[i] = theta^(-2i / headDim),
+ * then the Llama-3 rule when `ropeScaling` is set (with wavelen = 2π / inv_freq,
+ * low = original / low_freq_factor, high = original / high_freq_factor):
+ * wavelen < high keeps inv_freq; wavelen > low divides it by `factor`; between,
+ * smooth = (original / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+ * and inv_freq' = (1 - smooth) * inv_freq / factor + smooth * inv_freq.
+ * Computed in float64, rounded once to float32.
+ */
+export function ropeInvFreq(spec: Pick<ModelSpec, "headDim" | "ropeTheta" | "ropeScaling">): Float32Array {
+  const half = spec.headDim / 2;
+  const out = new Float32Array(half);
+  const sc = spec.ropeScaling ?? null;
+  for (let i = 0; i < half; i++) {
+    let f = 1 / spec.ropeTheta ** ((2 * i) / spec.headDim);
+    if (sc !== null) {
+      const lowWavelen = sc.original_max_position_embeddings / sc.low_freq_factor;
+      const highWavelen = sc.original_max_position_embeddings / sc.high_freq_factor;
+      const wavelen = (2 * Math.PI) / f;
+      if (wavelen > lowWavelen) {
+        f = f / sc.factor;
+      } else if (wavelen >= highWavelen) {
+        const smooth =
+          (sc.original_max_position_embeddings / wavelen - sc.low_freq_factor) /
+          (sc.high_freq_factor - sc.low_freq_factor);
+        f = ((1 - smooth) * f) / sc.factor + smooth * f;
+      }
+    }
+    out[i] = f;
+  }
+  return out;
+}
+
+function checkSpec(spec: ModelSpec): void {
+  const ints: (keyof ModelSpec)[] = [
+    "nLayers",
+    "hidden",
+    "nHeads",
+    "nKvHeads",
+    "headDim",
+    "ffn",
+    "vocab",
+    "maxPosition",
+  ];
+  for (const k of ints) {
+    const v = spec[k];
+    if (typeof v !== "number" || !Number.isInteger(v) || v < 1 || v > 2 ** 31 - 1) {
+      throw new ModelSpecError(`spec.${k} must be a positive integer, got ${String(v)}`);
+    }
+  }
+  const vHead = spec.vHeadDim ?? spec.headDim;
+  if (!Number.isInteger(vHead) || vHead < 1)
+    throw new ModelSpecError(`spec.vHeadDim must be a positive integer`);
+  if (spec.nHeads % spec.nKvHeads !== 0) {
+    throw new ModelSpecError(
+      `spec.nHeads (${spec.nHeads}) must be a multiple of nKvHeads (${spec.nKvHeads})`,
+    );
+  }
+  if (spec.headDim % 2 !== 0) throw new ModelSpecError(`spec.headDim must be even, got ${spec.headDim}`);
+  if (!(spec.rmsEps > 0)) throw new ModelSpecError(`spec.rmsEps must be > 0, got ${spec.rmsEps}`);
+  if (!(spec.ropeTheta > 0)) throw new ModelSpecError(`spec.ropeTheta must be > 0, got ${spec.ropeTheta}`);
+  const sc = spec.ropeScaling;
+  if (sc !== undefined && sc !== null) {
+    for (const k of [
+      "factor",
+      "low_freq_factor",
+      "high_freq_factor",
+      "original_max_position_embeddings",
+    ] as const) {
+      if (!(typeof sc[k] === "number" && sc[k] > 0)) {
+        throw new ModelSpecError(`spec.ropeScaling.${k} must be > 0, got ${String(sc[k])}`);
+      }
+    }
+    if (sc.high_freq_factor <= sc.low_freq_factor) {
+      throw new ModelSpecError("spec.ropeScaling.high_freq_factor must exceed low_freq_factor");
+    }
+  }
+}
+
+/** The tensors a spec needs, by Hugging Face name, in the engine's load order. */
+export function weightNames(spec: ModelSpec): { name: string; shape: number[] }[] {
+  const H = spec.hidden;
+  const vHead = spec.vHeadDim ?? spec.headDim;
+  const qn = spec.nHeads * spec.headDim;
+  const kn = spec.nKvHeads * spec.headDim;
+  const vn = spec.nKvHeads * vHead;
+  const on = spec.nHeads * vHead;
+  const out: { name: string; shape: number[] }[] = [
+    { name: "model.embed_tokens.weight", shape: [spec.vocab, H] },
+  ];
+  for (let l = 0; l < spec.nLayers; l++) {
+    const p = `model.layers.${l}.`;
+    out.push({ name: `${p}input_layernorm.weight`, shape: [H] });
+    out.push({ name: `${p}self_attn.q_proj.weight`, shape: [qn, H] });
+    out.push({ name: `${p}self_attn.k_proj.weight`, shape: [kn, H] });
+    out.push({ name: `${p}self_attn.v_proj.weight`, shape: [vn, H] });
+    if (spec.attentionBias) {
+      out.push({ name: `${p}self_attn.q_proj.bias`, shape: [qn] });
+      out.push({ name: `${p}self_attn.k_proj.bias`, shape: [kn] });
+      out.push({ name: `${p}self_attn.v_proj.bias`, shape: [vn] });
+    }
+    out.push({ name: `${p}self_attn.o_proj.weight`, shape: [H, on] });
+    out.push({ name: `${p}post_attention_layernorm.weight`, shape: [H] });
+    out.push({ name: `${p}mlp.gate_proj.weight`, shape: [spec.ffn, H] });
+    out.push({ name: `${p}mlp.up_proj.weight`, shape: [spec.ffn, H] });
+    out.push({ name: `${p}mlp.down_proj.weight`, shape: [H, spec.ffn] });
+  }
+  out.push({ name: "model.norm.weight", shape: [H] });
+  if (!spec.tiedEmbeddings) out.push({ name: "lm_head.weight", shape: [spec.vocab, H] });
+  return out;
+}
+
+const DTYPE_BYTES: Record<WeightDType, number> = { f32: 4, f16: 2, bf16: 2 };
+
+/** Checks every tensor (presence, no extras, shape, dtype, byte length) and returns them in load order. */
+function orderWeights(spec: ModelSpec, weights: Weights): { dtype: WeightDType; data: Uint8Array }[] {
+  const byName: ReadonlyMap<string, WeightTensor> =
+    weights instanceof Map ? weights : new Map(Object.entries(weights as Record<string, WeightTensor>));
+  const wanted = weightNames(spec);
+  const known = new Set(wanted.map((w) => w.name));
+  for (const name of byName.keys()) {
+    if (!known.has(name))
+      throw new WeightError(`unexpected tensor ${name}: the model spec has no place for it`);
+  }
+  return wanted.map(({ name, shape }) => {
+    const t = byName.get(name);
+    if (t === undefined) throw new WeightError(`missing tensor ${name} [${shape.join(", ")}]`);
+    if (!(t.dtype in DTYPE_BYTES)) {
+      throw new WeightError(`tensor ${name}: dtype ${String(t.dtype)} is not f32, f16 or bf16`);
+    }
+    if (t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
+      throw new WeightError(`tensor ${name}: shape [${t.shape.join(", ")}], expected [${shape.join(", ")}]`);
+    }
+    if (!(t.data instanceof Uint8Array)) throw new WeightError(`tensor ${name}: data must be a Uint8Array`);
+    const bytes = shape.reduce((a, b) => a * b, 1) * DTYPE_BYTES[t.dtype];
+    if (t.data.byteLength !== bytes) {
+      throw new WeightError(`tensor ${name}: ${t.data.byteLength} bytes, expected ${bytes} for ${t.dtype}`);
+    }
+    return { dtype: t.dtype, data: t.data };
+  });
+}
+
+class CpuEngine implements Engine {
+  readonly backend = "cpu" as const;
+  #native: NativeEngine | null;
+  #hasPool = false;
+
+  constructor(
+    readonly spec: ModelSpec,
+    native: NativeEngine,
+  ) {
+    this.#native = native;
+  }
+
+  #live(): NativeEngine {
+    if (this.#native === null) throw new Error("engine freed");
+    return this.#native;
+  }
+
+  get freed(): boolean {
+    return this.#native === null;
+  }
+  get threads(): number {
+    return this.#live().threads;
+  }
+  get pageBytes(): number {
+    const n = this.#live();
+    return this.#hasPool ? n.pageBytes : 0;
+  }
+
+  createPool(numPages: number, pageSize: number): void {
+    this.#live().createPool(numPages, pageSize);
+    this.#hasPool = true;
+  }
+  createContiguousCache(numSeqs: number, ctxCap: number): void {
+    this.#live().createContiguousCache(numSeqs, ctxCap);
+  }
+  step(batch: StepBatch): Promise<Float32Array> {
+    return this.#live().step(batch);
+  }
+  stepContiguous(batch: ContiguousBatch): Promise<Float32Array> {
+    return this.#live().stepContiguous(batch);
+  }
+  downloadPages(pageIds: Int32Array | readonly PageId[]): Promise<Uint8Array> {
+    return this.#live().downloadPages(toIds(pageIds));
+  }
+  uploadPages(pageIds: Int32Array | readonly PageId[], bytes: Uint8Array): Promise<void> {
+    return this.#live().uploadPages(toIds(pageIds), bytes);
+  }
+  copyPage(src: PageId, dst: PageId): Promise<void> {
+    return this.#live().copyPage(src, dst);
+  }
+  free(): void {
+    const n = this.#native;
+    this.#native = null;
+    n?.free();
+  }
+}
+
+function toIds(ids: Int32Array | readonly PageId[]): Int32Array {
+  if (ids instanceof Int32Array) return ids;
+  for (const [i, id] of ids.entries()) {
+    if (!Number.isInteger(id) || id < 0 || id > 2 ** 31 - 1)
+      throw new RangeError(`pageIds[${i}] = ${id} is not a page id`);
+  }
+  return Int32Array.from(ids);
+}
+
+/**
+ * Validates the spec and every tensor (a bad one throws naming it, before any
+ * native memory is taken), then copies the weights into native memory on the
+ * compute thread. A failure frees what was created.
+ */
+export async function createEngine(
+  spec: ModelSpec,
+  weights: Weights,
+  opts: EngineOptions = {},
+): Promise<Engine> {
+  checkSpec(spec);
+  const ordered = orderWeights(spec, weights);
+  const threads = opts.threads ?? defaultThreads;
+  if (!Number.isInteger(threads) || threads < 1)
+    throw new RangeError(`threads must be a positive integer, got ${threads}`);
+  const native = new addon.Engine(spec, ropeInvFreq(spec), threads);
+  try {
+    await native.loadWeights(ordered);
+  } catch (e) {
+    native.free();
+    throw e;
+  }
+  return new CpuEngine(spec, native);
+}

@@ -1,0 +1,654 @@
+// The N-API binding: `Engine` (weights, page pools, step, transfers; every
+// real-work call off the JS thread, returning a promise) and `kernels`
+// (synchronous single-kernel hooks for tests and benchmarks, on a shared
+// thread pool). native/index.ts is the typed face of this module.
+#include <napi.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "async_queue.h"
+#include "cpu.h"
+#include "engine.h"
+#include "kernels.h"
+#include "thread_pool.h"
+
+namespace ck {
+namespace {
+
+constexpr size_t kQueueCapacity = 1024;
+
+int32_t default_threads() { return static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency())); }
+
+// ---- argument readers (each names the argument it rejects) ------------------
+
+int32_t get_int(Napi::Env env, const Napi::Object& o, const char* key, bool required = true, int32_t fallback = 0) {
+  Napi::Value v = o.Get(key);
+  if (v.IsUndefined() && !required) return fallback;
+  if (!v.IsNumber()) throw Napi::TypeError::New(env, std::string(key) + " must be a number");
+  const double d = v.As<Napi::Number>().DoubleValue();
+  if (d != static_cast<double>(static_cast<int32_t>(d)))
+    throw Napi::TypeError::New(env, std::string(key) + " must be a 32-bit integer, got " + std::to_string(d));
+  return static_cast<int32_t>(d);
+}
+
+template <typename A>
+A typed(Napi::Env env, Napi::Value v, const std::string& name, napi_typedarray_type type, const char* type_name) {
+  if (!v.IsTypedArray() || v.As<Napi::TypedArray>().TypedArrayType() != type)
+    throw Napi::TypeError::New(env, name + " must be a " + type_name);
+  return v.As<A>();
+}
+
+Napi::Int32Array i32(Napi::Env env, Napi::Value v, const std::string& name) {
+  return typed<Napi::Int32Array>(env, v, name, napi_int32_array, "Int32Array");
+}
+Napi::Float32Array f32(Napi::Env env, Napi::Value v, const std::string& name) {
+  return typed<Napi::Float32Array>(env, v, name, napi_float32_array, "Float32Array");
+}
+Napi::Uint16Array u16(Napi::Env env, Napi::Value v, const std::string& name) {
+  return typed<Napi::Uint16Array>(env, v, name, napi_uint16_array, "Uint16Array");
+}
+Napi::Uint8Array u8(Napi::Env env, Napi::Value v, const std::string& name) {
+  return typed<Napi::Uint8Array>(env, v, name, napi_uint8_array, "Uint8Array");
+}
+
+std::vector<int32_t> i32_vec(Napi::Env env, const Napi::Object& o, const char* key) {
+  Napi::Int32Array a = i32(env, o.Get(key), std::string("batch.") + key);
+  return std::vector<int32_t>(a.Data(), a.Data() + a.ElementLength());
+}
+
+DType dtype_of(Napi::Env env, Napi::Value v, const std::string& name) {
+  if (!v.IsString()) throw Napi::TypeError::New(env, name + " must be \"f32\", \"f16\" or \"bf16\"");
+  const std::string s = v.As<Napi::String>().Utf8Value();
+  if (s == "f32") return DType::F32;
+  if (s == "f16") return DType::F16;
+  if (s == "bf16") return DType::BF16;
+  throw Napi::TypeError::New(env, name + " must be \"f32\", \"f16\" or \"bf16\", got \"" + s + "\"");
+}
+
+void need(Napi::Env env, bool ok, const std::string& message) {
+  if (!ok) throw Napi::RangeError::New(env, message);
+}
+
+// ---- engine jobs -------------------------------------------------------------
+
+struct LoadJob : Job {
+  struct Item {
+    DType dtype;
+    const uint8_t* data;
+    size_t bytes;
+  };
+  Engine* engine;
+  std::vector<Item> items;
+  LoadJob(Napi::Env env, Engine* e) : Job(env), engine(e) {}
+  void execute() override {
+    for (size_t i = 0; i < items.size(); ++i) {
+      const std::string err = engine->set_weight(i, items[i].dtype, items[i].data, items[i].bytes);
+      if (!err.empty()) throw std::runtime_error(err);
+    }
+  }
+};
+
+struct StepJob : Job {
+  Engine* engine;
+  StepBatch batch;
+  bool paged;
+  Napi::Reference<Napi::Float32Array> out;
+  float* logits;
+  StepJob(Napi::Env env, Engine* e, StepBatch b, bool p)
+      : Job(env), engine(e), batch(std::move(b)), paged(p) {
+    Napi::Float32Array a = Napi::Float32Array::New(env, batch.logit_rows.size() * static_cast<size_t>(engine->spec().vocab));
+    logits = a.Data();
+    out = Napi::Persistent(a);
+  }
+  void execute() override {
+    if (paged) {
+      engine->step(batch, logits);
+    } else {
+      engine->step_contiguous(batch, logits);
+    }
+  }
+  Napi::Value result(Napi::Env) override { return out.Value(); }
+};
+
+struct DownloadJob : Job {
+  Engine* engine;
+  std::vector<int32_t> ids;
+  Napi::Reference<Napi::Uint8Array> out;
+  uint8_t* bytes;
+  DownloadJob(Napi::Env env, Engine* e, std::vector<int32_t> i) : Job(env), engine(e), ids(std::move(i)) {
+    Napi::Uint8Array a = Napi::Uint8Array::New(env, ids.size() * static_cast<size_t>(engine->page_bytes()));
+    bytes = a.Data();
+    out = Napi::Persistent(a);
+  }
+  void execute() override { engine->download_pages(ids, bytes); }
+  Napi::Value result(Napi::Env) override { return out.Value(); }
+};
+
+struct UploadJob : Job {
+  Engine* engine;
+  std::vector<int32_t> ids;
+  const uint8_t* bytes;
+  UploadJob(Napi::Env env, Engine* e, std::vector<int32_t> i, const uint8_t* b)
+      : Job(env), engine(e), ids(std::move(i)), bytes(b) {}
+  void execute() override { engine->upload_pages(ids, bytes); }
+};
+
+struct CopyJob : Job {
+  Engine* engine;
+  int32_t src, dst;
+  CopyJob(Napi::Env env, Engine* e, int32_t s, int32_t d) : Job(env), engine(e), src(s), dst(d) {}
+  void execute() override { engine->copy_page(src, dst); }
+};
+
+// ---- Engine ------------------------------------------------------------------
+
+class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
+ public:
+  static Napi::Function Init(Napi::Env env) {
+    return DefineClass(env, "Engine",
+                       {
+                           InstanceMethod<&EngineWrap::LoadWeights>("loadWeights"),
+                           InstanceMethod<&EngineWrap::TensorNames>("tensorNames"),
+                           InstanceMethod<&EngineWrap::CreatePool>("createPool"),
+                           InstanceMethod<&EngineWrap::CreateContiguousCache>("createContiguousCache"),
+                           InstanceMethod<&EngineWrap::Step>("step"),
+                           InstanceMethod<&EngineWrap::StepContiguous>("stepContiguous"),
+                           InstanceMethod<&EngineWrap::DownloadPages>("downloadPages"),
+                           InstanceMethod<&EngineWrap::UploadPages>("uploadPages"),
+                           InstanceMethod<&EngineWrap::CopyPage>("copyPage"),
+                           InstanceMethod<&EngineWrap::Free>("free"),
+                           InstanceAccessor<&EngineWrap::Threads>("threads"),
+                           InstanceAccessor<&EngineWrap::PageBytes>("pageBytes"),
+                       });
+  }
+
+  // new Engine(spec, invFreq: Float32Array, threads)
+  explicit EngineWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<EngineWrap>(info) {
+    Napi::Env env = info.Env();
+    if (!info[0].IsObject()) throw Napi::TypeError::New(env, "spec must be an object");
+    const Napi::Object s = info[0].As<Napi::Object>();
+    ModelSpec m;
+    m.n_layers = get_int(env, s, "nLayers");
+    m.hidden = get_int(env, s, "hidden");
+    m.n_heads = get_int(env, s, "nHeads");
+    m.n_kv = get_int(env, s, "nKvHeads");
+    m.head_dim = get_int(env, s, "headDim");
+    m.v_head_dim = get_int(env, s, "vHeadDim", false, m.head_dim);
+    m.ffn = get_int(env, s, "ffn");
+    m.vocab = get_int(env, s, "vocab");
+    m.max_position = get_int(env, s, "maxPosition");
+    m.rms_eps = s.Get("rmsEps").As<Napi::Number>().FloatValue();
+    m.attention_bias = s.Get("attentionBias").ToBoolean().Value();
+    m.tied_embeddings = s.Get("tiedEmbeddings").ToBoolean().Value();
+    need(env, m.n_layers >= 1 && m.hidden >= 1 && m.n_heads >= 1 && m.n_kv >= 1 && m.head_dim >= 2 &&
+                  m.v_head_dim >= 1 && m.ffn >= 1 && m.vocab >= 1 && m.max_position >= 1,
+         "spec: every size must be positive");
+    need(env, m.n_heads % m.n_kv == 0, "spec: nHeads must be a multiple of nKvHeads");
+    need(env, m.head_dim % 2 == 0, "spec: headDim must be even (rotary pairs)");
+    Napi::Float32Array inv = f32(env, info[1], "invFreq");
+    need(env, inv.ElementLength() == static_cast<size_t>(m.head_dim / 2), "invFreq must have headDim / 2 entries");
+    const int32_t threads = info[2].IsNumber() ? info[2].As<Napi::Number>().Int32Value() : default_threads();
+    need(env, threads >= 1 && threads <= 1024, "threads must be in [1, 1024]");
+    engine_ = std::make_unique<Engine>(m, std::vector<float>(inv.Data(), inv.Data() + inv.ElementLength()), threads);
+    compute_ = std::make_unique<AsyncQueue>(env, "continuum-compute", kQueueCapacity);
+    transfer_ = std::make_unique<AsyncQueue>(env, "continuum-transfer", kQueueCapacity);
+  }
+
+  ~EngineWrap() override { release(); }
+
+ private:
+  void release() {
+    if (compute_) compute_->close_and_join();
+    if (transfer_) transfer_->close_and_join();
+    engine_.reset();
+  }
+
+  Engine* live(Napi::Env env) {
+    if (!engine_) throw Napi::Error::New(env, "engine freed");
+    return engine_.get();
+  }
+
+  Napi::Value TensorNames(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    const std::vector<TensorSlot> slots = live(env)->tensor_slots();
+    Napi::Array out = Napi::Array::New(env, slots.size());
+    for (size_t i = 0; i < slots.size(); ++i) {
+      Napi::Object o = Napi::Object::New(env);
+      o.Set("name", slots[i].name);
+      Napi::Array shape = Napi::Array::New(env, slots[i].shape.size());
+      for (size_t d = 0; d < slots[i].shape.size(); ++d) shape.Set(d, Napi::Number::New(env, static_cast<double>(slots[i].shape[d])));
+      o.Set("shape", shape);
+      out.Set(i, o);
+    }
+    return out;
+  }
+
+  // loadWeights([{dtype, data: Uint8Array}] in tensorNames() order) -> Promise<void>
+  Napi::Value LoadWeights(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Engine* e = live(env);
+    if (!info[0].IsArray()) throw Napi::TypeError::New(env, "weights must be an array");
+    Napi::Array arr = info[0].As<Napi::Array>();
+    const std::vector<TensorSlot> slots = e->tensor_slots();
+    need(env, arr.Length() == slots.size(),
+         "weights: " + std::to_string(arr.Length()) + " tensors, the model has " + std::to_string(slots.size()));
+    auto* job = new LoadJob(env, e);
+    try {
+      for (uint32_t i = 0; i < arr.Length(); ++i) {
+        Napi::Object t = arr.Get(i).As<Napi::Object>();
+        const DType dt = dtype_of(env, t.Get("dtype"), slots[i].name + ".dtype");
+        Napi::Uint8Array d = u8(env, t.Get("data"), slots[i].name + ".data");
+        job->items.push_back({dt, d.Data(), d.ByteLength()});
+        job->keep(d);
+      }
+      job->keep(Value());
+    } catch (...) {
+      delete job;
+      throw;
+    }
+    return compute_->submit(env, job);
+  }
+
+  Napi::Value CreatePool(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Engine* e = live(env);
+    const std::string err = e->create_pool(info[0].As<Napi::Number>().Int64Value(), info[1].As<Napi::Number>().Int32Value());
+    need(env, err.empty(), err);
+    return env.Undefined();
+  }
+
+  Napi::Value CreateContiguousCache(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Engine* e = live(env);
+    const std::string err = e->create_contiguous(info[0].As<Napi::Number>().Int32Value(), info[1].As<Napi::Number>().Int32Value());
+    need(env, err.empty(), err);
+    return env.Undefined();
+  }
+
+  StepBatch read_batch(Napi::Env env, Napi::Value v, bool paged) {
+    if (!v.IsObject()) throw Napi::TypeError::New(env, "batch must be an object");
+    const Napi::Object o = v.As<Napi::Object>();
+    StepBatch b;
+    b.tokens = i32_vec(env, o, "tokens");
+    b.positions = i32_vec(env, o, "positions");
+    b.row_seq = i32_vec(env, o, "rowSeq");
+    b.logit_rows = i32_vec(env, o, "logitRows");
+    if (paged) {
+      b.slots = i32_vec(env, o, "slotMapping");
+      b.page_table = i32_vec(env, o, "pageTable");
+      b.pt_stride = get_int(env, o, "ptStride");
+    }
+    return b;
+  }
+
+  Napi::Value submit_step(const Napi::CallbackInfo& info, bool paged) {
+    Napi::Env env = info.Env();
+    Engine* e = live(env);
+    StepBatch b = read_batch(env, info[0], paged);
+    const std::string err = paged ? e->validate_paged(b) : e->validate_contiguous(b);
+    need(env, err.empty(), err);
+    auto* job = new StepJob(env, e, std::move(b), paged);
+    job->keep(Value());
+    return compute_->submit(env, job);
+  }
+
+  Napi::Value Step(const Napi::CallbackInfo& info) { return submit_step(info, true); }
+  Napi::Value StepContiguous(const Napi::CallbackInfo& info) { return submit_step(info, false); }
+
+  std::vector<int32_t> page_ids(Napi::Env env, Napi::Value v, Engine* e) {
+    Napi::Int32Array a = i32(env, v, "pageIds");
+    std::vector<int32_t> ids(a.Data(), a.Data() + a.ElementLength());
+    const std::string err = e->validate_pages(ids);
+    need(env, err.empty(), err);
+    return ids;
+  }
+
+  Napi::Value DownloadPages(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Engine* e = live(env);
+    auto* job = new DownloadJob(env, e, page_ids(env, info[0], e));
+    job->keep(Value());
+    return transfer_->submit(env, job);
+  }
+
+  Napi::Value UploadPages(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Engine* e = live(env);
+    std::vector<int32_t> ids = page_ids(env, info[0], e);
+    Napi::Uint8Array bytes = u8(env, info[1], "bytes");
+    const size_t want = ids.size() * static_cast<size_t>(e->page_bytes());
+    need(env, bytes.ByteLength() == want,
+         "uploadPages: bytes has " + std::to_string(bytes.ByteLength()) + " bytes, " + std::to_string(ids.size()) +
+             " pages need " + std::to_string(want));
+    auto* job = new UploadJob(env, e, std::move(ids), bytes.Data());
+    job->keep(bytes);
+    job->keep(Value());
+    return transfer_->submit(env, job);
+  }
+
+  Napi::Value CopyPage(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Engine* e = live(env);
+    if (!info[0].IsNumber() || !info[1].IsNumber()) throw Napi::TypeError::New(env, "copyPage(src, dst) takes two page ids");
+    const int32_t src = info[0].As<Napi::Number>().Int32Value();
+    const int32_t dst = info[1].As<Napi::Number>().Int32Value();
+    const std::string err = e->validate_pages({src, dst});
+    need(env, err.empty(), src == dst ? "copyPage: source and destination are the same page " + std::to_string(src) : err);
+    auto* job = new CopyJob(env, e, src, dst);
+    job->keep(Value());
+    return transfer_->submit(env, job);
+  }
+
+  Napi::Value Free(const Napi::CallbackInfo& info) {
+    release();
+    return info.Env().Undefined();
+  }
+
+  Napi::Value Threads(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), live(info.Env())->threads()); }
+  Napi::Value PageBytes(const Napi::CallbackInfo& info) {
+    return Napi::Number::New(info.Env(), static_cast<double>(live(info.Env())->page_bytes()));
+  }
+
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<AsyncQueue> compute_, transfer_;
+};
+
+// ---- kernels (synchronous hooks) ------------------------------------------------
+
+std::unique_ptr<ThreadPool> g_kernel_pool;
+
+ThreadPool* kernel_pool() {
+  if (!g_kernel_pool) g_kernel_pool = std::make_unique<ThreadPool>(default_threads());
+  return g_kernel_pool.get();
+}
+
+Napi::Value SetThreads(const Napi::CallbackInfo& info) {
+  const int32_t n = info[0].As<Napi::Number>().Int32Value();
+  need(info.Env(), n >= 1 && n <= 1024, "threads must be in [1, 1024]");
+  g_kernel_pool = std::make_unique<ThreadPool>(n);
+  return info.Env().Undefined();
+}
+
+Napi::Value GetThreads(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), kernel_pool()->threads()); }
+
+Napi::Value SetIsaJs(const Napi::CallbackInfo& info) {
+  const std::string s = info[0].As<Napi::String>().Utf8Value();
+  need(info.Env(), s == "generic" || s == "avx2", "isa must be \"generic\" or \"avx2\"");
+  return Napi::Boolean::New(info.Env(), set_isa(s == "avx2" ? Isa::Avx2 : Isa::Generic));
+}
+
+Napi::Value GetIsa(const Napi::CallbackInfo& info) {
+  return Napi::String::New(info.Env(), active_isa() == Isa::Avx2 ? "avx2" : "generic");
+}
+
+Napi::Value F32ToF16(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Napi::Float32Array x = f32(env, info[0], "x");
+  Napi::Uint16Array y = u16(env, info[1], "y");
+  need(env, y.ElementLength() == x.ElementLength(), "y must have x's length");
+  // The vector path (the one routed append uses) over the whole array.
+  routed_append(x.Data(), std::vector<int32_t>{0}.data(), 1, static_cast<int32_t>(x.ElementLength()), y.Data(), nullptr);
+  return env.Undefined();
+}
+
+Napi::Value F32ToF16Scalar(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Napi::Float32Array x = f32(env, info[0], "x");
+  Napi::Uint16Array y = u16(env, info[1], "y");
+  need(env, y.ElementLength() == x.ElementLength(), "y must have x's length");
+  for (size_t i = 0; i < x.ElementLength(); ++i) y[i] = f32_to_f16(x[i]);
+  return env.Undefined();
+}
+
+Napi::Value F16ToF32(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Napi::Uint16Array x = u16(env, info[0], "x");
+  Napi::Float32Array y = f32(env, info[1], "y");
+  need(env, y.ElementLength() == x.ElementLength(), "y must have x's length");
+  for (size_t i = 0; i < x.ElementLength(); ++i) y[i] = f16_to_f32(x[i]);
+  return env.Undefined();
+}
+
+Napi::Value Bf16ToF32(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Napi::Uint16Array x = u16(env, info[0], "x");
+  Napi::Float32Array y = f32(env, info[1], "y");
+  need(env, y.ElementLength() == x.ElementLength(), "y must have x's length");
+  for (size_t i = 0; i < x.ElementLength(); ++i) y[i] = bf16_to_f32(x[i]);
+  return env.Undefined();
+}
+
+// routedAppend(rows: Float32Array [B*rowElems], slots: Int32Array [B], rowElems, pages: Uint16Array)
+Napi::Value RoutedAppendJs(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Napi::Float32Array rows = f32(env, info[0], "rows");
+  Napi::Int32Array slots = i32(env, info[1], "slots");
+  const int32_t row_elems = info[2].As<Napi::Number>().Int32Value();
+  Napi::Uint16Array pages = u16(env, info[3], "pages");
+  const int64_t B = static_cast<int64_t>(slots.ElementLength());
+  need(env, row_elems >= 1 && static_cast<int64_t>(rows.ElementLength()) == B * row_elems, "rows must be [B, rowElems]");
+  const int64_t num_slots = static_cast<int64_t>(pages.ElementLength()) / row_elems;
+  std::vector<bool> used(static_cast<size_t>(num_slots), false);
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t s = slots[static_cast<size_t>(b)];
+    need(env, s >= 0 && s < num_slots, "slots[" + std::to_string(b) + "] = " + std::to_string(s) + " is out of range");
+    need(env, !used[static_cast<size_t>(s)], "slots[" + std::to_string(b) + "] = " + std::to_string(s) + " is a duplicate");
+    used[static_cast<size_t>(s)] = true;
+  }
+  routed_append(rows.Data(), slots.Data(), static_cast<int32_t>(B), row_elems, pages.Data(), kernel_pool());
+  return env.Undefined();
+}
+
+struct AttnDims {
+  int32_t T, n_heads, n_kv, head_dim, v_head_dim;
+};
+
+AttnDims attn_dims(Napi::Env env, const Napi::Object& o) {
+  AttnDims d{get_int(env, o, "T"), get_int(env, o, "nHeads"), get_int(env, o, "nKv"), get_int(env, o, "headDim"), 0};
+  d.v_head_dim = get_int(env, o, "vHeadDim", false, d.head_dim);
+  need(env, d.T >= 0 && d.n_heads >= 1 && d.n_kv >= 1 && d.n_heads % d.n_kv == 0 && d.head_dim >= 1 && d.v_head_dim >= 1,
+       "attention: bad dimensions");
+  return d;
+}
+
+Napi::Value PagedAttentionJs(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  const Napi::Object o = info[0].As<Napi::Object>();
+  const AttnDims d = attn_dims(env, o);
+  const int32_t ps = get_int(env, o, "pageSize"), stride = get_int(env, o, "ptStride");
+  Napi::Float32Array q = f32(env, o.Get("q"), "q"), out = f32(env, o.Get("out"), "out");
+  Napi::Uint16Array k = u16(env, o.Get("kPages"), "kPages"), v = u16(env, o.Get("vPages"), "vPages");
+  Napi::Int32Array pt = i32(env, o.Get("pageTable"), "pageTable"), seq = i32(env, o.Get("rowSeq"), "rowSeq"),
+                   pos = i32(env, o.Get("rowPos"), "rowPos");
+  need(env, ps >= 1 && stride >= 1 && pt.ElementLength() % static_cast<size_t>(stride) == 0, "attention: bad page table shape");
+  const int64_t num_pages = static_cast<int64_t>(k.ElementLength()) / (static_cast<int64_t>(ps) * d.n_kv * d.head_dim);
+  need(env, static_cast<int64_t>(v.ElementLength()) == num_pages * ps * d.n_kv * d.v_head_dim &&
+                static_cast<int64_t>(k.ElementLength()) == num_pages * ps * d.n_kv * d.head_dim,
+       "attention: kPages/vPages sizes disagree");
+  need(env, static_cast<int64_t>(q.ElementLength()) == static_cast<int64_t>(d.T) * d.n_heads * d.head_dim, "q must be [T, nHeads, headDim]");
+  need(env, static_cast<int64_t>(out.ElementLength()) == static_cast<int64_t>(d.T) * d.n_heads * d.v_head_dim, "out must be [T, nHeads, vHeadDim]");
+  need(env, seq.ElementLength() == static_cast<size_t>(d.T) && pos.ElementLength() == static_cast<size_t>(d.T), "rowSeq/rowPos must have T entries");
+  const int64_t S = static_cast<int64_t>(pt.ElementLength()) / stride;
+  for (int32_t t = 0; t < d.T; ++t) {
+    need(env, seq[t] >= 0 && seq[t] < S && pos[t] >= 0 && pos[t] / ps < stride, "row " + std::to_string(t) + ": sequence or position out of range");
+    for (int32_t i = 0; i <= pos[t] / ps; ++i) {
+      const int32_t p = pt[static_cast<size_t>(static_cast<int64_t>(seq[t]) * stride + i)];
+      need(env, p >= 0 && p < num_pages, "row " + std::to_string(t) + ": page id out of range");
+    }
+  }
+  PagedAttention a{q.Data(), k.Data(), v.Data(), pt.Data(), seq.Data(), pos.Data(), out.Data(),
+                   d.T, d.n_heads, d.n_kv, d.head_dim, d.v_head_dim, ps, stride, num_pages,
+                   o.Get("scale").As<Napi::Number>().FloatValue()};
+  paged_attention(a, kernel_pool());
+  return env.Undefined();
+}
+
+Napi::Value ContiguousAttentionJs(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  const Napi::Object o = info[0].As<Napi::Object>();
+  const AttnDims d = attn_dims(env, o);
+  const int32_t cap = get_int(env, o, "ctxCap");
+  Napi::Float32Array q = f32(env, o.Get("q"), "q"), out = f32(env, o.Get("out"), "out");
+  Napi::Uint16Array k = u16(env, o.Get("k"), "k"), v = u16(env, o.Get("v"), "v");
+  Napi::Int32Array seq = i32(env, o.Get("rowSeq"), "rowSeq"), pos = i32(env, o.Get("rowPos"), "rowPos");
+  need(env, cap >= 1, "ctxCap must be >= 1");
+  const int64_t S = static_cast<int64_t>(k.ElementLength()) / (static_cast<int64_t>(cap) * d.n_kv * d.head_dim);
+  need(env, static_cast<int64_t>(k.ElementLength()) == S * cap * d.n_kv * d.head_dim &&
+                static_cast<int64_t>(v.ElementLength()) == S * cap * d.n_kv * d.v_head_dim,
+       "attention: k/v sizes disagree");
+  need(env, static_cast<int64_t>(q.ElementLength()) == static_cast<int64_t>(d.T) * d.n_heads * d.head_dim, "q must be [T, nHeads, headDim]");
+  need(env, static_cast<int64_t>(out.ElementLength()) == static_cast<int64_t>(d.T) * d.n_heads * d.v_head_dim, "out must be [T, nHeads, vHeadDim]");
+  need(env, seq.ElementLength() == static_cast<size_t>(d.T) && pos.ElementLength() == static_cast<size_t>(d.T), "rowSeq/rowPos must have T entries");
+  for (int32_t t = 0; t < d.T; ++t)
+    need(env, seq[t] >= 0 && seq[t] < S && pos[t] >= 0 && pos[t] < cap, "row " + std::to_string(t) + ": sequence or position out of range");
+  ContiguousAttention a{q.Data(), k.Data(), v.Data(), seq.Data(), pos.Data(), out.Data(),
+                        d.T, d.n_heads, d.n_kv, d.head_dim, d.v_head_dim, cap, o.Get("scale").As<Napi::Number>().FloatValue()};
+  contiguous_attention(a, kernel_pool());
+  return env.Undefined();
+}
+
+// matmul(x: Float32Array [T*K], T, K, w: Uint8Array (bytes of [N, K] in dtype), dtype, N, bias: Float32Array|null, y)
+Napi::Value MatmulJs(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Napi::Float32Array x = f32(env, info[0], "x");
+  const int32_t T = info[1].As<Napi::Number>().Int32Value(), K = info[2].As<Napi::Number>().Int32Value();
+  Napi::Uint8Array w = u8(env, info[3], "w");
+  const DType dt = dtype_of(env, info[4], "dtype");
+  const int32_t N = info[5].As<Napi::Number>().Int32Value();
+  const float* bias = nullptr;
+  if (!info[6].IsNull() && !info[6].IsUndefined()) {
+    Napi::Float32Array b = f32(env, info[6], "bias");
+    need(env, b.ElementLength() == static_cast<size_t>(N), "bias must have N entries");
+    bias = b.Data();
+  }
+  Napi::Float32Array y = f32(env, info[7], "y");
+  need(env, T >= 0 && K >= 1 && N >= 1, "matmul: bad dimensions");
+  need(env, static_cast<int64_t>(x.ElementLength()) == static_cast<int64_t>(T) * K, "x must be [T, K]");
+  need(env, static_cast<int64_t>(w.ByteLength()) == static_cast<int64_t>(N) * K * dtype_bytes(dt), "w must hold [N, K] in dtype");
+  need(env, static_cast<int64_t>(y.ElementLength()) == static_cast<int64_t>(T) * N, "y must be [T, N]");
+  need(env, reinterpret_cast<uintptr_t>(w.Data()) % dtype_bytes(dt) == 0, "w must be aligned to its dtype");
+  matmul(x.Data(), T, K, w.Data(), dt, N, bias, y.Data(), kernel_pool());
+  return env.Undefined();
+}
+
+// rmsnorm(x, w: Uint8Array, dtype, T, D, eps, y)
+Napi::Value RmsnormJs(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Napi::Float32Array x = f32(env, info[0], "x");
+  Napi::Uint8Array w = u8(env, info[1], "w");
+  const DType dt = dtype_of(env, info[2], "dtype");
+  const int32_t T = info[3].As<Napi::Number>().Int32Value(), D = info[4].As<Napi::Number>().Int32Value();
+  const float eps = info[5].As<Napi::Number>().FloatValue();
+  Napi::Float32Array y = f32(env, info[6], "y");
+  need(env, T >= 0 && D >= 1 && static_cast<int64_t>(x.ElementLength()) == static_cast<int64_t>(T) * D &&
+                y.ElementLength() == x.ElementLength() && static_cast<int64_t>(w.ByteLength()) == D * dtype_bytes(dt),
+       "rmsnorm: x, y must be [T, D] and w [D]");
+  rmsnorm(x.Data(), w.Data(), dt, T, D, eps, y.Data(), kernel_pool());
+  return env.Undefined();
+}
+
+// rope(x (in place), T, nHeads, headDim, pos: Int32Array, invFreq: Float32Array)
+Napi::Value RopeJs(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Napi::Float32Array x = f32(env, info[0], "x");
+  const int32_t T = info[1].As<Napi::Number>().Int32Value(), H = info[2].As<Napi::Number>().Int32Value(),
+                D = info[3].As<Napi::Number>().Int32Value();
+  Napi::Int32Array pos = i32(env, info[4], "pos");
+  Napi::Float32Array inv = f32(env, info[5], "invFreq");
+  need(env, T >= 0 && H >= 1 && D >= 2 && D % 2 == 0 && static_cast<int64_t>(x.ElementLength()) == static_cast<int64_t>(T) * H * D &&
+                pos.ElementLength() == static_cast<size_t>(T) && inv.ElementLength() == static_cast<size_t>(D / 2),
+       "rope: x must be [T, nHeads, headDim], pos [T], invFreq [headDim/2]");
+  rope(x.Data(), T, H, D, pos.Data(), inv.Data(), kernel_pool());
+  return env.Undefined();
+}
+
+Napi::Value SwigluJs(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Napi::Float32Array g = f32(env, info[0], "gate"), u = f32(env, info[1], "up"), out = f32(env, info[2], "out");
+  need(env, g.ElementLength() == u.ElementLength() && out.ElementLength() == g.ElementLength(), "swiglu: shapes disagree");
+  swiglu(g.Data(), u.Data(), 1, static_cast<int32_t>(g.ElementLength()), out.Data(), kernel_pool());
+  return env.Undefined();
+}
+
+// embed(ids: Int32Array, table: Uint8Array [vocab, D] in dtype, dtype, D, out)
+Napi::Value EmbedJs(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Napi::Int32Array ids = i32(env, info[0], "ids");
+  Napi::Uint8Array table = u8(env, info[1], "table");
+  const DType dt = dtype_of(env, info[2], "dtype");
+  const int32_t D = info[3].As<Napi::Number>().Int32Value();
+  Napi::Float32Array out = f32(env, info[4], "out");
+  need(env, D >= 1 && table.ByteLength() % (static_cast<size_t>(D) * dtype_bytes(dt)) == 0, "embed: table must be [vocab, D]");
+  const int64_t vocab = static_cast<int64_t>(table.ByteLength()) / (D * dtype_bytes(dt));
+  need(env, out.ElementLength() == ids.ElementLength() * static_cast<size_t>(D), "embed: out must be [T, D]");
+  for (size_t i = 0; i < ids.ElementLength(); ++i)
+    need(env, ids[i] >= 0 && ids[i] < vocab, "ids[" + std::to_string(i) + "] = " + std::to_string(ids[i]) + " is outside the vocabulary");
+  embed(ids.Data(), static_cast<int32_t>(ids.ElementLength()), table.Data(), dt, D, out.Data(), kernel_pool());
+  return env.Undefined();
+}
+
+// memcpy(dst: Uint8Array, src: Uint8Array): a multi-threaded copy on the
+// kernel pool, the bandwidth yardstick for the attention benchmark.
+Napi::Value MemcpyJs(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Napi::Uint8Array dst = u8(env, info[0], "dst"), src = u8(env, info[1], "src");
+  need(env, dst.ByteLength() == src.ByteLength(), "memcpy: dst and src lengths differ");
+  const int64_t n = static_cast<int64_t>(src.ByteLength());
+  constexpr int64_t kChunk = 1 << 20;
+  uint8_t* d = dst.Data();
+  const uint8_t* s = src.Data();
+  parallel_for(kernel_pool(), (n + kChunk - 1) / kChunk, 1, [&](int64_t c0, int64_t c1) {
+    const int64_t b = c0 * kChunk, e = std::min(n, c1 * kChunk);
+    std::memcpy(d + b, s + b, static_cast<size_t>(e - b));
+  });
+  return env.Undefined();
+}
+
+Napi::Object Features(Napi::Env env) {
+  const CpuFeatures f = cpu_features();
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("avx2", f.avx2);
+  o.Set("fma", f.fma);
+  o.Set("f16c", f.f16c);
+  return o;
+}
+
+Napi::Object Init(Napi::Env env, Napi::Object exports) {
+  exports.Set("Engine", EngineWrap::Init(env));
+  exports.Set("backend", "cpu");
+  exports.Set("features", Features(env));
+  exports.Set("defaultThreads", Napi::Number::New(env, default_threads()));
+  Napi::Object k = Napi::Object::New(env);
+  k.Set("setThreads", Napi::Function::New(env, SetThreads));
+  k.Set("threads", Napi::Function::New(env, GetThreads));
+  k.Set("setIsa", Napi::Function::New(env, SetIsaJs));
+  k.Set("isa", Napi::Function::New(env, GetIsa));
+  k.Set("f32ToF16", Napi::Function::New(env, F32ToF16));
+  k.Set("f32ToF16Scalar", Napi::Function::New(env, F32ToF16Scalar));
+  k.Set("f16ToF32", Napi::Function::New(env, F16ToF32));
+  k.Set("bf16ToF32", Napi::Function::New(env, Bf16ToF32));
+  k.Set("routedAppend", Napi::Function::New(env, RoutedAppendJs));
+  k.Set("pagedAttention", Napi::Function::New(env, PagedAttentionJs));
+  k.Set("contiguousAttention", Napi::Function::New(env, ContiguousAttentionJs));
+  k.Set("matmul", Napi::Function::New(env, MatmulJs));
+  k.Set("rmsnorm", Napi::Function::New(env, RmsnormJs));
+  k.Set("rope", Napi::Function::New(env, RopeJs));
+  k.Set("swiglu", Napi::Function::New(env, SwigluJs));
+  k.Set("embed", Napi::Function::New(env, EmbedJs));
+  k.Set("memcpy", Napi::Function::New(env, MemcpyJs));
+  exports.Set("kernels", k);
+  return exports;
+}
+
+}  // namespace
+}  // namespace ck
+
+static Napi::Object InitModule(Napi::Env env, Napi::Object exports) { return ck::Init(env, exports); }
+
+NODE_API_MODULE(continuum_native, InitModule)

@@ -1,0 +1,66 @@
+// CPU backend internals: the instruction-set dispatch and the vector
+// primitives the kernels in kernels_cpu.cc are built from. The AVX2 versions
+// (kernels_avx2.cc) carry per-function target attributes, so the addon is
+// built for the baseline ISA and runs anywhere; the AVX2 path is taken only
+// when cpuid reports AVX2, FMA and F16C.
+//
+// Each primitive fixes its own reduction order, and the ISA is chosen once per
+// process (set_isa is a test hook), so a given machine always computes a
+// given element the same way.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels.h"
+
+namespace ck {
+
+enum class Isa : int32_t { Generic = 0, Avx2 = 1 };
+
+struct CpuFeatures {
+  bool avx2 = false;
+  bool fma = false;
+  bool f16c = false;
+};
+
+CpuFeatures cpu_features();
+Isa active_isa();
+// Returns false (and changes nothing) when the CPU lacks the ISA.
+bool set_isa(Isa isa);
+
+// Byte size of one element of a weight dtype.
+inline int64_t dtype_bytes(DType t) { return t == DType::F32 ? 4 : 2; }
+
+// Columns [n0, n1) of y[T, N] = x[T, K] · W[N, K]^T (+ bias).
+using MatmulColumns = void (*)(const float* x, int32_t T, int32_t K, const void* W, int32_t N, const float* bias,
+                               float* y, int32_t n0, int32_t n1);
+
+namespace generic {
+// s = sum_i q[i] * k[i], i ascending, one f32 accumulator.
+float dot_f16(const float* q, const f16* k, int32_t n);
+// acc[i] += p * v[i]
+void axpy_f16(float p, const f16* v, float* acc, int32_t n);
+void f32_to_f16_row(const float* x, f16* y, int32_t n);
+void matmul_columns(const float* x, int32_t T, int32_t K, const void* W, DType wt, int32_t N,
+                    const float* bias, float* y, int32_t n0, int32_t n1);
+}  // namespace generic
+
+#if defined(__x86_64__) || defined(__i386__)
+#define CK_HAVE_AVX2_PATH 1
+namespace avx2 {
+// 8-lane f32 accumulator over i in steps of 8 (FMA), a fixed horizontal sum,
+// then the tail i >= n & ~7 added in order with scalar FMA.
+float dot_f16(const float* q, const f16* k, int32_t n);
+// out[g] = dot_f16(q + g * q_stride, k, n) for g < 4, sharing the k loads;
+// bit-identical to four dot_f16 calls.
+void dot4_f16(const float* q, int64_t q_stride, const f16* k, int32_t n, float* out);
+void axpy_f16(float p, const f16* v, float* acc, int32_t n);
+void f32_to_f16_row(const float* x, f16* y, int32_t n);
+// Same per-element order as dot_f16 (8-lane FMA, fixed hsum, scalar FMA tail)
+// whatever the tile shape, so a row's bits never depend on T.
+void matmul_columns(const float* x, int32_t T, int32_t K, const void* W, DType wt, int32_t N,
+                    const float* bias, float* y, int32_t n0, int32_t n1);
+}  // namespace avx2
+#endif
+
+}  // namespace ck

@@ -1,0 +1,192 @@
+// AVX2 + FMA + F16C primitives. Every function carries the target attribute
+// instead of the file being compiled with -mavx2, so no AVX2 code can leak
+// into the baseline paths through shared inline functions; these run only
+// after cpu_features() has confirmed the CPU supports them.
+#include "cpu.h"
+
+#ifdef CK_HAVE_AVX2_PATH
+
+#include <immintrin.h>
+
+#define CK_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+namespace ck {
+namespace avx2 {
+namespace {
+
+// The one horizontal sum: lanes (0+4, 1+5, 2+6, 3+7), then (0+4+2+6,
+// 1+5+3+7), then their sum. Every reduction below ends with it.
+CK_AVX2 inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+
+CK_AVX2 inline float fma1(float a, float b, float c) {
+  return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
+}
+
+CK_AVX2 inline __m256 load_f16x8(const f16* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+CK_AVX2 inline __m256 load_bf16x8(const bf16* p) {
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+template <DType WT>
+CK_AVX2 inline __m256 load_w8(const void* W, int64_t i) {
+  if constexpr (WT == DType::F32) {
+    return _mm256_loadu_ps(static_cast<const float*>(W) + i);
+  } else if constexpr (WT == DType::F16) {
+    return load_f16x8(static_cast<const f16*>(W) + i);
+  } else {
+    return load_bf16x8(static_cast<const bf16*>(W) + i);
+  }
+}
+
+template <DType WT>
+inline float load_w1(const void* W, int64_t i) {
+  if constexpr (WT == DType::F32) {
+    return static_cast<const float*>(W)[i];
+  } else if constexpr (WT == DType::F16) {
+    return f16_to_f32(static_cast<const f16*>(W)[i]);
+  } else {
+    return bf16_to_f32(static_cast<const bf16*>(W)[i]);
+  }
+}
+
+// One register tile: rows [r0, r0+R) × columns [c0, c0+C). Each element has
+// its own 8-lane accumulator walked over k ascending, so its value is the
+// same for any R and C.
+template <int R, int C, DType WT>
+CK_AVX2 void tile(const float* x, int32_t K, const void* W, const float* bias, float* y, int32_t N, int32_t r0,
+                  int32_t c0) {
+  __m256 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  const int32_t K8 = K & ~7;
+  for (int32_t k = 0; k < K8; k += 8) {
+    __m256 w[C];
+    for (int c = 0; c < C; ++c) w[c] = load_w8<WT>(W, static_cast<int64_t>(c0 + c) * K + k);
+    for (int r = 0; r < R; ++r) {
+      const __m256 xv = _mm256_loadu_ps(x + static_cast<int64_t>(r0 + r) * K + k);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(xv, w[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const float* xr = x + static_cast<int64_t>(r0 + r) * K;
+    for (int c = 0; c < C; ++c) {
+      const int64_t wrow = static_cast<int64_t>(c0 + c) * K;
+      float s = hsum(acc[r][c]);
+      for (int32_t k = K8; k < K; ++k) s = fma1(xr[k], load_w1<WT>(W, wrow + k), s);
+      if (bias != nullptr) s += bias[c0 + c];
+      y[static_cast<int64_t>(r0 + r) * N + c0 + c] = s;
+    }
+  }
+}
+
+// Register budget (16 ymm): 4 rows × 3 columns = 12 accumulators + 3 weight
+// vectors; a single row takes 8 columns (8 accumulators + 8 weight vectors).
+template <DType WT>
+CK_AVX2 void columns(const float* x, int32_t T, int32_t K, const void* W, int32_t N, const float* bias,
+                     float* y, int32_t n0, int32_t n1) {
+  int32_t r = 0;
+  for (; r + 4 <= T; r += 4) {
+    int32_t c = n0;
+    for (; c + 3 <= n1; c += 3) tile<4, 3, WT>(x, K, W, bias, y, N, r, c);
+    switch (n1 - c) {
+      case 2: tile<4, 2, WT>(x, K, W, bias, y, N, r, c); break;
+      case 1: tile<4, 1, WT>(x, K, W, bias, y, N, r, c); break;
+      default: break;
+    }
+  }
+  for (; r < T; ++r) {
+    int32_t c = n0;
+    for (; c + 8 <= n1; c += 8) tile<1, 8, WT>(x, K, W, bias, y, N, r, c);
+    switch (n1 - c) {
+      case 7: tile<1, 7, WT>(x, K, W, bias, y, N, r, c); break;
+      case 6: tile<1, 6, WT>(x, K, W, bias, y, N, r, c); break;
+      case 5: tile<1, 5, WT>(x, K, W, bias, y, N, r, c); break;
+      case 4: tile<1, 4, WT>(x, K, W, bias, y, N, r, c); break;
+      case 3: tile<1, 3, WT>(x, K, W, bias, y, N, r, c); break;
+      case 2: tile<1, 2, WT>(x, K, W, bias, y, N, r, c); break;
+      case 1: tile<1, 1, WT>(x, K, W, bias, y, N, r, c); break;
+      default: break;
+    }
+  }
+}
+
+}  // namespace
+
+CK_AVX2 float dot_f16(const float* q, const f16* k, int32_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  const int32_t n8 = n & ~7;
+  for (int32_t i = 0; i < n8; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load_f16x8(k + i), acc);
+  float s = hsum(acc);
+  for (int32_t i = n8; i < n; ++i) s = fma1(q[i], f16_to_f32(k[i]), s);
+  return s;
+}
+
+CK_AVX2 void dot4_f16(const float* q, int64_t q_stride, const f16* k, int32_t n, float* out) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+  const float* q0 = q;
+  const float* q1 = q + q_stride;
+  const float* q2 = q + 2 * q_stride;
+  const float* q3 = q + 3 * q_stride;
+  const int32_t n8 = n & ~7;
+  for (int32_t i = 0; i < n8; i += 8) {
+    const __m256 kv = load_f16x8(k + i);
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i), kv, a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + i), kv, a1);
+    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + i), kv, a2);
+    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + i), kv, a3);
+  }
+  float s0 = hsum(a0), s1 = hsum(a1), s2 = hsum(a2), s3 = hsum(a3);
+  for (int32_t i = n8; i < n; ++i) {
+    const float kf = f16_to_f32(k[i]);
+    s0 = fma1(q0[i], kf, s0);
+    s1 = fma1(q1[i], kf, s1);
+    s2 = fma1(q2[i], kf, s2);
+    s3 = fma1(q3[i], kf, s3);
+  }
+  out[0] = s0;
+  out[1] = s1;
+  out[2] = s2;
+  out[3] = s3;
+}
+
+CK_AVX2 void axpy_f16(float p, const f16* v, float* acc, int32_t n) {
+  const __m256 pv = _mm256_set1_ps(p);
+  const int32_t n8 = n & ~7;
+  for (int32_t i = 0; i < n8; i += 8)
+    _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(pv, load_f16x8(v + i), _mm256_loadu_ps(acc + i)));
+  for (int32_t i = n8; i < n; ++i) acc[i] = fma1(p, f16_to_f32(v[i]), acc[i]);
+}
+
+CK_AVX2 void f32_to_f16_row(const float* x, f16* y, int32_t n) {
+  // VCVTPS2PH with round-to-nearest-even: the same bits as ck::f32_to_f16
+  // (subnormals kept, overflow to inf, NaN quieted with its payload's top bits).
+  const int32_t n8 = n & ~7;
+  for (int32_t i = 0; i < n8; i += 8) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i), h);
+  }
+  for (int32_t i = n8; i < n; ++i) y[i] = f32_to_f16(x[i]);
+}
+
+CK_AVX2 void matmul_columns(const float* x, int32_t T, int32_t K, const void* W, DType wt, int32_t N,
+                            const float* bias, float* y, int32_t n0, int32_t n1) {
+  switch (wt) {
+    case DType::F32: columns<DType::F32>(x, T, K, W, N, bias, y, n0, n1); break;
+    case DType::F16: columns<DType::F16>(x, T, K, W, N, bias, y, n0, n1); break;
+    case DType::BF16: columns<DType::BF16>(x, T, K, W, N, bias, y, n0, n1); break;
+  }
+}
+
+}  // namespace avx2
+}  // namespace ck
+
+#endif  // CK_HAVE_AVX2_PATH

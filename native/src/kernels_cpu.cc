@@ -1,0 +1,410 @@
+// The CPU backend of the kernel contract (kernels.h). Kernels are plain loops
+// over explicit shapes; the inner reductions come from the primitives in
+// cpu.h, chosen once per process by ISA. Threads partition outputs only.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "cpu.h"
+#include "thread_pool.h"
+
+namespace ck {
+
+// ---- conversions --------------------------------------------------------
+
+f16 f32_to_f16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t exp = (u >> 23) & 0xffu;
+  uint32_t mant = u & 0x7fffffu;
+  if (exp == 0xffu) {
+    // inf stays inf; NaN is quieted and keeps the top 9 bits of its payload
+    // (what VCVTPS2PH does, so the scalar and F16C paths agree).
+    return static_cast<f16>(mant != 0 ? (sign | 0x7e00u | (mant >> 13)) : (sign | 0x7c00u));
+  }
+  const int32_t e = static_cast<int32_t>(exp) - 127 + 15;  // f16 biased exponent
+  if (e >= 31) return static_cast<f16>(sign | 0x7c00u);  // overflow -> inf
+  if (e <= 0) {
+    // f16 subnormal (or zero): value = r * 2^-24 with r = mant_with_implicit >> shift.
+    if (e < -10) return static_cast<f16>(sign);  // below half the smallest subnormal
+    mant |= 0x800000u;
+    const uint32_t shift = static_cast<uint32_t>(14 - e);
+    const uint32_t half = 1u << (shift - 1);
+    const uint32_t rest = mant & ((1u << shift) - 1);
+    uint32_t r = mant >> shift;
+    if (rest > half || (rest == half && (r & 1u))) ++r;  // ties to even; may carry into the smallest normal
+    return static_cast<f16>(sign | r);
+  }
+  uint32_t r = (static_cast<uint32_t>(e) << 10) | (mant >> 13);
+  const uint32_t rest = mant & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (r & 1u))) ++r;  // a carry may reach the exponent, up to inf
+  return static_cast<f16>(sign | r);
+}
+
+float f16_to_f32(f16 h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t u;
+  if (exp == 0) {
+    if (mant == 0) {
+      u = sign;
+    } else {
+      // subnormal: value = mant * 2^-24; normalise so the leading bit is implicit.
+      int32_t shifts = 0;
+      while ((mant & 0x400u) == 0) {
+        mant <<= 1;
+        ++shifts;
+      }
+      u = sign | (static_cast<uint32_t>(113 - shifts) << 23) | ((mant & 0x3ffu) << 13);
+    }
+  } else if (exp == 31) {
+    u = sign | 0x7f800000u | (mant << 13);
+  } else {
+    u = sign | ((exp + 112) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+float bf16_to_f32(bf16 h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// ---- ISA dispatch ---------------------------------------------------------
+
+CpuFeatures cpu_features() {
+  CpuFeatures f;
+#ifdef CK_HAVE_AVX2_PATH
+  __builtin_cpu_init();
+  f.avx2 = __builtin_cpu_supports("avx2");
+  f.fma = __builtin_cpu_supports("fma");
+  // F16C has no __builtin_cpu_supports name on every compiler: CPUID.1:ECX bit 29.
+  unsigned a, b, c, d;
+  __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
+  f.f16c = (c >> 29) & 1u;
+#endif
+  return f;
+}
+
+namespace {
+Isa detect_isa() {
+  const CpuFeatures f = cpu_features();
+  return (f.avx2 && f.fma && f.f16c) ? Isa::Avx2 : Isa::Generic;
+}
+Isa g_isa = detect_isa();
+}  // namespace
+
+Isa active_isa() { return g_isa; }
+
+bool set_isa(Isa isa) {
+  if (isa == Isa::Avx2 && detect_isa() != Isa::Avx2) return false;
+  g_isa = isa;
+  return true;
+}
+
+// ---- portable primitives --------------------------------------------------
+// Built with -ffp-contract=off, so a * b + c is never fused behind our back.
+
+namespace generic {
+
+float dot_f16(const float* q, const f16* k, int32_t n) {
+  float s = 0.0f;
+  for (int32_t i = 0; i < n; ++i) s += q[i] * f16_to_f32(k[i]);
+  return s;
+}
+
+void axpy_f16(float p, const f16* v, float* acc, int32_t n) {
+  for (int32_t i = 0; i < n; ++i) acc[i] += p * f16_to_f32(v[i]);
+}
+
+void f32_to_f16_row(const float* x, f16* y, int32_t n) {
+  for (int32_t i = 0; i < n; ++i) y[i] = f32_to_f16(x[i]);
+}
+
+inline float weight_at(const void* W, DType wt, int64_t i) {
+  switch (wt) {
+    case DType::F32: return static_cast<const float*>(W)[i];
+    case DType::F16: return f16_to_f32(static_cast<const f16*>(W)[i]);
+    case DType::BF16: return bf16_to_f32(static_cast<const bf16*>(W)[i]);
+  }
+  return 0.0f;
+}
+
+void matmul_columns(const float* x, int32_t T, int32_t K, const void* W, DType wt, int32_t N,
+                    const float* bias, float* y, int32_t n0, int32_t n1) {
+  for (int32_t t = 0; t < T; ++t) {
+    const float* xr = x + static_cast<int64_t>(t) * K;
+    for (int32_t n = n0; n < n1; ++n) {
+      const int64_t wrow = static_cast<int64_t>(n) * K;
+      float s = 0.0f;
+      for (int32_t k = 0; k < K; ++k) s += xr[k] * weight_at(W, wt, wrow + k);
+      if (bias != nullptr) s += bias[n];
+      y[static_cast<int64_t>(t) * N + n] = s;
+    }
+  }
+}
+
+}  // namespace generic
+
+namespace {
+
+inline float dot_f16(const float* q, const f16* k, int32_t n) {
+#ifdef CK_HAVE_AVX2_PATH
+  if (g_isa == Isa::Avx2) return avx2::dot_f16(q, k, n);
+#endif
+  return generic::dot_f16(q, k, n);
+}
+
+// out[g] = dot_f16(q + g * q_stride, k, n) for g < G.
+inline void dot_heads_f16(const float* q, int64_t q_stride, int32_t G, const f16* k, int32_t n, float* out) {
+  int32_t g = 0;
+#ifdef CK_HAVE_AVX2_PATH
+  if (g_isa == Isa::Avx2)
+    for (; g + 4 <= G; g += 4) avx2::dot4_f16(q + g * q_stride, q_stride, k, n, out + g);
+#endif
+  for (; g < G; ++g) out[g] = dot_f16(q + g * q_stride, k, n);
+}
+
+inline void axpy_f16(float p, const f16* v, float* acc, int32_t n) {
+#ifdef CK_HAVE_AVX2_PATH
+  if (g_isa == Isa::Avx2) return avx2::axpy_f16(p, v, acc, n);
+#endif
+  generic::axpy_f16(p, v, acc, n);
+}
+
+inline void f32_to_f16_row(const float* x, f16* y, int32_t n) {
+#ifdef CK_HAVE_AVX2_PATH
+  if (g_isa == Isa::Avx2) return avx2::f32_to_f16_row(x, y, n);
+#endif
+  generic::f32_to_f16_row(x, y, n);
+}
+
+inline void matmul_columns(const float* x, int32_t T, int32_t K, const void* W, DType wt, int32_t N,
+                           const float* bias, float* y, int32_t n0, int32_t n1) {
+#ifdef CK_HAVE_AVX2_PATH
+  if (g_isa == Isa::Avx2) return avx2::matmul_columns(x, T, K, W, wt, N, bias, y, n0, n1);
+#endif
+  generic::matmul_columns(x, T, K, W, wt, N, bias, y, n0, n1);
+}
+
+// Grain so a parallel_for hands each thread a few chunks of about `work`
+// units of effort.
+inline int64_t grain_for(int64_t items, int64_t work_per_item, int64_t target_work = 1 << 16) {
+  return std::max<int64_t>(1, std::min<int64_t>(items, target_work / std::max<int64_t>(1, work_per_item)));
+}
+
+}  // namespace
+
+// ---- routed append ----------------------------------------------------------
+
+void routed_append(const float* rows, const int32_t* slots, int32_t B, int32_t row_elems, f16* pages,
+                   ThreadPool* pool) {
+  parallel_for(pool, B, grain_for(B, row_elems), [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b)
+      f32_to_f16_row(rows + b * row_elems, pages + static_cast<int64_t>(slots[b]) * row_elems, row_elems);
+  });
+}
+
+// ---- attention -------------------------------------------------------------
+//
+// One work item is (row t, kv head): the G = n_heads / n_kv query heads that
+// share that kv head are computed together so each K/V row is read once per
+// item. For each head g, with L = pos + 1 keys:
+//   s_j = scale * (q_g · k_j)                 j = 0..L-1 ascending
+//   m   = max_j s_j
+//   p_j = exp(s_j - m),  l = sum_j p_j        (j ascending)
+//   out = (sum_j p_j v_j) / l                 (j ascending, per lane)
+// The key locator is the only difference between the paged and contiguous
+// versions, so both give the same bits for the same keys.
+
+namespace {
+
+struct AttentionShape {
+  int32_t T, n_heads, n_kv, head_dim, v_head_dim;
+  float scale;
+};
+
+// Scratch reused across items by one thread: scores [G, L].
+thread_local std::vector<float> tl_scores;
+thread_local std::vector<float> tl_sums;  // [G]
+
+template <typename KeyRow>
+void attend(const AttentionShape& sh, const float* q, const int32_t* row_pos, float* out, KeyRow key_row,
+            ThreadPool* pool) {
+  const int32_t G = sh.n_heads / sh.n_kv;
+  const int64_t items = static_cast<int64_t>(sh.T) * sh.n_kv;
+  parallel_for(pool, items, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t item = i0; item < i1; ++item) {
+      const int32_t t = static_cast<int32_t>(item / sh.n_kv);
+      const int32_t kvh = static_cast<int32_t>(item % sh.n_kv);
+      const int32_t L = row_pos[t] + 1;
+      const float* qg = q + (static_cast<int64_t>(t) * sh.n_heads + static_cast<int64_t>(kvh) * G) * sh.head_dim;
+      float* og = out + (static_cast<int64_t>(t) * sh.n_heads + static_cast<int64_t>(kvh) * G) * sh.v_head_dim;
+      std::vector<float>& scores = tl_scores;
+      if (scores.size() < static_cast<size_t>(G) * L) scores.resize(static_cast<size_t>(G) * L);
+      float dots[64];
+      // Pass 1: scores, stored head-major [G, L].
+      for (int32_t j = 0; j < L; ++j) {
+        const f16* k = nullptr;
+        const f16* v = nullptr;
+        key_row(t, j, kvh, &k, &v);
+        for (int32_t g0 = 0; g0 < G; g0 += 64) {
+          const int32_t gn = std::min(64, G - g0);
+          dot_heads_f16(qg + static_cast<int64_t>(g0) * sh.head_dim, sh.head_dim, gn, k, sh.head_dim, dots);
+          for (int32_t g = 0; g < gn; ++g) scores[static_cast<size_t>(g0 + g) * L + j] = sh.scale * dots[g];
+        }
+      }
+      // Pass 2: per head, the max, then p_j = exp(s_j - m) in place and
+      // l = sum_j p_j, j ascending.
+      std::vector<float>& sums = tl_sums;
+      if (sums.size() < static_cast<size_t>(G)) sums.resize(static_cast<size_t>(G));
+      for (int32_t g = 0; g < G; ++g) {
+        float* s = scores.data() + static_cast<size_t>(g) * L;
+        float m = s[0];
+        for (int32_t j = 1; j < L; ++j) m = std::max(m, s[j]);
+        float l = 0.0f;
+        for (int32_t j = 0; j < L; ++j) {
+          s[j] = std::exp(s[j] - m);
+          l += s[j];
+        }
+        sums[static_cast<size_t>(g)] = l;
+        float* o = og + static_cast<int64_t>(g) * sh.v_head_dim;
+        std::fill(o, o + sh.v_head_dim, 0.0f);
+      }
+      // Pass 3: o_g += p_j v_j, j ascending, every head of the group per V row.
+      for (int32_t j = 0; j < L; ++j) {
+        const f16* k = nullptr;
+        const f16* v = nullptr;
+        key_row(t, j, kvh, &k, &v);
+        for (int32_t g = 0; g < G; ++g)
+          axpy_f16(scores[static_cast<size_t>(g) * L + j], v, og + static_cast<int64_t>(g) * sh.v_head_dim,
+                   sh.v_head_dim);
+      }
+      for (int32_t g = 0; g < G; ++g) {
+        const float inv = 1.0f / sums[static_cast<size_t>(g)];
+        float* o = og + static_cast<int64_t>(g) * sh.v_head_dim;
+        for (int32_t d = 0; d < sh.v_head_dim; ++d) o[d] *= inv;
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void paged_attention(const PagedAttention& a, ThreadPool* pool) {
+  const AttentionShape sh{a.T, a.n_heads, a.n_kv, a.head_dim, a.v_head_dim, a.scale};
+  const int64_t k_row = static_cast<int64_t>(a.n_kv) * a.head_dim;
+  const int64_t v_row = static_cast<int64_t>(a.n_kv) * a.v_head_dim;
+  const int32_t ps = a.page_size;
+  auto key_row = [&](int32_t t, int32_t j, int32_t kvh, const f16** k, const f16** v) {
+    const int64_t page = a.page_table[static_cast<int64_t>(a.row_seq[t]) * a.pt_stride + j / ps];
+    const int64_t slot = page * ps + j % ps;
+    *k = a.k_pages + slot * k_row + static_cast<int64_t>(kvh) * a.head_dim;
+    *v = a.v_pages + slot * v_row + static_cast<int64_t>(kvh) * a.v_head_dim;
+  };
+  attend(sh, a.q, a.row_pos, a.out, key_row, pool);
+}
+
+void contiguous_attention(const ContiguousAttention& a, ThreadPool* pool) {
+  const AttentionShape sh{a.T, a.n_heads, a.n_kv, a.head_dim, a.v_head_dim, a.scale};
+  const int64_t k_row = static_cast<int64_t>(a.n_kv) * a.head_dim;
+  const int64_t v_row = static_cast<int64_t>(a.n_kv) * a.v_head_dim;
+  auto key_row = [&](int32_t t, int32_t j, int32_t kvh, const f16** k, const f16** v) {
+    const int64_t slot = static_cast<int64_t>(a.row_seq[t]) * a.ctx_cap + j;
+    *k = a.k + slot * k_row + static_cast<int64_t>(kvh) * a.head_dim;
+    *v = a.v + slot * v_row + static_cast<int64_t>(kvh) * a.v_head_dim;
+  };
+  attend(sh, a.q, a.row_pos, a.out, key_row, pool);
+}
+
+// ---- dense ops -------------------------------------------------------------
+
+// Work item: a block of kMatmulBlock output columns for ALL T rows, so each
+// weight row is streamed from memory once per call and reused from cache by
+// every row tile (prefill and batched decode read the weights once per step).
+// 48 is a multiple of both register-tile widths (3 and 8).
+constexpr int32_t kMatmulBlock = 48;
+
+void matmul(const float* x, int32_t T, int32_t K, const void* W, DType wt, int32_t N, const float* bias,
+            float* y, ThreadPool* pool) {
+  const int64_t blocks = (N + kMatmulBlock - 1) / kMatmulBlock;
+  parallel_for(pool, blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int32_t n0 = static_cast<int32_t>(b * kMatmulBlock);
+      const int32_t n1 = std::min(N, n0 + kMatmulBlock);
+      matmul_columns(x, T, K, W, wt, N, bias, y, n0, n1);
+    }
+  });
+}
+
+void rmsnorm(const float* x, const void* w, DType wt, int32_t T, int32_t D, float eps, float* y, ThreadPool* pool) {
+  parallel_for(pool, T, grain_for(T, D), [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* xr = x + t * D;
+      float* yr = y + t * D;
+      // Sum of squares in f64, ascending i: one fixed order, and no f32
+      // cancellation worries for wide rows.
+      double ss = 0.0;
+      for (int32_t i = 0; i < D; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+      const float inv = static_cast<float>(1.0 / std::sqrt(ss / D + static_cast<double>(eps)));
+      for (int32_t i = 0; i < D; ++i) yr[i] = (xr[i] * inv) * generic::weight_at(w, wt, i);
+    }
+  });
+}
+
+void rope(float* x, int32_t T, int32_t n_heads, int32_t head_dim, const int32_t* pos, const float* inv_freq,
+          ThreadPool* pool) {
+  const int32_t half = head_dim / 2;
+  parallel_for(pool, T, grain_for(T, static_cast<int64_t>(n_heads) * head_dim * 4), [&](int64_t t0, int64_t t1) {
+    std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
+    for (int64_t t = t0; t < t1; ++t) {
+      // theta = p * inv_freq[i] in f64, so large positions keep their phase;
+      // cos/sin once per (row, i), shared by every head.
+      for (int32_t i = 0; i < half; ++i) {
+        const double theta = static_cast<double>(pos[t]) * static_cast<double>(inv_freq[i]);
+        cs[static_cast<size_t>(i)] = static_cast<float>(std::cos(theta));
+        sn[static_cast<size_t>(i)] = static_cast<float>(std::sin(theta));
+      }
+      for (int32_t h = 0; h < n_heads; ++h) {
+        float* v = x + (t * n_heads + h) * head_dim;
+        for (int32_t i = 0; i < half; ++i) {
+          const float a = v[i];
+          const float b = v[i + half];
+          const float c = cs[static_cast<size_t>(i)];
+          const float s = sn[static_cast<size_t>(i)];
+          v[i] = a * c - b * s;
+          v[i + half] = b * c + a * s;
+        }
+      }
+    }
+  });
+}
+
+void swiglu(const float* gate, const float* up, int32_t T, int32_t F, float* out, ThreadPool* pool) {
+  const int64_t n = static_cast<int64_t>(T) * F;
+  parallel_for(pool, n, 1 << 14, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const float g = gate[i];
+      out[i] = (g / (1.0f + std::exp(-g))) * up[i];
+    }
+  });
+}
+
+void embed(const int32_t* ids, int32_t T, const void* embedding, DType wt, int32_t D, float* out,
+           ThreadPool* pool) {
+  parallel_for(pool, T, grain_for(T, D), [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t base = static_cast<int64_t>(ids[t]) * D;
+      for (int32_t i = 0; i < D; ++i) out[t * D + i] = generic::weight_at(embedding, wt, base + i);
+    }
+  });
+}
+
+}  // namespace ck

@@ -1,0 +1,53 @@
+// A fixed pool of worker threads for the CPU kernels. It partitions OUTPUTS
+// only: parallel_for hands out disjoint index ranges [begin, end) of output
+// items, and every item is computed entirely by one thread, so results never
+// depend on the thread count or on which thread took which range (the
+// determinism contract in kernels.h).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace ck {
+
+class ThreadPool {
+ public:
+  // threads >= 1 counts the caller: threads - 1 workers are started.
+  explicit ThreadPool(int32_t threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int32_t threads() const { return static_cast<int32_t>(workers_.size()) + 1; }
+
+  // Runs fn(begin, end) over [0, n) in chunks of `grain` items, on the workers
+  // and the calling thread, and returns when every item is done. One caller
+  // at a time (the engine's compute thread, or the kernel test hook).
+  void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+
+ private:
+  void worker_loop();
+  void run_chunks();
+
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::condition_variable done_;
+  const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
+  int64_t n_ = 0;
+  int64_t grain_ = 1;
+  std::atomic<int64_t> next_{0};
+  int32_t active_ = 0;        // workers still inside the current job
+  uint64_t generation_ = 0;   // bumps once per parallel_for, wakes workers
+  bool stop_ = false;
+};
+
+// Runs over the pool when there is one, else inline on the caller.
+void parallel_for(ThreadPool* pool, int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+
+}  // namespace ck
