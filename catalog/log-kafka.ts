@@ -274,7 +274,7 @@ class ProposalBatcher {
 export class KafkaLog implements FullCatalogLog {
   private readonly kafka: Kafka;
   private readonly admin: Admin;
-  private proposer: { producer: Producer; batcher: ProposalBatcher } | undefined;
+  private proposer: { ready: Promise<void>; batcher: ProposalBatcher } | undefined;
   private readonly maxBatch: number;
   private readonly closers = new Set<() => Promise<void>>();
   private closed = false;
@@ -307,10 +307,13 @@ export class KafkaLog implements FullCatalogLog {
         maxInFlightRequests: 1,
         createPartitioner: Partitioners.DefaultPartitioner,
       });
-      this.proposer = { producer, batcher: new ProposalBatcher(producer, this.opts.topics.proposals) };
       this.closers.add(() => producer.disconnect());
-      await producer.connect();
+      this.proposer = {
+        ready: producer.connect(),
+        batcher: new ProposalBatcher(producer, this.opts.topics.proposals),
+      };
     }
+    await this.proposer.ready;
     await this.proposer.batcher.propose(bytes);
   }
 

@@ -1,0 +1,266 @@
+import {
+  type Proposal,
+  ProposalMsg,
+  type Rejection,
+  RejectionMsg,
+  TxMsg,
+  type TxRecord,
+} from "../schema/catalog.ts";
+import type { Logger } from "../schema/log.ts";
+import { decodeMessage, encodeMessage, WireError } from "../schema/wire.ts";
+import type { ResolveResult } from "./db.ts";
+import {
+  CatalogLogError,
+  type LogRecord,
+  type TxLogReader,
+  type WriterCommit,
+  type WriterLog,
+} from "./log.ts";
+
+/**
+ * The catalog writer: the one process that turns proposals into the total
+ * order of catalog.tx.
+ *
+ * Design
+ * ------
+ *  standby ──acquire lease──▶ catch up ──▶ active ──lease lost──▶ (fresh db) standby …
+ *
+ *  - Standby: the writer tails catalog.tx into its own db (like a replica)
+ *    while it waits in `acquireWriter`, so a takeover replays only the last
+ *    few transactions instead of the whole log.
+ *  - Takeover: acquiring the lease fences the previous holder (Kafka: the
+ *    fixed transactional id's epoch is bumped and its open transaction
+ *    aborted) and yields `txEnd` and `proposalsOffset` as committed by the
+ *    last successful batch. The writer applies catalog.tx up to exactly
+ *    `txEnd` (invariant: db.lastTxNo === txEnd, txNo = logical offset + 1),
+ *    stops tailing, and runs.
+ *  - Active: each batch of proposals is decided by `decideBatch` (decode,
+ *    size check, resolve against the db, number consecutively, apply) and the
+ *    lease commits the resulting tx records, rejections and the consumed
+ *    proposal offset in one atomic step (one Kafka transaction). Nothing of a
+ *    batch is visible unless all of it is.
+ *  - Lease lost (fenced, broker unreachable beyond the client's retries,
+ *    partition moved): the db may hold a batch that was never committed, so
+ *    it is discarded; the writer starts over as a standby with an empty db.
+ *    Consecutive losses without a committed batch back off (bounded) and,
+ *    past a bound, the writer stops with the last error.
+ *  - Exactly once: a proposal's effects reach catalog.tx only in the
+ *    transaction that also advances the consumed offset past it, so a crash
+ *    anywhere either redoes the whole batch (nothing was committed) or skips
+ *    it (it was). A proposal delivered twice (a client retry: same id) is
+ *    applied once — `resolve` reports the second as a duplicate, which becomes
+ *    a rejection naming the earlier application.
+ *  - Bad input never stops the writer: bytes over `maxProposalBytes`, bytes
+ *    that do not decode as a proposal, and proposals that fail validation
+ *    each become a rejection with a reason.
+ */
+
+/** What the writer needs of a catalog db (catalog/db.ts CatalogDb satisfies it). */
+export interface WriterDb {
+  resolve(p: Proposal): ResolveResult;
+  apply(tx: TxRecord): void;
+  readonly lastTxNo: number;
+}
+
+export interface DecideLimits {
+  /** Proposals larger than this are rejected undecoded. */
+  readonly maxProposalBytes: number;
+}
+
+/** Default bound on one proposal's encoded size (1 MiB). */
+export const DEFAULT_MAX_PROPOSAL_BYTES = 1 << 20;
+
+/**
+ * Decides one batch: values in (db, proposals, the writer's clock reading),
+ * commit out; the db advances by the accepted txs. No I/O, no clock.
+ */
+export function decideBatch(
+  db: WriterDb,
+  proposals: readonly LogRecord[],
+  now: number,
+  limits: DecideLimits,
+): WriterCommit & { readonly accepted: number; readonly rejected: number } {
+  const tx: Uint8Array[] = [];
+  const rejections: Uint8Array[] = [];
+  const reject = (r: Rejection) => rejections.push(encodeMessage(RejectionMsg, r));
+  for (const rec of proposals) {
+    if (rec.bytes.length > limits.maxProposalBytes) {
+      reject({
+        proposalId: null,
+        clientId: null,
+        reason: `oversized: proposal of ${rec.bytes.length} bytes exceeds the ${limits.maxProposalBytes}-byte limit`,
+        proposalOffset: rec.offset,
+      });
+      continue;
+    }
+    let p: Proposal;
+    try {
+      p = decodeMessage(ProposalMsg, rec.bytes);
+    } catch (err) {
+      if (!(err instanceof WireError)) throw err;
+      reject({
+        proposalId: null,
+        clientId: null,
+        reason: `malformed: ${err.message}`,
+        proposalOffset: rec.offset,
+      });
+      continue;
+    }
+    const r = db.resolve(p);
+    if (!r.ok) {
+      reject({
+        proposalId: p.id,
+        clientId: p.clientId,
+        reason: r.duplicate ? `duplicate: ${r.reason}` : r.reason,
+        proposalOffset: rec.offset,
+      });
+      continue;
+    }
+    const record: TxRecord = {
+      txNo: db.lastTxNo + 1,
+      proposalId: p.id,
+      clientId: p.clientId,
+      time: now,
+      datoms: r.datoms,
+    };
+    let bytes: Uint8Array;
+    try {
+      bytes = encodeMessage(TxMsg, record);
+    } catch (err) {
+      if (!(err instanceof WireError)) throw err;
+      reject({ proposalId: p.id, clientId: p.clientId, reason: err.message, proposalOffset: rec.offset });
+      continue;
+    }
+    db.apply(record);
+    tx.push(bytes);
+  }
+  return { tx, rejections, accepted: tx.length, rejected: rejections.length };
+}
+
+export interface CatalogWriterOptions<D extends WriterDb> {
+  readonly log: TxLogReader & WriterLog;
+  readonly newDb: () => D;
+  readonly logger: Logger;
+  readonly maxProposalBytes?: number;
+  /** Consecutive lease losses without a committed batch before the writer gives up (default 10). */
+  readonly maxConsecutiveFailures?: number;
+  readonly clock?: () => number;
+}
+
+export class CatalogWriter<D extends WriterDb> {
+  private readonly stopping = new AbortController();
+  private stopLease: (() => Promise<void>) | undefined;
+  private db: D | undefined;
+
+  constructor(private readonly opts: CatalogWriterOptions<D>) {}
+
+  /** The db of the current role (standby or active); replaced on every lease loss. */
+  get current(): D | undefined {
+    return this.db;
+  }
+
+  /**
+   * Runs standby → active until stop() (resolves) or too many consecutive
+   * lease losses (rejects with the last error).
+   */
+  async run(): Promise<void> {
+    const { log, logger } = this.opts;
+    const limits = { maxProposalBytes: this.opts.maxProposalBytes ?? DEFAULT_MAX_PROPOSAL_BYTES };
+    const maxFailures = this.opts.maxConsecutiveFailures ?? 10;
+    const clock = this.opts.clock ?? Date.now;
+    let failures = 0;
+    while (!this.stopping.signal.aborted) {
+      const db = this.opts.newDb();
+      this.db = db;
+      let committedSinceAcquire = false;
+      try {
+        const caughtUp = new Tail(db);
+        const tail = await log.subscribe(0, (records) => caughtUp.apply(records));
+        logger.log("info", "writer.standby", {});
+        let lease: Awaited<ReturnType<WriterLog["acquireWriter"]>>;
+        try {
+          lease = await log.acquireWriter(this.stopping.signal);
+          await caughtUp.reach(lease.txEnd, this.stopping.signal);
+        } finally {
+          await tail.stop();
+        }
+        if (db.lastTxNo !== lease.txEnd) {
+          throw new CatalogLogError(`writer db holds ${db.lastTxNo} txs, the log ${lease.txEnd}`);
+        }
+        this.stopLease = () => lease.stop();
+        if (this.stopping.signal.aborted) {
+          await lease.stop();
+          break;
+        }
+        logger.log("info", "writer.active", {
+          pid: process.pid,
+          txEnd: lease.txEnd,
+          proposalsOffset: lease.proposalsOffset,
+        });
+        await lease.run((proposals) => {
+          const out = decideBatch(db, proposals, clock(), limits);
+          committedSinceAcquire = true;
+          failures = 0;
+          logger.log("debug", "writer.batch", {
+            from: proposals[0]?.offset,
+            count: proposals.length,
+            accepted: out.accepted,
+            rejected: out.rejected,
+          });
+          return out;
+        });
+      } catch (err) {
+        if (this.stopping.signal.aborted) break;
+        failures = committedSinceAcquire ? 1 : failures + 1;
+        logger.log("warn", "writer.lease_lost", { error: (err as Error).message, failures });
+        if (failures >= maxFailures) throw err;
+        // Backoff 100 ms · 2^(failures−1), at most 5 s.
+        await sleep(Math.min(5_000, 100 * 2 ** (failures - 1)), this.stopping.signal);
+      } finally {
+        this.stopLease = undefined;
+      }
+    }
+    logger.log("info", "writer.stopped", {});
+  }
+
+  /** Stops waiting or writing; a batch being committed completes first. */
+  async stop(): Promise<void> {
+    this.stopping.abort(new CatalogLogError("writer stopped"));
+    await this.stopLease?.();
+  }
+}
+
+/** Applies catalog.tx records to a db and lets a caller wait for a given count. */
+class Tail {
+  private readonly waiters: Array<() => void> = [];
+  constructor(private readonly db: WriterDb) {}
+
+  async apply(records: readonly LogRecord[]): Promise<void> {
+    for (const r of records) this.db.apply(decodeMessage(TxMsg, r.bytes));
+    for (const w of this.waiters.splice(0)) w();
+  }
+
+  async reach(txEnd: number, signal: AbortSignal): Promise<void> {
+    while (this.db.lastTxNo < txEnd) {
+      signal.throwIfAborted();
+      await new Promise<void>((resolve) => {
+        this.waiters.push(resolve);
+        signal.addEventListener("abort", () => resolve(), { once: true });
+      });
+    }
+  }
+}
+
+function sleep(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    const t = setTimeout(resolve, ms);
+    signal.addEventListener(
+      "abort",
+      () => {
+        clearTimeout(t);
+        resolve();
+      },
+      { once: true },
+    );
+  });
+}

@@ -1,0 +1,53 @@
+import { randomUUID } from "node:crypto";
+import type { LogRecord, RejectionReader, TxLogReader } from "../../catalog/log.ts";
+import type { KafkaTopics } from "../../catalog/log-kafka.ts";
+
+/** The broker the global setup started (or the one CONTINUUM_KAFKA_BROKERS names). */
+export function kafkaBrokers(): string[] {
+  const b = process.env.CONTINUUM_KAFKA_BROKERS;
+  if (!b) throw new Error("CONTINUUM_KAFKA_BROKERS is not set: test/setup/kafka.ts did not start a broker");
+  return b.split(",");
+}
+
+/** Fresh topic names so suites sharing one broker never see each other's records. */
+export function uniqueTopics(): KafkaTopics {
+  const id = randomUUID().slice(0, 8);
+  return {
+    proposals: `test.${id}.proposals`,
+    tx: `test.${id}.tx`,
+    rejections: `test.${id}.rejections`,
+  };
+}
+
+/** Reads `count` records from `from` through a subscription, then stops it. */
+export async function collect(
+  log: TxLogReader,
+  from: number,
+  count: number,
+  which: "tx" | "rejections" = "tx",
+): Promise<LogRecord[]> {
+  const out: LogRecord[] = [];
+  let done: () => void = () => undefined;
+  const enough = new Promise<void>((r) => {
+    done = r;
+  });
+  const onBatch = async (records: readonly LogRecord[]) => {
+    out.push(...records);
+    if (out.length >= count) done();
+  };
+  const sub =
+    which === "tx"
+      ? await log.subscribe(from, onBatch)
+      : await (log as unknown as RejectionReader).subscribeRejections(from, onBatch);
+  if (count > 0) await enough;
+  await sub.stop();
+  return out;
+}
+
+/** Polls `cond` every 20 ms until it holds (the test's timeout bounds it). */
+export async function until(cond: () => boolean | Promise<boolean>): Promise<void> {
+  while (!(await cond())) await new Promise((r) => setTimeout(r, 20));
+}
+
+export const bytes = (s: string): Uint8Array => new TextEncoder().encode(s);
+export const text = (b: Uint8Array): string => new TextDecoder().decode(b);
