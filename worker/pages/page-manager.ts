@@ -42,7 +42,8 @@ interface PendingAppend {
 /** A restore in flight into pages appended after the route's current table. */
 interface PendingLoad {
   readonly tokens: number;
-  readonly pages: readonly PageId[];
+  /** Pages of the load still held by it (a failed page leaves at once, freed). */
+  pages: readonly PageId[];
   readonly sealed: readonly PrefixHash[];
   /** Pages whose transfer has neither completed nor failed. */
   readonly outstanding: Set<PageId>;
@@ -604,6 +605,7 @@ export class PageManager {
     this.freePage(ticket.page);
     const load = r.load!;
     load.outstanding.delete(ticket.page);
+    load.pages = load.pages.filter((p) => p !== ticket.page);
     load.failed = true;
     return this.afterTransfer(r);
   }
