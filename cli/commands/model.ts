@@ -134,11 +134,20 @@ const command: Command = {
   usage,
   async run(argv) {
     const [sub, ...rest] = argv;
-    if (sub === "init") return init(rest);
-    if (sub === "info") return info(rest);
-    throw new UsageError(
-      sub === undefined ? "missing subcommand (init or info)" : `unknown subcommand '${sub}'`,
-    );
+    if (sub !== "init" && sub !== "info")
+      throw new UsageError(
+        sub === undefined ? "missing subcommand (init or info)" : `unknown subcommand '${sub}'`,
+      );
+    try {
+      return await (sub === "init" ? init(rest) : info(rest));
+    } catch (err) {
+      // Bad models and bad directories are the user's input: one clear line, exit 1.
+      if (err instanceof Error && MODEL_ERRORS.has(err.name)) {
+        console.error(`continuum model ${sub}: ${err.message}`);
+        return 1;
+      }
+      throw err;
+    }
   },
 };
 export default command;
