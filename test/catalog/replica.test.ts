@@ -1,0 +1,181 @@
+import { randomUUID } from "node:crypto";
+import { mkdtemp, readdir, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, describe, expect, it } from "vitest";
+import { CatalogDb } from "../../catalog/db.ts";
+import type { CatalogLog, FullCatalogLog } from "../../catalog/log.ts";
+import { EmbeddedLog } from "../../catalog/log-embedded.ts";
+import { KafkaLog } from "../../catalog/log-kafka.ts";
+import { Replica, type TxReport } from "../../catalog/replica.ts";
+import { DirSnapshotStore, snapshotOffset } from "../../catalog/snapshot.ts";
+import { CatalogWriter } from "../../catalog/writer.ts";
+import { ProposalMsg, TxMsg } from "../../schema/catalog.ts";
+import { silentLogger } from "../../schema/log.ts";
+import { encodeMessage } from "../../schema/wire.ts";
+import { CatalogGen, fingerprintOf, LAYOUT } from "./gen.ts";
+
+const cleanups: (() => Promise<void>)[] = [];
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c();
+});
+
+/** Starts a writer on the log; stopped after the test. */
+function startWriter(log: FullCatalogLog): CatalogWriter<CatalogDb> {
+  const writer = new CatalogWriter({ log, newDb: () => CatalogDb.empty(), logger: silentLogger });
+  const running = writer.run();
+  cleanups.push(async () => {
+    await writer.stop();
+    await running;
+  });
+  return writer;
+}
+
+async function startReplica(opts: Parameters<typeof Replica.start>[0]): Promise<Replica> {
+  const r = await Replica.start(opts);
+  cleanups.push(() => r.stop());
+  return r;
+}
+
+/**
+ * Proposes `n` random proposals (after the setup one), then a sentinel that is
+ * always accepted, and resolves with the sentinel's log offset once `replica`
+ * has applied it: everything proposed before it has been decided by then.
+ */
+async function proposeAll(log: CatalogLog, replica: Replica, seed: number, n: number): Promise<number> {
+  const gen = new CatalogGen(seed);
+  const sentinel = `sentinel-${seed}`;
+  const seen = new Promise<number>((resolve) => {
+    const off = replica.listen((reports: readonly TxReport[]) => {
+      for (const r of reports)
+        if (r.tx.proposalId === sentinel) {
+          off();
+          resolve(r.offset);
+        }
+    });
+  });
+  const proposals = [gen.setup()];
+  for (let i = 0; i < n; i++) proposals.push(gen.next());
+  proposals.push({
+    id: sentinel,
+    clientId: "test",
+    ops: [
+      {
+        op: "model.registered",
+        fingerprint: fingerprintOf(1000 + seed),
+        name: "sentinel",
+        layout: LAYOUT,
+        chunkTokens: 4,
+      },
+    ],
+  });
+  // Bounded concurrency: 500 proposals in flight at once.
+  for (let i = 0; i < proposals.length; i += 500) {
+    await Promise.all(proposals.slice(i, i + 500).map((p) => log.propose(encodeMessage(ProposalMsg, p))));
+  }
+  return seen;
+}
+
+describe("catalog replicas on the embedded log", () => {
+  it("two replicas converge to the writer's dbHash after 10,000 random proposals", async () => {
+    const log = await EmbeddedLog.open();
+    cleanups.push(() => log.close());
+    const writer = startWriter(log);
+    const early = await startReplica({ log, datalog: "eager" });
+    const last = await proposeAll(log, early, 1, 10_000);
+    const late = await startReplica({ log });
+    await late.waitFor(last + 1, 60_000);
+    await early.waitFor(last + 1, 60_000);
+    expect(early.offset()).toBe(last + 1);
+    expect(late.offset()).toBe(last + 1);
+    expect(late.dbHash()).toBe(early.dbHash());
+    expect(writer.current!.dbHash()).toBe(early.dbHash());
+    // The run exercised both outcomes: most proposals accepted, some rejected.
+    expect(last).toBeGreaterThan(5_000);
+    expect(last).toBeLessThan(10_001);
+    expect(early.catalog.datomCount).toBeGreaterThan(20_000);
+  });
+
+  it("a replica started from a snapshot equals one replayed from 0, and skips a corrupted snapshot", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "continuum-snap-"));
+    cleanups.push(() => rm(dir, { recursive: true, force: true }));
+    const store = new DirSnapshotStore(dir);
+    const log = await EmbeddedLog.open({ maxBatch: 100 });
+    cleanups.push(() => log.close());
+    startWriter(log);
+    const snapshotter = await startReplica({ log, snapshots: store, snapshotEvery: 500 });
+    const last = await proposeAll(log, snapshotter, 2, 3_000);
+    await snapshotter.waitFor(last + 1);
+    const keys = (await readdir(dir)).sort();
+    expect(keys.length).toBeGreaterThanOrEqual(2);
+    expect(keys.length).toBeLessThanOrEqual(3); // SNAPSHOTS_KEPT
+    const newest = keys[keys.length - 1]!;
+
+    const fromSnapshot = await startReplica({ log, snapshots: store });
+    const fromZero = await startReplica({ log, snapshots: store, ignoreSnapshots: true });
+    await fromSnapshot.waitFor(last + 1);
+    await fromZero.waitFor(last + 1);
+    expect(fromSnapshot.startOffset).toBe(snapshotOffset(newest));
+    expect(fromSnapshot.startOffset).toBeGreaterThan(0);
+    expect(fromZero.startOffset).toBe(0);
+    expect(fromSnapshot.dbHash()).toBe(fromZero.dbHash());
+    expect(fromSnapshot.dbHash()).toBe(snapshotter.dbHash());
+
+    // Corrupt the newest: the next replica warns and starts from the one before.
+    await writeFile(join(dir, newest), "garbage");
+    const warnings: string[] = [];
+    const fallback = await startReplica({ log, snapshots: store, warn: (m) => warnings.push(m) });
+    await fallback.waitFor(last + 1);
+    expect(fallback.startOffset).toBe(snapshotOffset(keys[keys.length - 2]!));
+    expect(warnings.join("\n")).toMatch(/skipping catalog snapshot .* (truncated|checksum mismatch)/);
+    expect(fallback.dbHash()).toBe(fromZero.dbHash());
+  });
+
+  it("stops at a tx that does not decode, and waitFor names why", async () => {
+    const log = await EmbeddedLog.open();
+    cleanups.push(() => log.close());
+    const lease = await log.acquireWriter();
+    const good = encodeMessage(TxMsg, { txNo: 1, proposalId: "p", clientId: "c", time: 1, datoms: [] });
+    const running = lease.run(() => ({ tx: [good, new Uint8Array([0xc1])], rejections: [] }));
+    await log.propose(new Uint8Array([1]));
+    const replica = await startReplica({ log });
+    await expect(replica.waitFor(2, 10_000)).rejects.toThrow(
+      /replica stopped at offset 1: (malformed|unknown wire version|envelope)/,
+    );
+    expect(replica.offset()).toBe(1);
+    await lease.stop();
+    await running;
+  });
+});
+
+const brokers = process.env.CONTINUUM_KAFKA_BROKERS;
+
+describe.skipIf(!brokers)("catalog replicas on real Kafka", () => {
+  it("two replicas converge to the same dbHash after 10,000 random proposals", async () => {
+    const suffix = randomUUID().slice(0, 8);
+    const open = () =>
+      KafkaLog.open({
+        brokers: brokers!.split(","),
+        clientId: `replica-test-${suffix}`,
+        topics: {
+          proposals: `t-${suffix}.proposals`,
+          tx: `t-${suffix}.tx`,
+          rejections: `t-${suffix}.rejections`,
+        },
+      });
+    const writerLog = await open();
+    cleanups.push(() => writerLog.close());
+    const writer = startWriter(writerLog);
+    const logA = await open();
+    cleanups.push(() => logA.close());
+    const logB = await open();
+    cleanups.push(() => logB.close());
+    const a = await startReplica({ log: logA });
+    const last = await proposeAll(logA, a, 3, 10_000);
+    const b = await startReplica({ log: logB });
+    await b.waitFor(last + 1, 120_000);
+    expect(b.dbHash()).toBe(a.dbHash());
+    expect(writer.current!.dbHash()).toBe(a.dbHash());
+    expect(last).toBeGreaterThan(5_000);
+  }, 240_000);
+});
