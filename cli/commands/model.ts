@@ -13,6 +13,7 @@ const MODEL_ERRORS = new Set([
   "WeightsError",
   "TokenizerError",
   "GenerateError",
+  "ModelDirError",
 ]);
 
 const usage = [

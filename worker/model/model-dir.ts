@@ -3,7 +3,7 @@ import { join } from "node:path";
 import type { ModelManifest } from "../../schema/identity.ts";
 import { modelFingerprint } from "../../schema/identity.ts";
 import type { ModelFingerprint } from "../../schema/ids.ts";
-import { type ModelConfig, ModelConfigError, parseModelConfig } from "./config.ts";
+import { type ModelConfig, parseModelConfig } from "./config.ts";
 import { modelManifest } from "./fingerprint.ts";
 import type { ByteProgress } from "./progress.ts";
 import { ModelTokenizer } from "./tokenizer.ts";
@@ -32,18 +32,22 @@ export interface LoadModelOptions {
   readonly progress?: ByteProgress;
 }
 
+export class ModelDirError extends Error {
+  override readonly name = "ModelDirError";
+}
+
 async function readJson(path: string, optional: boolean): Promise<Record<string, unknown> | undefined> {
   let text: string;
   try {
     text = await readFile(path, "utf8");
   } catch (err) {
     if (optional && (err as NodeJS.ErrnoException).code === "ENOENT") return undefined;
-    throw new ModelConfigError(path, `cannot read: ${(err as Error).message}`);
+    throw new ModelDirError(`${path}: cannot read: ${(err as Error).message}`);
   }
   try {
     return JSON.parse(text) as Record<string, unknown>;
   } catch (err) {
-    throw new ModelConfigError(path, `not JSON: ${(err as Error).message}`);
+    throw new ModelDirError(`${path}: not JSON: ${(err as Error).message}`);
   }
 }
 
@@ -61,9 +65,8 @@ export async function loadModelDir(dir: string, opts: LoadModelOptions): Promise
     const ids = Array.isArray(v) ? v : [v];
     for (const id of ids)
       if (!Number.isSafeInteger(id) || (id as number) < 0 || (id as number) >= config.spec.vocab)
-        throw new ModelConfigError(
-          "generation_config.json: eos_token_id",
-          `not a token id: ${JSON.stringify(id)}`,
+        throw new ModelDirError(
+          `${join(dir, "generation_config.json")}: eos_token_id: ${JSON.stringify(id)} is not a token id below vocab_size ${config.spec.vocab}`,
         );
     eos = ids as number[];
   }
