@@ -76,10 +76,15 @@ function withFence(fenced: ReadonlyMap<RequestId, number>, id: RequestId, attemp
   return next;
 }
 
+/** What admission reads of an offer (`promptTokens` = offer.prompt.length). */
+export type AdmissionRequest = Pick<Offer, "requestId" | "attempt" | "modelFingerprint" | "maxTokens"> & {
+  readonly promptTokens: number;
+};
+
 /** Re-runs admission for an offer against the real pool. */
 export function admit(
   s: AdmissionState,
-  offer: Offer,
+  offer: AdmissionRequest,
   pool: PagePool,
   limits: AdmissionLimits,
 ): AdmissionStep {
@@ -116,7 +121,7 @@ export function admit(
   if (offer.modelFingerprint !== limits.modelFingerprint) {
     return decline("wrong_model", `this worker serves ${limits.modelFingerprint.slice(0, 12)}`);
   }
-  const total = offer.prompt.length + offer.maxTokens;
+  const total = offer.promptTokens + offer.maxTokens;
   if (total > limits.maxContext) {
     return decline("context_too_long", `prompt + max tokens = ${total} > context ${limits.maxContext}`);
   }
@@ -182,15 +187,20 @@ export function cancel(
   return { state: { ...release(s, msg.requestId), fenced }, released: held };
 }
 
-/** The attempt's work quiesced (completed or failed locally): its reservation goes. */
+/**
+ * The attempt's work quiesced (completed or failed locally): its reservation
+ * goes, and the attempt is fenced so a duplicated offer of it is not run twice.
+ */
 export function complete(
   s: AdmissionState,
   requestId: RequestId,
   attempt: number,
+  limits: AdmissionLimits,
 ): { state: AdmissionState; released: Reservation | null } {
   const held = s.reservations.get(requestId);
   if (!held || held.attempt !== attempt) return { state: s, released: null };
-  return { state: release(s, requestId), released: held };
+  const fenced = withFence(s.fenced, requestId, attempt, limits.fenceMemory);
+  return { state: { ...release(s, requestId), fenced }, released: held };
 }
 
 /** Asserts the page accounting (TigerBeetle style): Σ reservations = reservedPages. */
