@@ -74,6 +74,11 @@ export class CatalogGen {
     return Math.floor(this.r() * n);
   }
 
+  /** Every document's chain of node ids (root first), with its model. */
+  chains(): { model: ModelFingerprint; nodes: NodeId[] }[] {
+    return this.docs.map((d) => ({ model: this.models[d.model]!, nodes: d.nodes.map((n) => n.node) }));
+  }
+
   /** Registers every model and worker. */
   setup(): Proposal {
     const ops: CatalogOp[] = [];
