@@ -18,7 +18,9 @@ class PageMemory {
   readonly pages = new Map<number, (number | undefined)[]>();
   execute(plan: AppendPlan, values: readonly number[]): void {
     for (const { src, dst } of plan.copies) this.pages.set(dst, [...(this.pages.get(src) ?? [])]);
-    plan.slots.forEach((slot, i) => this.write(Math.floor(slot / P), slot % P, values[i]!));
+    plan.slots.forEach((slot, i) => {
+      this.write(Math.floor(slot / P), slot % P, values[i]!);
+    });
   }
   write(page: number, offset: number, value: number): void {
     const rows = this.pages.get(page) ?? [];
@@ -229,7 +231,7 @@ describe("PageManager under random operation sequences", () => {
 
           const checkWorld = (gensBefore: number[]) => {
             const gens = generations();
-            gens.forEach((g, p) => expect(g).toBeGreaterThanOrEqual(gensBefore[p]!));
+            for (let p = 0; p < N; p++) expect(gens[p]).toBeGreaterThanOrEqual(gensBefore[p]!);
             const snap = pm.snapshot();
             for (const r of snap.routes) {
               for (const p of r.pages) {
