@@ -188,10 +188,9 @@ void check_conversions(Tally& tally, std::mt19937_64& rng, bool quick) {
     }
   }
   char b[200];
-  std::snprintf(b, sizeof b, "%zu values, %lld differ from CPU f32_to_f16%s", x.size(),
-                static_cast<long long>(mismatches),
-                first >= 0 ? (" (first input bits 0x" + std::to_string(bits[static_cast<size_t>(first)]) + ")").c_str()
-                           : "");
+  std::snprintf(b, sizeof b, "%zu values, %lld differ from CPU f32_to_f16 (first differing input: 0x%08x)",
+                x.size(), static_cast<long long>(mismatches),
+                first >= 0 ? bits[static_cast<size_t>(first)] : 0u);
   tally.check(mismatches == 0, "f32_to_f16 bit-exact vs CPU", b);
 
   // f16 -> f32 and bf16 -> f32 over all 65536 patterns.
