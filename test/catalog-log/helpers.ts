@@ -1,6 +1,7 @@
 import { randomUUID } from "node:crypto";
 import type { LogRecord, RejectionReader, TxLogReader } from "../../catalog/log.ts";
 import type { KafkaTopics } from "../../catalog/log-kafka.ts";
+import type { Proposal } from "../../schema/catalog.ts";
 
 /** The broker the global setup started (or the one CONTINUUM_KAFKA_BROKERS names). */
 export function kafkaBrokers(): string[] {
@@ -51,3 +52,8 @@ export async function until(cond: () => boolean | Promise<boolean>): Promise<voi
 
 export const bytes = (s: string): Uint8Array => new TextEncoder().encode(s);
 export const text = (b: Uint8Array): string => new TextDecoder().decode(b);
+
+/** A valid proposal: acquire lease `key` for `holder` at epoch 1. */
+export function leaseProposal(id: string, key: string, holder = "h1"): Proposal {
+  return { id, clientId: "test-client", ops: [{ op: "lease.acquire", key, holder, epoch: 1 }] };
+}
