@@ -223,7 +223,8 @@ export class S3Tier implements ChunkTier {
         let part = Buffer.allocUnsafe(Math.min(partBytes, total));
         prefix.copy(part, 0);
         let fill = prefix.byteLength;
-        let sent = prefix.byteLength;
+        /** Framed bytes handed to `parts` so far (the prefix included). */
+        let sent = 0;
         let seen = 0;
         for await (const piece of payload) {
           if (seen + piece.byteLength > payloadBytes) throw lengthError(-1);
