@@ -150,13 +150,15 @@ describe("parseModelConfig", () => {
     expect(c.eosTokenIds).toEqual([]);
   });
 
-  it("accepts linear scaling and the older 'type' spelling; 'default' means none", () => {
-    expect(
-      parseModelConfig({ ...llama32_1b, rope_scaling: { type: "linear", factor: 2 } }).spec.ropeScaling,
-    ).toEqual({
-      kind: "linear",
-      factor: 2,
-    });
+  it("accepts the older 'type' spelling; 'default' means none", () => {
+    const older = {
+      type: "llama3",
+      factor: 8,
+      low_freq_factor: 1,
+      high_freq_factor: 4,
+      original_max_position_embeddings: 8192,
+    };
+    expect(parseModelConfig({ ...llama32_1b, rope_scaling: older }).spec.ropeScaling?.factor).toBe(8);
     expect(
       parseModelConfig({ ...llama32_1b, rope_scaling: { rope_type: "default" } }).spec.ropeScaling,
     ).toBeUndefined();
@@ -176,6 +178,7 @@ describe("parseModelConfig", () => {
     [{ ...llama32_1b, rms_norm_eps: "small" }, "rms_norm_eps", /positive finite/],
     [{ ...llama32_1b, head_dim: 63 }, "head_dim", /even/],
     [{ ...llama32_1b, rope_scaling: { rope_type: "yarn", factor: 4 } }, "rope_scaling.rope_type", /yarn/],
+    [{ ...llama32_1b, rope_scaling: { rope_type: "linear", factor: 4 } }, "rope_scaling.rope_type", /linear/],
     [
       { ...llama32_1b, rope_scaling: { rope_type: "llama3", factor: 8 } },
       "rope_scaling.low_freq_factor",
@@ -200,11 +203,6 @@ describe("ropeInvFreq", () => {
   it("is theta^(-2i/d) without scaling", () => {
     const f = ropeInvFreq(8, 10000);
     expect([...f]).toEqual([1, 10000 ** -0.25, 10000 ** -0.5, 10000 ** -0.75]);
-  });
-
-  it("divides by the factor under linear scaling", () => {
-    const f = ropeInvFreq(8, 10000, { kind: "linear", factor: 4 });
-    expect(f[1]).toBeCloseTo(10000 ** -0.25 / 4, 15);
   });
 
   // Llama 3.1 8B: head_dim 128, theta 500000, factor 8, low 1, high 4, original 8192.

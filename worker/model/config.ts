@@ -16,13 +16,7 @@ export interface Llama3RopeScaling {
   readonly originalMaxPosition: number;
 }
 
-/** Position interpolation (rope_type "linear"): every frequency divided by `factor`. */
-export interface LinearRopeScaling {
-  readonly kind: "linear";
-  readonly factor: number;
-}
-
-export type RopeScaling = Llama3RopeScaling | LinearRopeScaling;
+export type RopeScaling = Llama3RopeScaling;
 
 /**
  * What the native engine needs to shape its computation. Heads: q has
@@ -156,8 +150,6 @@ function ropeScalingOf(cfg: Json): RopeScaling | undefined {
   // Older configs spell rope_type as "type".
   const type = o.rope_type ?? o.type;
   if (type === "default") return undefined;
-  if (type === "linear")
-    return { kind: "linear", factor: posFloat(o, "factor", undefined, "rope_scaling.factor") };
   if (type === "llama3") {
     const s: Llama3RopeScaling = {
       kind: "llama3",
@@ -179,7 +171,7 @@ function ropeScalingOf(cfg: Json): RopeScaling | undefined {
   }
   throw new ModelConfigError(
     "rope_scaling.rope_type",
-    `${JSON.stringify(type)} is not supported (supported: default, linear, llama3)`,
+    `${JSON.stringify(type)} is not supported (supported: default, llama3)`,
   );
 }
 

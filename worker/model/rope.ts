@@ -7,7 +7,7 @@ import type { EngineSpec, RopeScaling } from "./config.ts";
  *
  *   inv_freq[i] = 1 / theta^(2i / head_dim),  i < head_dim / 2
  *
- * Linear scaling divides every frequency by `factor`. Llama-3 scaling
+ * Llama-3 scaling
  * (transformers' _compute_llama3_parameters) leaves short wavelengths alone,
  * divides long ones by `factor`, and blends in between:
  *
@@ -27,10 +27,6 @@ export function ropeInvFreq(headDim: number, theta: number, scaling?: RopeScalin
   const out = new Float64Array(half);
   for (let i = 0; i < half; i++) out[i] = 1 / theta ** ((2 * i) / headDim);
   if (scaling === undefined) return out;
-  if (scaling.kind === "linear") {
-    for (let i = 0; i < half; i++) out[i] = out[i]! / scaling.factor;
-    return out;
-  }
   const { factor, lowFreqFactor, highFreqFactor, originalMaxPosition } = scaling;
   const lowWavelen = originalMaxPosition / lowFreqFactor;
   const highWavelen = originalMaxPosition / highFreqFactor;
