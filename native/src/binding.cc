@@ -40,21 +40,21 @@ int32_t get_int(Napi::Env env, const Napi::Object& o, const char* key, bool requ
 template <typename A>
 A typed(Napi::Env env, Napi::Value v, const std::string& name, napi_typedarray_type type, const char* type_name) {
   if (!v.IsTypedArray() || v.As<Napi::TypedArray>().TypedArrayType() != type)
-    throw Napi::TypeError::New(env, name + " must be a " + type_name);
+    throw Napi::TypeError::New(env, name + " must be " + type_name);
   return v.As<A>();
 }
 
 Napi::Int32Array i32(Napi::Env env, Napi::Value v, const std::string& name) {
-  return typed<Napi::Int32Array>(env, v, name, napi_int32_array, "Int32Array");
+  return typed<Napi::Int32Array>(env, v, name, napi_int32_array, "an Int32Array");
 }
 Napi::Float32Array f32(Napi::Env env, Napi::Value v, const std::string& name) {
-  return typed<Napi::Float32Array>(env, v, name, napi_float32_array, "Float32Array");
+  return typed<Napi::Float32Array>(env, v, name, napi_float32_array, "a Float32Array");
 }
 Napi::Uint16Array u16(Napi::Env env, Napi::Value v, const std::string& name) {
-  return typed<Napi::Uint16Array>(env, v, name, napi_uint16_array, "Uint16Array");
+  return typed<Napi::Uint16Array>(env, v, name, napi_uint16_array, "a Uint16Array");
 }
 Napi::Uint8Array u8(Napi::Env env, Napi::Value v, const std::string& name) {
-  return typed<Napi::Uint8Array>(env, v, name, napi_uint8_array, "Uint8Array");
+  return typed<Napi::Uint8Array>(env, v, name, napi_uint8_array, "a Uint8Array");
 }
 
 std::vector<int32_t> i32_vec(Napi::Env env, const Napi::Object& o, const char* key) {

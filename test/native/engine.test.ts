@@ -1,0 +1,421 @@
+import { afterEach, describe, expect, it } from "vitest";
+import {
+  createEngine,
+  type Engine,
+  type ModelSpec,
+  type StepBatch,
+  weightNames,
+} from "../../native/index.ts";
+import type { PageId } from "../../schema/ids.ts";
+import { argmax, makeModel, referenceLogits, type TestModel } from "./model.ts";
+import { allFinite, relError, rng, sameBits, shuffle } from "./reference.ts";
+
+const SPEC: ModelSpec = {
+  nLayers: 2,
+  hidden: 64,
+  nHeads: 4,
+  nKvHeads: 2,
+  headDim: 16,
+  ffn: 96,
+  vocab: 97,
+  rmsEps: 1e-5,
+  ropeTheta: 10000,
+  ropeScaling: { factor: 4, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 64 },
+  attentionBias: false,
+  tiedEmbeddings: false,
+  maxPosition: 512,
+};
+const QWEN_LIKE: ModelSpec = {
+  ...SPEC,
+  attentionBias: true,
+  tiedEmbeddings: true,
+  ropeScaling: null,
+  vHeadDim: 24,
+};
+
+const PAGE = 4;
+const STRIDE = 16; // up to 64 positions per sequence
+
+const live: Engine[] = [];
+afterEach(() => {
+  for (const e of live.splice(0)) if (!e.freed) e.free();
+});
+
+async function engineFor(m: TestModel, numPages = 64, threads?: number): Promise<Engine> {
+  const e = await createEngine(m.spec, m.weights, threads === undefined ? {} : { threads });
+  live.push(e);
+  e.createPool(numPages, PAGE);
+  return e;
+}
+
+interface Row {
+  seq: number;
+  pos: number;
+  token: number;
+}
+
+/** Page tables as lists of physical pages per sequence; rows map through them. */
+function batch(rows: Row[], tables: number[][], logitRows: number[]): StepBatch {
+  const pageTable = new Int32Array(tables.length * STRIDE).fill(-1);
+  tables.forEach((t, s) => {
+    pageTable.set(t, s * STRIDE);
+  });
+  return {
+    tokens: Int32Array.from(rows.map((r) => r.token)),
+    positions: Int32Array.from(rows.map((r) => r.pos)),
+    rowSeq: Int32Array.from(rows.map((r) => r.seq)),
+    slotMapping: Int32Array.from(
+      rows.map((r) => tables[r.seq]![Math.floor(r.pos / PAGE)]! * PAGE + (r.pos % PAGE)),
+    ),
+    pageTable,
+    ptStride: STRIDE,
+    logitRows: Int32Array.from(logitRows),
+  };
+}
+
+function prefillRows(seq: number, tokens: number[], from = 0): Row[] {
+  return tokens.map((token, i) => ({ seq, pos: from + i, token }));
+}
+
+const prompt = (seed: number, n: number) => {
+  const r = rng(seed);
+  return Array.from({ length: n }, () => Math.floor(r() * SPEC.vocab));
+};
+
+const withEntry = (t: Int32Array, i: number, v: number) => {
+  const c = Int32Array.from(t);
+  c[i] = v;
+  return c;
+};
+
+const rowsOf = (logits: Float32Array, vocab: number, i: number) =>
+  logits.subarray(i * vocab, (i + 1) * vocab);
+
+describe("engine forward", () => {
+  it.each([
+    ["Llama-3 style", SPEC],
+    ["Qwen2 style (bias, tied embeddings, vHeadDim != headDim)", QWEN_LIKE],
+  ])("%s: a prefill over shuffled pages matches the float64 model at every position", async (_, spec) => {
+    const m = makeModel(spec, 11);
+    const e = await engineFor(m);
+    const toks = prompt(1, 19);
+    const pages = shuffle(rng(2), [...Array(64).keys()]).slice(0, 5);
+    const logits = await e.step(batch(prefillRows(0, toks), [pages], [...toks.keys()]));
+    expect(logits.length).toBe(toks.length * spec.vocab);
+    expect(allFinite(logits)).toBe(true);
+    const ref = referenceLogits(m, toks);
+    ref.forEach((want, i) => {
+      expect(relError(rowsOf(logits, spec.vocab, i), want)).toBeLessThan(1e-3);
+    });
+  });
+
+  it("paged decoding equals the contiguous oracle: same bits, same greedy tokens", async () => {
+    const m = makeModel(SPEC, 12);
+    const e = await engineFor(m);
+    e.createContiguousCache(2, 64);
+    const toks = prompt(3, 11);
+    const pages = [9, 3, 40, 17, 22, 5];
+    let p = await e.step(batch(prefillRows(0, toks), [pages], [10]));
+    let c = await e.stepContiguous({
+      tokens: Int32Array.from(toks),
+      positions: Int32Array.from(toks.keys()),
+      rowSeq: new Int32Array(toks.length),
+      logitRows: Int32Array.from([10]),
+    });
+    expect(sameBits(p, c)).toBe(true);
+    for (let pos = 11; pos < 20; pos++) {
+      const token = argmax(p);
+      expect(argmax(c)).toBe(token);
+      p = await e.step(batch([{ seq: 0, pos, token }], [pages], [0]));
+      c = await e.stepContiguous({
+        tokens: Int32Array.from([token]),
+        positions: Int32Array.from([pos]),
+        rowSeq: Int32Array.from([0]),
+        logitRows: Int32Array.from([0]),
+      });
+      expect(sameBits(p, c)).toBe(true);
+    }
+  });
+
+  it("chunked prefill gives the same bits (logits and K/V pages) as one-shot prefill", async () => {
+    const m = makeModel(SPEC, 13);
+    const e = await engineFor(m);
+    const toks = prompt(4, 21);
+    const a = [1, 2, 3, 4, 5, 6];
+    const b = [30, 12, 44, 8, 19, 60];
+    const whole = await e.step(batch(prefillRows(0, toks), [a], [20]));
+    let last = new Float32Array();
+    for (const [from, to] of [
+      [0, 7],
+      [7, 8],
+      [8, 15],
+      [15, 21],
+    ] as const) {
+      last = await e.step(batch(prefillRows(0, toks.slice(from, to), from), [b], [to - from - 1]));
+    }
+    expect(sameBits(last, whole)).toBe(true);
+    const pa = await e.downloadPages(Int32Array.from(a));
+    const pb = await e.downloadPages(Int32Array.from(b));
+    expect(Buffer.compare(pa, pb)).toBe(0);
+  });
+
+  it("a sequence's logits do not depend on its batch: alone vs with 1..7 random neighbours", async () => {
+    const m = makeModel(SPEC, 14);
+    const e = await engineFor(m, 256);
+    const r = rng(5);
+    const free = shuffle(r, [...Array(256).keys()]);
+    const toks = prompt(6, 13);
+    const mine = free.splice(0, 4);
+    await e.step(batch(prefillRows(0, toks), [mine], []));
+    const alone = await e.step(batch([{ seq: 0, pos: 13, token: 7 }], [mine], [0]));
+    for (let n = 1; n <= 7; n++) {
+      const tables: number[][] = [mine];
+      const rows: Row[] = [];
+      for (let s = 1; s <= n; s++) {
+        tables.push(free.splice(0, 4));
+        const len = 1 + Math.floor(r() * 12);
+        rows.push(...prefillRows(s, prompt(100 + s + 10 * n, len)));
+      }
+      const at = Math.floor(r() * (rows.length + 1));
+      rows.splice(at, 0, { seq: 0, pos: 13, token: 7 });
+      const out = await e.step(batch(rows, tables, [at]));
+      expect(sameBits(out, alone)).toBe(true);
+    }
+  });
+
+  it("a continuation restored from downloaded pages gives the same bits as the original", async () => {
+    const m = makeModel(SPEC, 15);
+    const e = await engineFor(m);
+    const toks = prompt(7, 14);
+    const orig = [7, 50, 3, 21];
+    await e.step(batch(prefillRows(0, toks), [orig], []));
+    const bytes = await e.downloadPages(Int32Array.from(orig.slice(0, 4)));
+    const restored = [33, 34, 10, 61];
+    await e.uploadPages(Int32Array.from(restored), bytes);
+    const a = await e.step(batch([{ seq: 0, pos: 14, token: 42 }], [orig], [0]));
+    const b = await e.step(batch([{ seq: 0, pos: 14, token: 42 }], [restored], [0]));
+    expect(sameBits(a, b)).toBe(true);
+  });
+});
+
+describe("engine input validation: a clear error and nothing written", () => {
+  it("rejects each bad batch and leaves the pool untouched", async () => {
+    const m = makeModel(SPEC, 16);
+    const e = await engineFor(m, 8);
+    const all = Int32Array.from([...Array(8).keys()]);
+    await e.step(batch(prefillRows(0, prompt(8, 6)), [[2, 5]], []));
+    const before = await e.downloadPages(all);
+    const good = batch(prefillRows(0, [1, 2, 3], 6), [[2, 5, 6]], [2]);
+    const cases: [string, StepBatch, RegExp][] = [
+      [
+        "slot out of the pool",
+        { ...good, slotMapping: Int32Array.from([26, 27, 32]) },
+        /slotMapping\[2\] = 32 is outside/,
+      ],
+      [
+        "duplicate slot",
+        batch(
+          [
+            { seq: 0, pos: 6, token: 1 },
+            { seq: 1, pos: 2, token: 1 },
+          ],
+          [[2, 5], [5]],
+          [],
+        ),
+        /duplicate/,
+      ],
+      [
+        "page id out of range",
+        { ...good, pageTable: withEntry(good.pageTable, 2, 8) },
+        /pageTable\[0\]\[2\] = 8/,
+      ],
+      ["slot disagrees with the table", { ...good, slotMapping: Int32Array.from([26, 27, 20]) }, /disagrees/],
+      ["sequence out of range", { ...good, rowSeq: Int32Array.from([0, 0, 1]) }, /rowSeq\[2\] = 1/],
+      ["token outside the vocabulary", { ...good, tokens: Int32Array.from([1, 97, 2]) }, /tokens\[1\] = 97/],
+      ["negative position", { ...good, positions: Int32Array.from([-1, 7, 8]) }, /positions\[0\] = -1/],
+      ["position beyond the table", { ...good, positions: Int32Array.from([6, 7, 64]) }, /ptStride/],
+      ["lengths disagree", { ...good, positions: Int32Array.from([6, 7]) }, /positions has 2 rows/],
+      ["logit row not in the batch", { ...good, logitRows: Int32Array.from([3]) }, /logitRows\[0\] = 3/],
+      ["pageTable not a multiple of ptStride", { ...good, ptStride: 5 }, /multiple of ptStride/],
+      [
+        "wrong array type",
+        { ...good, tokens: [1, 2, 3] as unknown as Int32Array },
+        /tokens must be an Int32Array/,
+      ],
+      [
+        "empty batch",
+        {
+          ...good,
+          tokens: new Int32Array(),
+          positions: new Int32Array(),
+          rowSeq: new Int32Array(),
+          slotMapping: new Int32Array(),
+          logitRows: new Int32Array(),
+        },
+        /no rows/,
+      ],
+    ];
+    for (const [what, b, msg] of cases) {
+      expect(() => e.step(b), what).toThrow(msg);
+    }
+    expect(() => e.downloadPages(Int32Array.from([8]))).toThrow(/pageIds\[0\] = 8/);
+    expect(() => e.downloadPages(Int32Array.from([1, 1]))).toThrow(/twice/);
+    expect(() => e.uploadPages(Int32Array.from([1]), new Uint8Array(3))).toThrow(/bytes/);
+    expect(() => e.copyPage(3 as PageId, 3 as PageId)).toThrow(/same page/);
+    expect(() => e.copyPage(3 as PageId, 9 as PageId)).toThrow(/not a page/);
+    expect(() => e.createPool(4, 4)).toThrow(/already/);
+    const after = await e.downloadPages(all);
+    expect(Buffer.compare(before, after)).toBe(0);
+    // The valid batch still runs.
+    expect(allFinite(await e.step(good))).toBe(true);
+  });
+
+  it("names the tensor that is missing, extra, misshapen, mistyped or short, and creates nothing", async () => {
+    const m = makeModel(SPEC, 17);
+    const w = (edit: (w: Map<string, typeof m.weights extends Map<string, infer V> ? V : never>) => void) => {
+      const copy = new Map(m.weights);
+      edit(copy);
+      return copy;
+    };
+    const q = "model.layers.1.self_attn.q_proj.weight";
+    const qt = m.weights.get(q)!;
+    await expect(
+      createEngine(
+        SPEC,
+        w((x) => x.delete(q)),
+      ),
+    ).rejects.toThrow(`missing tensor ${q}`);
+    await expect(
+      createEngine(
+        SPEC,
+        w((x) => x.set("model.layers.1.self_attn.q_proj.bias", qt)),
+      ),
+    ).rejects.toThrow(/unexpected tensor model.layers.1.self_attn.q_proj.bias/);
+    await expect(
+      createEngine(
+        SPEC,
+        w((x) => x.set(q, { ...qt, shape: [64, 63] })),
+      ),
+    ).rejects.toThrow(`tensor ${q}: shape`);
+    await expect(
+      createEngine(
+        SPEC,
+        w((x) => x.set(q, { ...qt, dtype: "f64" as unknown as "f32" })),
+      ),
+    ).rejects.toThrow(`tensor ${q}: dtype f64`);
+    await expect(
+      createEngine(
+        SPEC,
+        w((x) => x.set(q, { ...qt, data: qt.data.subarray(2) })),
+      ),
+    ).rejects.toThrow(`tensor ${q}:`);
+    await expect(createEngine({ ...SPEC, nKvHeads: 3 }, m.weights)).rejects.toThrow(/multiple of nKvHeads/);
+    // A plain record works as well as a Map.
+    const e = await createEngine(SPEC, Object.fromEntries(m.weights));
+    live.push(e);
+    expect(e.threads).toBeGreaterThan(0);
+  });
+
+  it("after free every call throws 'engine freed'", async () => {
+    const m = makeModel(SPEC, 18);
+    const e = await engineFor(m, 8);
+    e.free();
+    expect(e.freed).toBe(true);
+    expect(() => e.step(batch(prefillRows(0, [1]), [[0]], [0]))).toThrow("engine freed");
+    expect(() => e.downloadPages(Int32Array.from([0]))).toThrow("engine freed");
+    expect(() => e.copyPage(0 as PageId, 1 as PageId)).toThrow("engine freed");
+    expect(() => e.createContiguousCache(1, 8)).toThrow("engine freed");
+    expect(() => e.threads).toThrow("engine freed");
+    e.free(); // idempotent
+  });
+});
+
+describe("page transfers", () => {
+  it("round-trip bytes exactly, copyPage copies every layer, and the layout is [page][layer][K|V]", async () => {
+    const m = makeModel(QWEN_LIKE, 19);
+    const e = await engineFor(m, 12);
+    const pageBytes = QWEN_LIKE.nLayers * PAGE * QWEN_LIKE.nKvHeads * (16 + 24) * 2;
+    expect(e.pageBytes).toBe(pageBytes);
+    const r = rng(9);
+    const bytes = new Uint8Array(3 * pageBytes).map(() => Math.floor(r() * 256));
+    await e.uploadPages(Int32Array.from([7, 2, 11]), bytes);
+    expect(Buffer.compare(await e.downloadPages(Int32Array.from([7, 2, 11])), bytes)).toBe(0);
+    const one = await e.downloadPages(Int32Array.from([2]));
+    expect(Buffer.compare(one, bytes.subarray(pageBytes, 2 * pageBytes))).toBe(0);
+    await e.copyPage(2 as PageId, 5 as PageId);
+    expect(Buffer.compare(await e.downloadPages([5 as PageId]), one)).toBe(0);
+    // A step writes its K/V where the layout says: position 1 of page 4.
+    await e.step(batch([{ seq: 0, pos: 1, token: 3 }], [[4]], []));
+    const p4 = await e.downloadPages(Int32Array.from([4]));
+    const kRowBytes = 2 * 16 * 2; // n_kv * head_dim * f16
+    const layer0K = p4.subarray(0, PAGE * kRowBytes);
+    expect(layer0K.subarray(0, kRowBytes).every((b) => b === 0)).toBe(true); // position 0 untouched
+    expect(layer0K.subarray(kRowBytes, 2 * kRowBytes).some((b) => b !== 0)).toBe(true);
+  });
+});
+
+describe("event loop liveness", () => {
+  it("a 50 ms timer stays within 20 ms of schedule while long steps run", async () => {
+    const spec: ModelSpec = {
+      ...SPEC,
+      nLayers: 4,
+      hidden: 512,
+      nHeads: 8,
+      nKvHeads: 4,
+      headDim: 64,
+      ffn: 1536,
+      vocab: 1000,
+      ropeScaling: null,
+    };
+    // Small random f16 weights (|w| < 2^-7), norms 1: built fast, numerically tame.
+    const r = rng(20);
+    const weights = new Map(
+      weightNames(spec).map(({ name, shape }) => {
+        const n = shape.reduce((a, b) => a * b, 1);
+        const h = name.endsWith("norm.weight")
+          ? new Uint16Array(n).fill(0x3c00)
+          : new Uint16Array(n).map(() => (r() < 0.5 ? 0x8000 : 0) | (0x1800 + Math.floor(r() * 0x800)));
+        return [name, { dtype: "f16" as const, shape, data: new Uint8Array(h.buffer) }];
+      }),
+    );
+    const e = await createEngine(spec, weights, { threads: 1 });
+    live.push(e);
+    e.createPool(128, 16);
+    const T = 256;
+    const pages = [...Array(16).keys()];
+    const pageTable = new Int32Array(16).fill(-1);
+    pageTable.set(pages);
+    const b: StepBatch = {
+      tokens: Int32Array.from({ length: T }, (_, i) => (i * 7) % spec.vocab),
+      positions: Int32Array.from({ length: T }, (_, i) => i),
+      rowSeq: new Int32Array(T),
+      slotMapping: Int32Array.from({ length: T }, (_, i) => i),
+      pageTable,
+      ptStride: 16,
+      logitRows: Int32Array.from([T - 1]),
+    };
+    const lateness: number[] = [];
+    let last = performance.now();
+    const timer = setInterval(() => {
+      const now = performance.now();
+      lateness.push(Math.abs(now - last - 50));
+      last = now;
+    }, 50);
+    const started = performance.now();
+    let steps = 0;
+    try {
+      // At least 600 ms of stepping whatever the machine's speed.
+      while (performance.now() - started < 600 || lateness.length < 6) {
+        await e.step(b);
+        steps++;
+      }
+    } finally {
+      clearInterval(timer);
+    }
+    expect(steps).toBeGreaterThan(0);
+    console.log(
+      `liveness: ${steps} steps of ${T} rows, timer lateness ${lateness.map((x) => x.toFixed(1)).join(" ")} ms`,
+    );
+    expect(Math.max(...lateness)).toBeLessThan(20);
+  });
+});
