@@ -379,17 +379,23 @@ function onCurrent(
 
 /**
  * The controller's own count of outstanding work per worker: attempts offered
- * or accepted whose first token has not arrived, with the prompt tokens they
- * still have to prefill. Feeds the router's load term between heartbeats.
+ * or accepted whose first token has not arrived (with the prompt tokens they
+ * still have to prefill) and attempts streaming. Feeds the router's load
+ * terms between heartbeats.
  */
 export function outstandingByWorker(states: Iterable<AssignmentState>): Map<WorkerId, Outstanding> {
-  const out = new Map<WorkerId, { requests: number; tokens: number }>();
+  const out = new Map<WorkerId, { requests: number; tokens: number; running: number }>();
   for (const s of states) {
-    if ((s.phase !== "offered" && s.phase !== "accepted") || s.workerId === null || s.choice === null)
-      continue;
-    const o = out.get(s.workerId) ?? { requests: 0, tokens: 0 };
-    o.requests += 1;
-    o.tokens += Math.max(0, s.promptTokens - s.choice.cachedTokens);
+    if (s.workerId === null || s.choice === null) continue;
+    const waiting = s.phase === "offered" || s.phase === "accepted";
+    if (!waiting && s.phase !== "streaming") continue;
+    const o = out.get(s.workerId) ?? { requests: 0, tokens: 0, running: 0 };
+    if (waiting) {
+      o.requests += 1;
+      o.tokens += Math.max(0, s.promptTokens - s.choice.cachedTokens);
+    } else {
+      o.running += 1;
+    }
     out.set(s.workerId, o);
   }
   return out;

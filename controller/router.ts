@@ -23,22 +23,34 @@ import { type HeartbeatView, liveWorkers } from "./heartbeat-view.ts";
  * need the device). Hard constraints drop a candidate; the rest rank by TTFT,
  * then more cached tokens, then worker id, then source.
  *
- * Load term: between heartbeats the controller's own count of outstanding
- * assignments (offered or accepted, first token not yet seen) feeds the queue
- * as max(heartbeat queue, outstanding) — max, not sum, because a heartbeat
- * sent after an accept already counts that work. So each assignment raises a
- * worker's predicted queue at once, and a hot prefix resident on one worker
- * spills to others as soon as waiting there costs more than fetching or
- * recomputing elsewhere, instead of pinning every request to one worker.
+ * Load terms. (1) Between heartbeats the controller's own count of
+ * outstanding assignments (offered or accepted, first token not yet seen)
+ * feeds the queue as max(heartbeat queue, outstanding) — max, not sum,
+ * because a heartbeat sent after an accept already counts that work — so each
+ * assignment raises a worker's predicted queue at once. (2) Bounded load
+ * (consistent hashing with bounded loads, Mirrokni et al. 2018): with
+ * load_w = requests in flight on w (queued + running, the larger of the
+ * heartbeat's and the controller's count) and n eligible workers, a worker
+ * takes the request only if
+ *
+ *   load_w + 1 ≤ max(loadSlack, loadFactor × (Σ load + 1) / n)
+ *
+ * so a hot prefix resident on one worker cannot pin all traffic there (a
+ * known failure of cache-aware routers): once that worker carries more than
+ * its bounded share, the next request goes to the best other worker, which
+ * fetches or recomputes the prefix and becomes a second home for it.
  */
 
 const MIB = 1024 * 1024;
 
 /** Assigned, not yet started work the controller knows of on one worker. */
 export interface Outstanding {
+  /** Assigned, first token not yet seen. */
   readonly requests: number;
   /** Prompt tokens still to prefill (promptTokens − cachedTokens of each). */
   readonly tokens: number;
+  /** Streaming (decoding) now. */
+  readonly running: number;
 }
 
 export interface RouterPolicy {
@@ -48,13 +60,25 @@ export interface RouterPolicy {
   readonly heartbeatTtlMs: number;
   /** Resident prefixes older than this are not trusted (durable alternatives stay). */
   readonly residentFreshMs: number;
+  /** Bounded load: a worker's share of in-flight requests, over the mean, it may reach (≥ 1; Infinity: off). */
+  readonly loadFactor: number;
+  /** Below this many in-flight requests (counting the new one) a worker is never overloaded. */
+  readonly loadSlack: number;
 }
 
 export const defaultRouterPolicy: RouterPolicy = {
   name: "ttft/v1",
   heartbeatTtlMs: 3_000,
   residentFreshMs: 1_500,
+  loadFactor: 1.5,
+  loadSlack: 2,
 };
+
+/** Requests in flight on a worker: the larger of its heartbeat's and the controller's count. */
+export function inFlight(hb: Heartbeat, out: Outstanding | undefined): number {
+  const seen = hb.queue.queuedRequests + hb.queue.runningRequests;
+  return Math.max(seen, (out?.requests ?? 0) + (out?.running ?? 0));
+}
 
 export interface RouteInput {
   readonly request: RouteRequest;
@@ -169,10 +193,27 @@ export function route(input: RouteInput): DecisionRecord {
   dropped.push(...derived.dropped);
 
   const byWorker = new Map<WorkerId, Heartbeat>(eligible.map((l) => [l.heartbeat.workerId, l.heartbeat]));
+  // Bounded load: cap = max(slack, factor × (Σ load + 1) / n).
+  let totalLoad = 0;
+  const loadOf = new Map<WorkerId, number>();
+  for (const l of eligible) {
+    const load = inFlight(l.heartbeat, input.outstanding.get(l.heartbeat.workerId));
+    loadOf.set(l.heartbeat.workerId, load);
+    totalLoad += load;
+  }
+  const cap = Math.max(
+    policy.loadSlack,
+    (policy.loadFactor * (totalLoad + 1)) / Math.max(1, eligible.length),
+  );
   const ranked: CandidateRecord[] = [];
   for (const c of derived.candidates) {
     const hb = byWorker.get(c.workerId)!;
-    const bad = violatedConstraint(hb, request, c);
+    const load = loadOf.get(c.workerId)!;
+    const bad: Pick<DroppedCandidate, "reason" | "detail"> | null =
+      violatedConstraint(hb, request, c) ??
+      (load + 1 > cap
+        ? { reason: "overloaded", detail: `${load} in flight; bounded share is ${cap.toFixed(2)}` }
+        : null);
     if (bad) {
       dropped.push({ workerId: c.workerId, source: c.source, ...bad });
       continue;

@@ -99,6 +99,7 @@ export const DropReasons = [
   "pages_short",
   "stale_resident",
   "already_tried",
+  "overloaded",
 ] as const;
 export type DropReason = (typeof DropReasons)[number];
 
