@@ -1,0 +1,77 @@
+import { parseArgs } from "node:util";
+import { ConsoleError, embeddedLogPath, openTxSource } from "../../catalog/console.ts";
+import { tailLog } from "../../catalog/tail.ts";
+import { ConfigError, loadConfig } from "../../schema/config.ts";
+import { type Command, UsageError } from "../command.ts";
+
+const command: Command = {
+  summary: "print the catalog tx log decoded: continuum tail [--from N] [--json] [-f]",
+  usage: [
+    "Usage: continuum tail [--from N] [--json] [--follow] [--brokers HOST:PORT,...] [--log FILE] [--config FILE]",
+    "",
+    "  --from N      first log offset to print (default 0)",
+    "  --json        one JSON object per tx: {offset, txNo, proposalId, clientId, time, datoms}",
+    "  -f, --follow  keep printing new txs (Kafka only) until Ctrl-C",
+    "  --brokers     read topic catalog.tx from these Kafka brokers",
+    "  --log FILE    read this embedded log file (default: <dataDir>/catalog/embedded.log)",
+    "  --config FILE configuration (JSON or YAML)",
+    "",
+    "The wire format is documented in catalog/WIRE.md.",
+  ].join("\n"),
+  async run(argv) {
+    const { values } = usage(() =>
+      parseArgs({
+        args: [...argv],
+        options: {
+          from: { type: "string" },
+          json: { type: "boolean" },
+          follow: { type: "boolean", short: "f" },
+          brokers: { type: "string" },
+          log: { type: "string" },
+          config: { type: "string" },
+        },
+        strict: true,
+      }),
+    );
+    const from = values.from === undefined ? 0 : Number(values.from);
+    if (!Number.isSafeInteger(from) || from < 0)
+      throw new UsageError(`--from must be a non-negative integer, got ${values.from}`);
+    const brokers = values.brokers?.split(",").filter((b) => b !== "");
+    if (values.follow && !brokers)
+      throw new UsageError("--follow needs --brokers (the embedded log is read as a copy)");
+    try {
+      const cfg = loadConfig(values.config);
+      const source = await openTxSource({ brokers, logPath: values.log ?? embeddedLogPath(cfg), cfg });
+      const stop = new AbortController();
+      const onSigint = () => stop.abort();
+      process.once("SIGINT", onSigint);
+      try {
+        await tailLog(
+          source.log,
+          { from, follow: values.follow ?? false, json: values.json ?? false, signal: stop.signal },
+          (l) => console.log(l),
+        );
+      } finally {
+        process.off("SIGINT", onSigint);
+        await source.close();
+      }
+      return 0;
+    } catch (err) {
+      if (err instanceof ConsoleError || err instanceof ConfigError) {
+        console.error(`continuum tail: ${err.message}`);
+        return 1;
+      }
+      throw err;
+    }
+  },
+};
+/** Runs an argument parser; its errors (unknown option, missing value) become usage errors. */
+function usage<T>(parse: () => T): T {
+  try {
+    return parse();
+  } catch (err) {
+    throw new UsageError((err as Error).message);
+  }
+}
+
+export default command;
