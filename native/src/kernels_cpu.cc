@@ -214,9 +214,8 @@ void routed_append(const float* rows, const int32_t* slots, int32_t B, int32_t r
 
 // ---- attention -------------------------------------------------------------
 //
-// One work item is (row t, kv head): the G = n_heads / n_kv query heads that
-// share that kv head are computed together so each K/V row is read once per
-// item. For each head g, with L = pos + 1 keys:
+// The G = n_heads / n_kv query heads that share a kv head are computed
+// together, so each K/V row is read once per row t. For each head g, with L = pos + 1 keys:
 //   s_j = scale * (q_g · k_j)                 j = 0..L-1 ascending
 //   m   = max_j s_j
 //   p_j = exp(s_j - m),  l = sum_j p_j        (j ascending)
@@ -239,34 +238,48 @@ template <typename KeyRow>
 void attend(const AttentionShape& sh, const float* q, const int32_t* row_pos, float* out, KeyRow key_row,
             ThreadPool* pool) {
   const int32_t G = sh.n_heads / sh.n_kv;
-  const int64_t items = static_cast<int64_t>(sh.T) * sh.n_kv;
+  // Work item: (row t, a block of KB consecutive kv heads). A key's K (and V)
+  // rows for those heads are adjacent in memory, so an item streams through
+  // its keys sequentially instead of striding over the other heads. KB only
+  // groups work: each head's arithmetic is the same for any KB, so the
+  // choice (enough items to feed the threads) never changes a bit.
+  const int64_t threads = pool != nullptr ? pool->threads() : 1;
+  const int32_t blocks = static_cast<int32_t>(
+      std::min<int64_t>(sh.n_kv, std::max<int64_t>(1, (4 * threads + sh.T - 1) / std::max(1, sh.T))));
+  const int32_t KB = (sh.n_kv + blocks - 1) / blocks;
+  const int32_t per_row = (sh.n_kv + KB - 1) / KB;
+  const int64_t items = static_cast<int64_t>(sh.T) * per_row;
   parallel_for(pool, items, 1, [&](int64_t i0, int64_t i1) {
     for (int64_t item = i0; item < i1; ++item) {
-      const int32_t t = static_cast<int32_t>(item / sh.n_kv);
-      const int32_t kvh = static_cast<int32_t>(item % sh.n_kv);
+      const int32_t t = static_cast<int32_t>(item / per_row);
+      const int32_t kv0 = static_cast<int32_t>(item % per_row) * KB;
+      const int32_t kvn = std::min(KB, sh.n_kv - kv0);
+      const int32_t NH = kvn * G;  // query heads of this item, h = kv0 * G + hh
       const int32_t L = row_pos[t] + 1;
-      const float* qg = q + (static_cast<int64_t>(t) * sh.n_heads + static_cast<int64_t>(kvh) * G) * sh.head_dim;
-      float* og = out + (static_cast<int64_t>(t) * sh.n_heads + static_cast<int64_t>(kvh) * G) * sh.v_head_dim;
+      const float* qb = q + (static_cast<int64_t>(t) * sh.n_heads + static_cast<int64_t>(kv0) * G) * sh.head_dim;
+      float* ob = out + (static_cast<int64_t>(t) * sh.n_heads + static_cast<int64_t>(kv0) * G) * sh.v_head_dim;
       std::vector<float>& scores = tl_scores;
-      if (scores.size() < static_cast<size_t>(G) * L) scores.resize(static_cast<size_t>(G) * L);
+      if (scores.size() < static_cast<size_t>(NH) * L) scores.resize(static_cast<size_t>(NH) * L);
       float dots[64];
-      // Pass 1: scores, stored head-major [G, L].
+      // Pass 1: s_j = scale * (q_h . k_j), stored head-major [NH, L].
       for (int32_t j = 0; j < L; ++j) {
-        const f16* k = nullptr;
-        const f16* v = nullptr;
-        key_row(t, j, kvh, &k, &v);
-        for (int32_t g0 = 0; g0 < G; g0 += 64) {
-          const int32_t gn = std::min(64, G - g0);
-          dot_heads_f16(qg + static_cast<int64_t>(g0) * sh.head_dim, sh.head_dim, gn, k, sh.head_dim, dots);
-          for (int32_t g = 0; g < gn; ++g) scores[static_cast<size_t>(g0 + g) * L + j] = sh.scale * dots[g];
+        for (int32_t kk = 0; kk < kvn; ++kk) {
+          const f16* k = nullptr;
+          const f16* v = nullptr;
+          key_row(t, j, kv0 + kk, &k, &v);
+          for (int32_t g0 = 0; g0 < G; g0 += 64) {
+            const int32_t gn = std::min(64, G - g0);
+            dot_heads_f16(qb + static_cast<int64_t>(kk * G + g0) * sh.head_dim, sh.head_dim, gn, k, sh.head_dim, dots);
+            for (int32_t g = 0; g < gn; ++g) scores[static_cast<size_t>(kk * G + g0 + g) * L + j] = sh.scale * dots[g];
+          }
         }
       }
       // Pass 2: per head, the max, then p_j = exp(s_j - m) in place and
       // l = sum_j p_j, j ascending.
       std::vector<float>& sums = tl_sums;
-      if (sums.size() < static_cast<size_t>(G)) sums.resize(static_cast<size_t>(G));
-      for (int32_t g = 0; g < G; ++g) {
-        float* s = scores.data() + static_cast<size_t>(g) * L;
+      if (sums.size() < static_cast<size_t>(NH)) sums.resize(static_cast<size_t>(NH));
+      for (int32_t hh = 0; hh < NH; ++hh) {
+        float* s = scores.data() + static_cast<size_t>(hh) * L;
         float m = s[0];
         for (int32_t j = 1; j < L; ++j) m = std::max(m, s[j]);
         float l = 0.0f;
@@ -274,22 +287,26 @@ void attend(const AttentionShape& sh, const float* q, const int32_t* row_pos, fl
           s[j] = std::exp(s[j] - m);
           l += s[j];
         }
-        sums[static_cast<size_t>(g)] = l;
-        float* o = og + static_cast<int64_t>(g) * sh.v_head_dim;
+        sums[static_cast<size_t>(hh)] = l;
+        float* o = ob + static_cast<int64_t>(hh) * sh.v_head_dim;
         std::fill(o, o + sh.v_head_dim, 0.0f);
       }
-      // Pass 3: o_g += p_j v_j, j ascending, every head of the group per V row.
+      // Pass 3: o_h += p_j v_j, j ascending, every head of the item per V row.
       for (int32_t j = 0; j < L; ++j) {
-        const f16* k = nullptr;
-        const f16* v = nullptr;
-        key_row(t, j, kvh, &k, &v);
-        for (int32_t g = 0; g < G; ++g)
-          axpy_f16(scores[static_cast<size_t>(g) * L + j], v, og + static_cast<int64_t>(g) * sh.v_head_dim,
-                   sh.v_head_dim);
+        for (int32_t kk = 0; kk < kvn; ++kk) {
+          const f16* k = nullptr;
+          const f16* v = nullptr;
+          key_row(t, j, kv0 + kk, &k, &v);
+          for (int32_t g = 0; g < G; ++g) {
+            const int32_t hh = kk * G + g;
+            axpy_f16(scores[static_cast<size_t>(hh) * L + j], v, ob + static_cast<int64_t>(hh) * sh.v_head_dim,
+                     sh.v_head_dim);
+          }
+        }
       }
-      for (int32_t g = 0; g < G; ++g) {
-        const float inv = 1.0f / sums[static_cast<size_t>(g)];
-        float* o = og + static_cast<int64_t>(g) * sh.v_head_dim;
+      for (int32_t hh = 0; hh < NH; ++hh) {
+        const float inv = 1.0f / sums[static_cast<size_t>(hh)];
+        float* o = ob + static_cast<int64_t>(hh) * sh.v_head_dim;
         for (int32_t d = 0; d < sh.v_head_dim; ++d) o[d] *= inv;
       }
     }

@@ -144,7 +144,7 @@ describe("engine forward", () => {
     const a = [1, 2, 3, 4, 5, 6];
     const b = [30, 12, 44, 8, 19, 60];
     const whole = await e.step(batch(prefillRows(0, toks), [a], [20]));
-    let last = new Float32Array();
+    let last: Float32Array = new Float32Array();
     for (const [from, to] of [
       [0, 7],
       [7, 8],
