@@ -20,6 +20,12 @@ export interface ResidencyInputs {
   readonly policies: ReadonlyMap<ContinuationId, RoutePolicy>;
   /** Routes the scheduler is about to use this iteration; never evicted. */
   readonly protected: ReadonlySet<ContinuationId>;
+  /**
+   * Routes that may be evicted although not durable: prefix caches of
+   * finished requests, which nobody is waiting on and which can be recomputed
+   * from their tokens. A live continuation's route is never in this set.
+   */
+  readonly recomputable?: ReadonlySet<ContinuationId>;
 }
 
 export type Ineligible =
@@ -87,7 +93,7 @@ export function ineligibility(r: RouteSnapshot, inputs: ResidencyInputs): Inelig
   if (r.loading) return "loading";
   if (r.pinned) return "pinned";
   if (r.leased) return "leased";
-  if (!r.durable) return "not-durable";
+  if (!r.durable && !inputs.recomputable?.has(r.id)) return "not-durable";
   return null;
 }
 

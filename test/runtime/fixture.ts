@@ -1,0 +1,60 @@
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import type { Engine } from "../../native/index.ts";
+import { silentLogger } from "../../schema/log.ts";
+import { generateModel } from "../../worker/model/generate.ts";
+import { type LoadedModel, loadModelDir } from "../../worker/model/model-dir.ts";
+import { loadEngine } from "../../worker/runtime/engine-load.ts";
+import { type RuntimeOptions, WorkerRuntime } from "../../worker/runtime/runtime.ts";
+
+/** The tiny generated model, loaded once per test file. */
+export async function tinyModel(): Promise<{ model: LoadedModel; cleanup: () => Promise<void> }> {
+  const dir = await mkdtemp(join(tmpdir(), "continuum-tiny-"));
+  await generateModel({ preset: "tiny", out: dir, seed: 7 });
+  const model = await loadModelDir(dir, { variant: "cpu-f32acc/v1" });
+  return { model, cleanup: () => rm(dir, { recursive: true, force: true }) };
+}
+
+export interface RuntimeFixture {
+  readonly runtime: WorkerRuntime;
+  readonly engine: Engine;
+  close(): Promise<void>;
+}
+
+export async function startRuntime(
+  model: LoadedModel,
+  overrides: Partial<RuntimeOptions> = {},
+): Promise<RuntimeFixture> {
+  const opts: RuntimeOptions = {
+    fingerprint: model.fingerprint,
+    vocab: model.config.spec.vocab,
+    maxContext: model.config.spec.maxPosition,
+    pageTokens: 16,
+    physicalPages: 512,
+    maxBatchTokens: 256,
+    maxBatchSeqs: 64,
+    minPrefillTokens: 32,
+    prefillTile: 64,
+    maxQueued: 256,
+    costs: {
+      prefillPerTokenMs: 0.1,
+      firstTokenMs: 1,
+      decodeStepMs: 1,
+      restorePerByteMs: { ram: 1e-6, ssd: 1e-5, peer: 1e-5, s3: 1e-4 },
+    },
+    logger: silentLogger,
+    ...overrides,
+  };
+  const engine = await loadEngine(model, opts, 2);
+  const runtime = new WorkerRuntime(engine, opts);
+  runtime.start();
+  return {
+    runtime,
+    engine,
+    async close() {
+      await runtime.stop();
+      engine.free();
+    },
+  };
+}

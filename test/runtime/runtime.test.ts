@@ -1,0 +1,186 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { RequestId } from "../../schema/ids.ts";
+import type { LoadedModel } from "../../worker/model/model-dir.ts";
+import type { SubmitRequest, WorkerRuntime } from "../../worker/runtime/runtime.ts";
+import type { RuntimeEvent } from "../../worker/runtime/sequence.ts";
+import { type RuntimeFixture, startRuntime, tinyModel } from "./fixture.ts";
+
+let model: LoadedModel;
+let cleanup: () => Promise<void>;
+
+beforeAll(async () => {
+  ({ model, cleanup } = await tinyModel());
+});
+afterAll(async () => {
+  await cleanup();
+});
+
+function request(
+  id: string,
+  prompt: number[],
+  maxTokens: number,
+  extra: Partial<SubmitRequest> = {},
+): SubmitRequest {
+  return {
+    requestId: RequestId(id),
+    salt: undefined,
+    prompt,
+    maxTokens,
+    temperature: 0,
+    topP: 1,
+    topK: 0,
+    seed: 1,
+    stopTokenIds: [],
+    ...extra,
+  };
+}
+
+async function collect(
+  events: AsyncIterable<RuntimeEvent>,
+): Promise<{ tokens: number[]; end: RuntimeEvent }> {
+  const tokens: number[] = [];
+  for await (const ev of events) {
+    if (ev.type === "token") tokens.push(ev.token);
+    else return { tokens, end: ev };
+  }
+  throw new Error("stream ended without an end event");
+}
+
+async function run(rt: WorkerRuntime, req: SubmitRequest) {
+  return collect(rt.submit(req).events);
+}
+
+/** A deterministic pseudo-random prompt over the tiny vocabulary. */
+function prompt(seed: number, length: number): number[] {
+  let x = seed * 2654435761;
+  return Array.from({ length }, () => {
+    x = (x * 1103515245 + 12345) >>> 0;
+    return 5 + (x % 500);
+  });
+}
+
+function expectNoLeak(f: RuntimeFixture) {
+  const snap = f.runtime.pages.snapshot();
+  expect(snap.reservedPages).toBe(0);
+  expect(snap.routes.every((r) => r.id.startsWith("cache:"))).toBe(true);
+  f.runtime.pages.checkInvariants();
+}
+
+describe("worker runtime (tiny model, real engine)", () => {
+  it("64 concurrent requests with shared prefixes produce exactly the tokens each produces alone", async () => {
+    const shared = [prompt(1, 40), prompt(2, 70), prompt(3, 23)];
+    const reqs = Array.from({ length: 64 }, (_, i) => {
+      const p = [...shared[i % 3]!, ...prompt(100 + i, 3 + (i % 11))];
+      const sampled = i % 4 === 0;
+      return request(`r${i}`, p, 4 + (i % 9), sampled ? { temperature: 0.8, topK: 40, seed: i } : {});
+    });
+    const alone = await startRuntime(model);
+    const expected: number[][] = [];
+    for (const r of reqs) {
+      // A fresh id each time, so nothing about the run depends on being first.
+      const out = await run(alone.runtime, { ...r, requestId: RequestId(`${r.requestId}-alone`) });
+      expect(out.end).toMatchObject({ type: "end", reason: "length" });
+      expected.push(out.tokens);
+    }
+    await alone.close();
+
+    const together = await startRuntime(model);
+    const results = await Promise.all(reqs.map((r) => run(together.runtime, r)));
+    for (let i = 0; i < reqs.length; i++) {
+      expect(results[i]!.end).toMatchObject({ type: "end", reason: "length" });
+      expect(results[i]!.tokens, `request ${i}`).toEqual(expected[i]);
+    }
+    expectNoLeak(together);
+    await together.close();
+  });
+
+  it("a second request reuses the first one's prefix pages and yields the same tokens", async () => {
+    const f = await startRuntime(model);
+    const p = prompt(9, 100);
+    const a = await run(f.runtime, request("a", p, 6));
+    const b = await run(f.runtime, request("b", p, 6));
+    expect(a.end).toMatchObject({ type: "end", cachedTokens: 0 });
+    // The prompt's processed rows are 99; six full pages of 16 are shared.
+    expect(b.end).toMatchObject({ cachedTokens: 96 });
+    expect(b.tokens).toEqual(a.tokens);
+    const salted = await run(f.runtime, request("c", p, 6, { salt: "tenant-x" }));
+    expect(salted.end).toMatchObject({ cachedTokens: 0 });
+    expect(salted.tokens).toEqual(a.tokens);
+    expectNoLeak(f);
+    await f.close();
+  });
+
+  it("preempted and resumed requests produce the same tokens as uninterrupted ones", async () => {
+    const low = Array.from({ length: 3 }, (_, i) =>
+      request(`low${i}`, prompt(50 + i, 60), 40, { priority: 0 }),
+    );
+    const high = Array.from({ length: 3 }, (_, i) =>
+      request(`high${i}`, prompt(60 + i, 60), 40, { priority: 1 }),
+    );
+    const big = await startRuntime(model);
+    const expected = new Map<string, number[]>();
+    for (const r of [...low, ...high]) expected.set(r.requestId, (await run(big.runtime, r)).tokens);
+    await big.close();
+
+    // 26 pages of 16 rows: room for three of these 100-row requests at once.
+    const small = await startRuntime(model, { physicalPages: 26 });
+    const lowGens = low.map((r) => small.runtime.submit(r));
+    // Let every low-priority request start decoding, then bring the higher ones.
+    const iters = lowGens.map((g) => g.events[Symbol.asyncIterator]());
+    const firsts = await Promise.all(iters.map((it) => it.next()));
+    const highResults = Promise.all(high.map((r) => run(small.runtime, r)));
+    const lowResults = await Promise.all(
+      iters.map(async (it, i) => {
+        const rest = await collect({ [Symbol.asyncIterator]: () => it });
+        return [(firsts[i]!.value as { token: number }).token, ...rest.tokens];
+      }),
+    );
+    const highTokens = (await highResults).map((r) => r.tokens);
+    expect(small.runtime.stats().preemptions).toBeGreaterThan(0);
+    low.forEach((r, i) => expect(lowResults[i], r.requestId).toEqual(expected.get(r.requestId)));
+    high.forEach((r, i) => expect(highTokens[i], r.requestId).toEqual(expected.get(r.requestId)));
+    expectNoLeak(small);
+    await small.close();
+  });
+
+  it("cancel mid-prefill and mid-decode leaves no reserved page behind", async () => {
+    const f = await startRuntime(model, { prefillTile: 16, maxBatchTokens: 32 });
+    const long = f.runtime.submit(request("long", prompt(77, 600), 50));
+    const decoding = f.runtime.submit(request("dec", prompt(78, 20), 500));
+    const it = decoding.events[Symbol.asyncIterator]();
+    const first = await it.next();
+    expect(first.value).toMatchObject({ type: "token" });
+    long.cancel();
+    decoding.cancel();
+    const longEnd = await collect(long.events);
+    expect(longEnd.end).toMatchObject({ type: "end", reason: "cancelled" });
+    expect(longEnd.tokens.length).toBeLessThan(50);
+    let last = await it.next();
+    let n = 0;
+    while (!last.done && (last.value as RuntimeEvent).type === "token") {
+      n++;
+      last = await it.next();
+    }
+    expect(last.value).toMatchObject({ type: "end", reason: "cancelled" });
+    expect(n).toBeLessThan(500);
+    // A request after the cancels still runs, and nothing stays reserved.
+    await run(f.runtime, request("after", prompt(79, 10), 3));
+    expectNoLeak(f);
+    await f.close();
+  });
+
+  it("refuses bad requests with a clear error and queues nothing", async () => {
+    const f = await startRuntime(model, { physicalPages: 8 });
+    expect(() => f.runtime.submit(request("e1", [], 4))).toThrow(/empty/);
+    expect(() => f.runtime.submit(request("e2", [1, 99999], 4))).toThrow(/outside the vocabulary/);
+    expect(() => f.runtime.submit(request("e3", prompt(1, 10), 4000))).toThrow(/exceeds the context|pages/);
+    expect(() => f.runtime.submit(request("e4", prompt(1, 200), 4))).toThrow(
+      /needs 14 pages; the pool has 8/,
+    );
+    expect(() => f.runtime.submit(request("e5", prompt(1, 10), 4, { temperature: -1 }))).toThrow(
+      /temperature/,
+    );
+    expect(f.runtime.stats().waiting + f.runtime.stats().running).toBe(0);
+    await f.close();
+  });
+});

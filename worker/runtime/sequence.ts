@@ -1,0 +1,65 @@
+import { ContinuationId, type RequestId } from "../../schema/ids.ts";
+import type { SamplerState } from "../model/sampling.ts";
+import type { PreemptDisposition } from "../scheduler/request.ts";
+import type { EventChannel } from "./event-channel.ts";
+import { PageHashChain } from "./page-hashes.ts";
+
+/** What a request's consumer receives: its tokens in order, then exactly one end or error. */
+export type RuntimeEvent =
+  | { readonly type: "token"; readonly token: number }
+  | {
+      readonly type: "end";
+      readonly reason: "stop" | "length" | "cancelled";
+      /** Prompt tokens whose attention state was reused instead of computed. */
+      readonly cachedTokens: number;
+    }
+  | { readonly type: "error"; readonly message: string };
+
+/**
+ * One continuation the runtime keeps alive: its token history, how much of it
+ * is in the KV cache, its sampler and its consumer. Mutable, owned by the
+ * runtime loop alone.
+ *
+ * Invariant while admitted: rows [0, processed) are in the route's pages and
+ * tokens[tokens.length − 1] is the pending token, so processed ≤
+ * tokens.length − 1, with equality exactly when the next step is a decode.
+ */
+export class Sequence {
+  readonly route: ContinuationId;
+  readonly chain: PageHashChain;
+  processed = 0;
+  state: "waiting" | "running" = "waiting";
+  preempted: PreemptDisposition | null = null;
+  cancelled = false;
+  /** Prompt tokens served from resident pages at first admission. */
+  cachedTokens = -1;
+  /** performance.now() at submission and at first admission (queue delay = the difference). */
+  readonly submittedAt: number;
+  admittedAt = 0;
+
+  constructor(
+    readonly id: RequestId,
+    readonly tokens: number[],
+    readonly promptLength: number,
+    public sampler: SamplerState,
+    readonly priority: number,
+    readonly arrival: number,
+    readonly events: EventChannel<RuntimeEvent>,
+    pageTokens: number,
+    salt: string | undefined,
+    now: number,
+  ) {
+    this.route = ContinuationId(`r:${id}`);
+    this.chain = new PageHashChain(pageTokens, salt);
+    this.submittedAt = now;
+  }
+
+  get generated(): number {
+    return this.tokens.length - this.promptLength;
+  }
+
+  /** Rows this continuation can ever hold: prompt plus every token it may still generate. */
+  get totalRows(): number {
+    return this.tokens.length + (this.sampler.params.maxTokens - this.sampler.generated);
+  }
+}
