@@ -408,11 +408,16 @@ export function simulate(opts: SimOptions): SimSummary {
     workers.every((w) => !w.alive || w.quiescent());
 
   // ---- schedule the world
-  for (const req of workload.requests) agenda.push(req.arrivalMs, { k: "arrive", req });
+  // Traffic starts after every worker's first heartbeat could have arrived.
+  const warmupMs = 2 * opts.heartbeatMs;
+  for (const r of workload.requests) {
+    const req = { ...r, arrivalMs: r.arrivalMs + warmupMs };
+    agenda.push(req.arrivalMs, { k: "arrive", req });
+  }
   for (let w = 0; w < workers.length; w++)
     agenda.push(faultRng.float() * opts.heartbeatMs, { k: "heartbeat", w });
   agenda.push(opts.tickMs, { k: "tick" });
-  const horizon = workload.requests.at(-1)?.arrivalMs ?? 0;
+  const horizon = (workload.requests.at(-1)?.arrivalMs ?? 0) + warmupMs;
   if (opts.faults.has("crash")) {
     const n = faultRng.int(1, Math.max(1, Math.floor(opts.workers / 2)));
     for (let i = 0; i < n; i++) {
