@@ -1,5 +1,7 @@
 #include "async_queue.h"
 
+#include "thread_pool.h"
+
 namespace ck {
 
 namespace {
@@ -10,10 +12,13 @@ struct Delivery {
 };
 }  // namespace
 
-AsyncQueue::AsyncQueue(Napi::Env env, const char* name, size_t capacity) : capacity_(capacity) {
+AsyncQueue::AsyncQueue(Napi::Env env, const char* name, size_t capacity, bool background) : capacity_(capacity) {
   tsfn_ = Napi::ThreadSafeFunction::New(env, Napi::Function::New(env, [](const Napi::CallbackInfo&) {}), name, 0, 1);
   tsfn_.Unref(env);
-  thread_ = std::thread([this] { loop(); });
+  thread_ = std::thread([this, background] {
+    if (background) lower_thread_priority();
+    loop();
+  });
 }
 
 AsyncQueue::~AsyncQueue() { close_and_join(); }

@@ -63,7 +63,8 @@ class Job {
 
 class AsyncQueue {
  public:
-  AsyncQueue(Napi::Env env, const char* name, size_t capacity);
+  // background: the queue's thread runs at lower priority (lower_thread_priority).
+  AsyncQueue(Napi::Env env, const char* name, size_t capacity, bool background);
   ~AsyncQueue();
   AsyncQueue(const AsyncQueue&) = delete;
   AsyncQueue& operator=(const AsyncQueue&) = delete;

@@ -196,8 +196,8 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
     const int32_t threads = info[2].IsNumber() ? info[2].As<Napi::Number>().Int32Value() : default_threads();
     need(env, threads >= 1 && threads <= 1024, "threads must be in [1, 1024]");
     engine_ = std::make_unique<Engine>(m, std::vector<float>(inv.Data(), inv.Data() + inv.ElementLength()), threads);
-    compute_ = std::make_unique<AsyncQueue>(env, "continuum-compute", kQueueCapacity);
-    transfer_ = std::make_unique<AsyncQueue>(env, "continuum-transfer", kQueueCapacity);
+    compute_ = std::make_unique<AsyncQueue>(env, "continuum-compute", kQueueCapacity, /*background=*/true);
+    transfer_ = std::make_unique<AsyncQueue>(env, "continuum-transfer", kQueueCapacity, /*background=*/false);
   }
 
   ~EngineWrap() override { release(); }

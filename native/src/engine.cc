@@ -22,7 +22,7 @@ F16Buffer F16Buffer::zeroed(int64_t elems) {
 }
 
 Engine::Engine(const ModelSpec& spec, std::vector<float> inv_freq, int32_t threads)
-    : spec_(spec), inv_freq_(std::move(inv_freq)), pool_(threads), layers_(static_cast<size_t>(spec.n_layers)) {}
+    : spec_(spec), inv_freq_(std::move(inv_freq)), pool_(threads, /*background=*/true), layers_(static_cast<size_t>(spec.n_layers)) {}
 
 std::vector<TensorSlot> Engine::tensor_slots() const {
   const int64_t H = spec_.hidden, F = spec_.ffn, V = spec_.vocab;

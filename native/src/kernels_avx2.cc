@@ -166,6 +166,30 @@ CK_AVX2 void axpy_f16(float p, const f16* v, float* acc, int32_t n) {
   for (int32_t i = n8; i < n; ++i) acc[i] = fma1(p, f16_to_f32(v[i]), acc[i]);
 }
 
+CK_AVX2 void axpy4_f16(const float* p, const f16* v, float* acc, int64_t acc_stride, int32_t n) {
+  const __m256 p0 = _mm256_set1_ps(p[0]), p1 = _mm256_set1_ps(p[1]), p2 = _mm256_set1_ps(p[2]),
+               p3 = _mm256_set1_ps(p[3]);
+  float* a0 = acc;
+  float* a1 = acc + acc_stride;
+  float* a2 = acc + 2 * acc_stride;
+  float* a3 = acc + 3 * acc_stride;
+  const int32_t n8 = n & ~7;
+  for (int32_t i = 0; i < n8; i += 8) {
+    const __m256 vv = load_f16x8(v + i);
+    _mm256_storeu_ps(a0 + i, _mm256_fmadd_ps(p0, vv, _mm256_loadu_ps(a0 + i)));
+    _mm256_storeu_ps(a1 + i, _mm256_fmadd_ps(p1, vv, _mm256_loadu_ps(a1 + i)));
+    _mm256_storeu_ps(a2 + i, _mm256_fmadd_ps(p2, vv, _mm256_loadu_ps(a2 + i)));
+    _mm256_storeu_ps(a3 + i, _mm256_fmadd_ps(p3, vv, _mm256_loadu_ps(a3 + i)));
+  }
+  for (int32_t i = n8; i < n; ++i) {
+    const float vf = f16_to_f32(v[i]);
+    a0[i] = fma1(p[0], vf, a0[i]);
+    a1[i] = fma1(p[1], vf, a1[i]);
+    a2[i] = fma1(p[2], vf, a2[i]);
+    a3[i] = fma1(p[3], vf, a3[i]);
+  }
+}
+
 CK_AVX2 void f32_to_f16_row(const float* x, f16* y, int32_t n) {
   // VCVTPS2PH with round-to-nearest-even: the same bits as ck::f32_to_f16
   // (subnormals kept, overflow to inf, NaN quieted with its payload's top bits).

@@ -179,6 +179,21 @@ inline void axpy_f16(float p, const f16* v, float* acc, int32_t n) {
   generic::axpy_f16(p, v, acc, n);
 }
 
+// acc[g * acc_stride + i] += p[g * p_stride] * v[i] for g < G.
+inline void axpy_heads_f16(const float* p, int64_t p_stride, int32_t G, const f16* v, float* acc,
+                           int64_t acc_stride, int32_t n) {
+  int32_t g = 0;
+#ifdef CK_HAVE_AVX2_PATH
+  if (g_isa == Isa::Avx2) {
+    for (; g + 4 <= G; g += 4) {
+      const float pg[4] = {p[g * p_stride], p[(g + 1) * p_stride], p[(g + 2) * p_stride], p[(g + 3) * p_stride]};
+      avx2::axpy4_f16(pg, v, acc + g * acc_stride, acc_stride, n);
+    }
+  }
+#endif
+  for (; g < G; ++g) axpy_f16(p[g * p_stride], v, acc + g * acc_stride, n);
+}
+
 inline void f32_to_f16_row(const float* x, f16* y, int32_t n) {
 #ifdef CK_HAVE_AVX2_PATH
   if (g_isa == Isa::Avx2) return avx2::f32_to_f16_row(x, y, n);
@@ -297,11 +312,8 @@ void attend(const AttentionShape& sh, const float* q, const int32_t* row_pos, fl
           const f16* k = nullptr;
           const f16* v = nullptr;
           key_row(t, j, kv0 + kk, &k, &v);
-          for (int32_t g = 0; g < G; ++g) {
-            const int32_t hh = kk * G + g;
-            axpy_f16(scores[static_cast<size_t>(hh) * L + j], v, ob + static_cast<int64_t>(hh) * sh.v_head_dim,
-                     sh.v_head_dim);
-          }
+          axpy_heads_f16(scores.data() + static_cast<size_t>(kk * G) * L + j, L, G, v,
+                         ob + static_cast<int64_t>(kk * G) * sh.v_head_dim, sh.v_head_dim, sh.v_head_dim);
         }
       }
       for (int32_t hh = 0; hh < NH; ++hh) {

@@ -2,12 +2,29 @@
 
 #include <algorithm>
 
+#if defined(__linux__)
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 namespace ck {
 
-ThreadPool::ThreadPool(int32_t threads) {
+void lower_thread_priority() {
+#if defined(__linux__)
+  const auto tid = static_cast<id_t>(syscall(SYS_gettid));
+  setpriority(PRIO_PROCESS, tid, getpriority(PRIO_PROCESS, tid) + 5);
+#endif
+}
+
+ThreadPool::ThreadPool(int32_t threads, bool background) {
   const int32_t n = std::max<int32_t>(1, threads);
   workers_.reserve(static_cast<size_t>(n - 1));
-  for (int32_t i = 0; i + 1 < n; ++i) workers_.emplace_back([this] { worker_loop(); });
+  for (int32_t i = 0; i + 1 < n; ++i)
+    workers_.emplace_back([this, background] {
+      if (background) lower_thread_priority();
+      worker_loop();
+    });
 }
 
 ThreadPool::~ThreadPool() {

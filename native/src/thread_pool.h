@@ -18,7 +18,9 @@ namespace ck {
 class ThreadPool {
  public:
   // threads >= 1 counts the caller: threads - 1 workers are started.
-  explicit ThreadPool(int32_t threads);
+  // background: workers run at a lower scheduling priority (see
+  // lower_thread_priority) so they never starve the JavaScript thread.
+  explicit ThreadPool(int32_t threads, bool background = false);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -46,6 +48,11 @@ class ThreadPool {
   uint64_t generation_ = 0;   // bumps once per parallel_for, wakes workers
   bool stop_ = false;
 };
+
+// Lowers the calling thread's priority (Linux: nice +5 for this thread only;
+// elsewhere a no-op). Compute threads use it so the event loop, heartbeats and
+// HTTP keep answering while a long prefill holds every core.
+void lower_thread_priority();
 
 // Runs over the pool when there is one, else inline on the caller.
 void parallel_for(ThreadPool* pool, int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
