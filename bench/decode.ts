@@ -1,0 +1,155 @@
+import { join } from "node:path";
+import { defaultThreads, type Engine, features, kernels } from "../native/index.ts";
+import type { Decoder } from "../worker/model/decoder.ts";
+import { ContiguousDecoder } from "../worker/model/decoder-contiguous.ts";
+import { PageAllocator, PagedDecoder } from "../worker/model/decoder-paged.ts";
+import { openEngine } from "../worker/model/engine.ts";
+import { generateModel } from "../worker/model/generate.ts";
+import { type LoadedModel, loadModelDir } from "../worker/model/model-dir.ts";
+import { Rng, seedRng } from "../worker/model/prng.ts";
+import { type Bench, round } from "./contract.ts";
+
+/**
+ * Decode throughput of the `small` preset (12 layers, hidden 768, bf16),
+ * paged and contiguous side by side, at batch 1, 4 and 16: prefill tokens/s
+ * (one step of batch × prompt rows) and decode tokens/s (steps of one token
+ * per sequence). Memory bandwidth is measured in the same run (a
+ * multi-threaded memcpy, counting bytes read plus written) and compared with
+ * what batch-1 decode implies: weight bytes read per token × tokens/s.
+ *
+ * The model is generated once under .continuum/models/small (seed 0) and
+ * reused.
+ */
+const MODEL_DIR = join(process.env.CONTINUUM_DATA_DIR ?? ".continuum", "models", "small");
+const PAGE = 16;
+const BATCHES = [1, 4, 16] as const;
+
+async function smallModel(log: (l: string) => void): Promise<LoadedModel> {
+  try {
+    return await loadModelDir(MODEL_DIR, { variant: "bench" });
+  } catch {
+    log(`generating the small preset into ${MODEL_DIR} (once)`);
+    await generateModel({ preset: "small", out: MODEL_DIR, seed: 0, force: true });
+    return loadModelDir(MODEL_DIR, { variant: "bench" });
+  }
+}
+
+/** Best-of-n copy bandwidth in GB/s (read + write bytes). */
+function memcpyGbPerS(bytes: number, reps: number): number {
+  const src = new Uint8Array(bytes).fill(1);
+  const dst = new Uint8Array(bytes);
+  kernels.memcpy(dst, src); // touch the pages first
+  let best = Number.POSITIVE_INFINITY;
+  for (let i = 0; i < reps; i++) {
+    const t0 = performance.now();
+    kernels.memcpy(dst, src);
+    best = Math.min(best, performance.now() - t0);
+  }
+  return (2 * bytes) / (best / 1000) / 1e9;
+}
+
+interface Run {
+  prefillTokPerS: number;
+  decodeTokPerS: number;
+}
+
+async function measure(
+  d: Decoder,
+  batch: number,
+  promptLen: number,
+  steps: number,
+  vocab: number,
+): Promise<Run> {
+  const rng = new Rng(seedRng(1, "bench-prompts"));
+  const seqs = Array.from({ length: batch }, () => d.open());
+  try {
+    const prompts = seqs.map(() => Array.from({ length: promptLen }, () => rng.nextU32() % vocab));
+    let t0 = performance.now();
+    await d.step(seqs.map((seq, i) => ({ seq, tokens: prompts[i]! })));
+    const prefillMs = performance.now() - t0;
+    await d.step(seqs.map((seq) => ({ seq, tokens: [1] }))); // warm the decode path
+    t0 = performance.now();
+    for (let s = 0; s < steps; s++) await d.step(seqs.map((seq) => ({ seq, tokens: [(s * 7 + 3) % vocab] })));
+    const decodeMs = performance.now() - t0;
+    return {
+      prefillTokPerS: (batch * promptLen) / (prefillMs / 1000),
+      decodeTokPerS: (batch * steps) / (decodeMs / 1000),
+    };
+  } finally {
+    for (const s of seqs) d.close(s);
+  }
+}
+
+const bench: Bench = {
+  summary: "prefill/decode tokens/s, paged vs contiguous, batch 1/4/16, vs measured memory bandwidth",
+  async run({ quick, log }) {
+    const promptLen = quick ? 16 : 128;
+    const steps = quick ? 4 : 32;
+    const model = await smallModel(log);
+    const spec = model.config.spec;
+    // Bytes one decode token streams from weights: every matrix once, the embedding only one row.
+    let weightBytes = 0;
+    for (const [name, t] of model.weights.tensors)
+      weightBytes += name === "model.embed_tokens.weight" && !spec.tiedEmbeddings ? 0 : t.data.byteLength;
+    const bwGbPerS = memcpyGbPerS(quick ? 128 * 2 ** 20 : 512 * 2 ** 20, quick ? 3 : 5);
+    log(`memcpy bandwidth ${round(bwGbPerS)} GB/s; weight bytes per token ${weightBytes}`);
+
+    const ctx = promptLen + steps + 2;
+    const engines: Engine[] = [];
+    const figures: Record<string, number> = {
+      memcpy_gb_per_s: round(bwGbPerS),
+      weight_bytes_per_token: weightBytes,
+    };
+    try {
+      const ce = await openEngine(spec, model.weights);
+      engines.push(ce);
+      const pe = await openEngine(spec, model.weights);
+      engines.push(pe);
+      const decoders: Record<string, Decoder> = {
+        contiguous: new ContiguousDecoder(ce, 16, ctx),
+        paged: new PagedDecoder(pe, new PageAllocator(16 * Math.ceil(ctx / PAGE)), PAGE, 16),
+      };
+      for (const batch of BATCHES) {
+        for (const [kind, d] of Object.entries(decoders)) {
+          const r = await measure(d, batch, promptLen, steps, spec.vocab);
+          figures[`${kind}_b${batch}_prefill_tok_per_s`] = round(r.prefillTokPerS);
+          figures[`${kind}_b${batch}_decode_tok_per_s`] = round(r.decodeTokPerS);
+          log(
+            `${kind} batch ${batch}: prefill ${round(r.prefillTokPerS)} tok/s, decode ${round(r.decodeTokPerS)} tok/s`,
+          );
+        }
+      }
+    } finally {
+      for (const e of engines) e.free();
+    }
+    const f = (k: string) => figures[k]!;
+    const b1Bw = (weightBytes * f("paged_b1_decode_tok_per_s")) / 1e9;
+    figures.paged_b1_decode_weight_gb_per_s = round(b1Bw);
+    return {
+      figures,
+      ratios: {
+        paged_over_contiguous_decode_b1: round(
+          f("paged_b1_decode_tok_per_s") / f("contiguous_b1_decode_tok_per_s"),
+        ),
+        paged_over_contiguous_decode_b16: round(
+          f("paged_b16_decode_tok_per_s") / f("contiguous_b16_decode_tok_per_s"),
+        ),
+        paged_over_contiguous_prefill_b16: round(
+          f("paged_b16_prefill_tok_per_s") / f("contiguous_b16_prefill_tok_per_s"),
+        ),
+        paged_b16_over_b1_decode: round(f("paged_b16_decode_tok_per_s") / f("paged_b1_decode_tok_per_s")),
+        paged_b1_decode_over_memcpy_bandwidth: round(b1Bw / bwGbPerS),
+      },
+      env: {
+        model: "small preset (seed 0)",
+        params_bytes: weightBytes,
+        prompt_tokens: promptLen,
+        decode_steps: steps,
+        page_tokens: PAGE,
+        threads: defaultThreads,
+        cpu_features: features,
+      },
+    };
+  },
+};
+export default bench;
