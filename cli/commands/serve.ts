@@ -1,0 +1,93 @@
+import { Effect } from "effect";
+import { ApiServer } from "../../controller/api/server.ts";
+import { createLogger } from "../../schema/log.ts";
+import { loadEngine } from "../../worker/runtime/engine-load.ts";
+import { WorkerRuntime } from "../../worker/runtime/runtime.ts";
+import { type Command, UsageError } from "../command.ts";
+import { ensureModel } from "../embedded/model.ts";
+import { EmbeddedService } from "../embedded/service.ts";
+import { parseRoleArgs } from "../options.ts";
+import { resource, runScoped } from "../run-scoped.ts";
+
+const usage = [
+  "Usage: continuum serve [--config FILE] [--port N] [--host H]",
+  "",
+  "The embedded default: the whole system in one process — the OpenAI-compatible HTTP",
+  "API, one worker runtime on the native CPU engine, and the model (model.dir, or the",
+  "generated `model.preset` under store.dataDir, written on first start).",
+  "Listens on 127.0.0.1:8080 unless PORT, --port or controller.httpPort say otherwise.",
+  "Ctrl-C stops it cleanly.",
+].join("\n");
+
+const command: Command = {
+  summary: "run the embedded default (HTTP API + one worker in one process); `npm start`",
+  usage,
+  async run(argv) {
+    const { config, values } = parseRoleArgs(argv, { port: { type: "string" }, host: { type: "string" } });
+    if (values.port !== undefined) {
+      const port = Number(values.port);
+      if (!Number.isInteger(port) || port < 0 || port > 65535)
+        throw new UsageError(`--port must be 0..65535, got ${values.port}`);
+      config.controller.httpPort = port;
+    }
+    if (typeof values.host === "string") config.controller.host = values.host;
+    const log = createLogger({ fields: { role: "embedded" } });
+    return runScoped(
+      Effect.gen(function* () {
+        const { model, id } = yield* Effect.promise(() => ensureModel(config, log));
+        const engine = yield* resource(
+          () => loadEngine(model, config.pages, config.worker.threads || undefined),
+          (e) => e.free(),
+        );
+        const runtime = yield* resource(
+          () => {
+            const rt = new WorkerRuntime(engine, {
+              fingerprint: model.fingerprint,
+              vocab: model.config.spec.vocab,
+              maxContext: model.config.spec.maxPosition,
+              pageTokens: config.pages.pageTokens,
+              physicalPages: config.pages.physicalPages,
+              maxBatchTokens: config.scheduler.maxBatchTokens,
+              maxBatchSeqs: config.scheduler.maxBatchSeqs,
+              minPrefillTokens: config.scheduler.minPrefillTokens,
+              prefillTile: config.scheduler.prefillTile,
+              maxQueued: 4 * config.scheduler.maxBatchSeqs,
+              costs: {
+                prefillPerTokenMs: 0.5,
+                firstTokenMs: 5,
+                decodeStepMs: 5,
+                restorePerByteMs: { ram: 1e-6, ssd: 1e-5, peer: 2e-5, s3: 1e-4 },
+              },
+              logger: log,
+            });
+            rt.start();
+            return rt;
+          },
+          (rt) => rt.stop(),
+        );
+        const service = new EmbeddedService(runtime, model, id);
+        const server = new ApiServer(service, {
+          host: config.controller.host,
+          port: config.controller.httpPort,
+          tokens: config.auth.tokens,
+          log: ({ event, ...fields }) => log.log("info", String(event), fields),
+        });
+        const port = yield* resource(
+          () => server.start(),
+          () => server.close(),
+        );
+        log.log("info", "serve.ready", {
+          url: `http://${config.controller.host}:${port}`,
+          model: id,
+          engine: engine.backend,
+          threads: engine.threads,
+        });
+        process.stderr.write(
+          `continuum: serving model '${id}' on http://${config.controller.host}:${port}/v1 (Ctrl-C to stop)\n`,
+        );
+        yield* Effect.never;
+      }),
+    );
+  },
+};
+export default command;

@@ -1,0 +1,32 @@
+import { access } from "node:fs/promises";
+import { basename, join, resolve } from "node:path";
+import type { Config } from "../../schema/config.ts";
+import type { Logger } from "../../schema/log.ts";
+import { generateModel } from "../../worker/model/generate.ts";
+import { type LoadedModel, loadModelDir } from "../../worker/model/model-dir.ts";
+
+/** The execution variant of the CPU engine (part of the model fingerprint). */
+export const CPU_VARIANT = "cpu-f32acc/v1";
+
+/**
+ * The model a process serves: `model.dir` when set, else the generated preset
+ * under the data dir, written on first use (same seed, same bytes, so every
+ * process of a local fleet generates the same fingerprint).
+ */
+export async function ensureModel(config: Config, log: Logger): Promise<{ model: LoadedModel; id: string }> {
+  let dir = config.model.dir;
+  if (dir === "") {
+    dir = resolve(config.store.dataDir, "models", config.model.preset);
+    const exists = await access(join(dir, "config.json")).then(
+      () => true,
+      () => false,
+    );
+    if (!exists) {
+      log.log("info", "model.generating", { preset: config.model.preset, dir });
+      await generateModel({ preset: config.model.preset, out: dir, seed: 1 });
+    }
+  }
+  const model = await loadModelDir(dir, { variant: CPU_VARIANT });
+  log.log("info", "model.loaded", { dir, fingerprint: model.fingerprint, layers: model.config.spec.nLayers });
+  return { model, id: basename(resolve(dir)) };
+}

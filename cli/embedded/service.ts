@@ -1,0 +1,101 @@
+import { ApiError } from "../../controller/api/errors.ts";
+import type {
+  ChatMessage,
+  Generation,
+  GenerationEvent,
+  GenerationRequest,
+  InferenceService,
+  ModelInfo,
+  ServiceGauges,
+  TextCodec,
+} from "../../controller/api/service.ts";
+import type { LoadedModel } from "../../worker/model/model-dir.ts";
+import { SubmitError, type WorkerRuntime } from "../../worker/runtime/runtime.ts";
+import type { RuntimeEvent } from "../../worker/runtime/sequence.ts";
+
+/** The front door's view of a loaded model: its tokenizer and chat template. */
+export function textCodec(model: LoadedModel): TextCodec {
+  const tok = model.tokenizer;
+  return {
+    encode: (text) => tok.encode(text),
+    decode: (ids) => tok.decode(ids, { skipSpecialTokens: true }),
+    // The tokenizer's templates know system/user/assistant; a tool result is
+    // shown to the model as a user turn.
+    chatPrompt: (messages: readonly ChatMessage[]) =>
+      tok.encodeChat(
+        messages.map((m) => ({ role: m.role === "tool" ? "user" : m.role, content: m.content })),
+      ),
+    eosTokenIds: model.eosTokenIds,
+    vocabSize: model.config.spec.vocab,
+  };
+}
+
+/**
+ * The embedded default's inference service: the HTTP front door talks to one
+ * in-process worker runtime directly (no router, no sockets). The tenant id
+ * is the tenant's cache salt, so tenants never share prefix pages.
+ */
+export class EmbeddedService implements InferenceService {
+  private readonly info: ModelInfo;
+
+  constructor(
+    private readonly runtime: WorkerRuntime,
+    model: LoadedModel,
+    readonly modelId: string,
+    private readonly catalog?: InferenceService["catalogQuery"],
+  ) {
+    this.info = {
+      id: modelId,
+      created: Math.floor(Date.now() / 1000),
+      maxContext: model.config.spec.maxPosition,
+      codec: textCodec(model),
+    };
+    if (catalog) this.catalogQuery = catalog;
+  }
+
+  catalogQuery?: InferenceService["catalogQuery"];
+
+  models(): readonly ModelInfo[] {
+    return [this.info];
+  }
+
+  generate(req: GenerationRequest): Generation {
+    let gen: ReturnType<WorkerRuntime["submit"]>;
+    try {
+      gen = this.runtime.submit({
+        requestId: req.requestId,
+        salt: req.tenant === "default" ? undefined : req.tenant,
+        prompt: req.prompt,
+        maxTokens: req.maxTokens,
+        temperature: req.sampling.temperature,
+        topP: req.sampling.topP,
+        topK: req.sampling.topK,
+        seed: req.sampling.seed,
+        stopTokenIds: req.stopTokenIds,
+      });
+    } catch (err) {
+      if (err instanceof SubmitError) throw new ApiError(err.status, err.message);
+      throw err;
+    }
+    return { events: mapEvents(gen.events), cancel: () => gen.cancel() };
+  }
+
+  gauges(): ServiceGauges {
+    const s = this.runtime.stats();
+    return {
+      pagesFree: s.pagesAvailable,
+      pagesTotal: s.pagesTotal,
+      queueDepth: s.waiting + s.running,
+      catalogLag: 0,
+      cacheTokensBySource: { resident: s.cachedPromptTokens, recompute: s.computedPromptTokens },
+    };
+  }
+}
+
+async function* mapEvents(events: AsyncIterable<RuntimeEvent>): AsyncIterable<GenerationEvent> {
+  for await (const ev of events) {
+    if (ev.type === "token") yield ev;
+    else if (ev.type === "end") yield { type: "end", reason: ev.reason, cachedTokens: ev.cachedTokens };
+    else yield ev;
+  }
+}
