@@ -40,7 +40,11 @@ export function weightsDigest(tensors: Iterable<LoadedTensor>): string {
   return h.digest("hex");
 }
 
-/** The config fields that shape the computation, normalised (what the engine sees). */
+/**
+ * The config fields that shape the computation, normalised (what the engine
+ * sees). maxPosition is left out: it bounds how long a context may grow but
+ * changes no value computed inside that bound.
+ */
 export function architectureOf(spec: EngineSpec): Record<string, unknown> {
   return {
     family: "llama",
