@@ -282,16 +282,27 @@ function isDatoms(u: unknown): u is Datom[] {
   return true;
 }
 
-const Datoms = Schema.declare<Datom[]>(isDatoms, {
-  expected: "an array of [entity id > 0, known attribute, string|number|boolean, added boolean]",
-});
+/**
+ * The tx body. Replicas decode every tx, so its check is one hand-written
+ * guard (an Effect Struct around it cost more than the msgpack decode).
+ */
+function isTxBody(u: unknown): u is TxRecord {
+  if (typeof u !== "object" || u === null) return false;
+  const t = u as Record<string, unknown>;
+  return (
+    typeof t.txNo === "number" &&
+    Number.isSafeInteger(t.txNo) &&
+    t.txNo >= 1 &&
+    typeof t.proposalId === "string" &&
+    typeof t.clientId === "string" &&
+    typeof t.time === "number" &&
+    isDatoms(t.datoms)
+  );
+}
 
-export const TxBody = Schema.Struct({
-  txNo: Num,
-  proposalId: Str,
-  clientId: Str,
-  time: Num,
-  datoms: Datoms,
+export const TxBody = Schema.declare<TxRecord>(isTxBody, {
+  expected:
+    "{txNo: integer ≥ 1, proposalId: string, clientId: string, time: number, datoms: [entity id > 0, known attribute, string|number|boolean, added boolean][]}",
 });
 
 export interface Rejection {

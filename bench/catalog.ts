@@ -1,0 +1,371 @@
+import { createHash, randomUUID } from "node:crypto";
+import { loadavg } from "node:os";
+import { CatalogDb } from "../catalog/db.ts";
+import type { FullCatalogLog } from "../catalog/log.ts";
+import { EmbeddedLog } from "../catalog/log-embedded.ts";
+import { KafkaLog } from "../catalog/log-kafka.ts";
+import {
+  chainNodeIds,
+  longestPublishedPrefix,
+  readyPrefixByWorkerTier,
+  readyReplicasOfChunk,
+} from "../catalog/queries.ts";
+import { Replica } from "../catalog/replica.ts";
+import { CatalogWriter } from "../catalog/writer.ts";
+import { type CatalogOp, type Proposal, ProposalMsg, type Tier } from "../schema/catalog.ts";
+import { type ChainNode, catalogNodeId, modelFingerprint, prefixChain } from "../schema/identity.ts";
+import { silentLogger } from "../schema/log.ts";
+import { encodeMessage } from "../schema/wire.ts";
+import { type Bench, type BenchOptions, percentile, round } from "./contract.ts";
+
+/**
+ * The catalog benchmark (issue 4):
+ *  - publications/s end to end: proposal encoded and appended → writer
+ *    resolves and commits → replica applies (one publication = a chunk and
+ *    its ready replica, one proposal). Through real Kafka when
+ *    CONTINUUM_KAFKA_BROKERS is set, else through the embedded log. Writer,
+ *    replica and proposer share this one process (and so one JS thread).
+ *  - replica apply lag p50/p99 at a fixed offered rate (5,000/s): time from
+ *    handing the proposal to the log to the replica's tx report.
+ *  - lookup p50/p99: node ids of a 128-chunk chain, longest published
+ *    prefix, and ready runs by worker and tier, on a catalog of 200,000 chunks.
+ *  - beside them, apply rates of the two replica modes (entity store with a
+ *    lazily folded Datalog view vs. folding every batch into DataScript).
+ */
+
+const CHUNK = 16;
+const LAYOUT = "kv-bench/v1";
+const TIERS: Tier[] = ["ram", "ssd", "s3", "peer"];
+const fp = modelFingerprint({
+  weightsDigest: "bench",
+  architecture: {},
+  kvDtype: "f16",
+  layout: LAYOUT,
+  variant: "bench",
+});
+const WORKERS = ["w0", "w1", "w2", "w3"];
+
+function setup(): Proposal {
+  return {
+    id: `setup-${randomUUID()}`,
+    clientId: "bench",
+    ops: [
+      { op: "model.registered", fingerprint: fp, name: "bench", layout: LAYOUT, chunkTokens: CHUNK },
+      ...WORKERS.map(
+        (w, i): CatalogOp => ({
+          op: "worker.registered",
+          worker: w,
+          model: fp,
+          address: `127.0.0.1:${9000 + i}`,
+        }),
+      ),
+    ],
+  };
+}
+
+/** Chains of `length` chunks; chain c's tokens start with c so chains are distinct. */
+function chain(c: number, length: number): ChainNode[] {
+  const tokens = new Array<number>(length * CHUNK);
+  for (let i = 0; i < tokens.length; i++) tokens[i] = i === 0 ? c : (c * 7919 + i) % 50_000;
+  return prefixChain(tokens, CHUNK);
+}
+
+function publication(n: ChainNode, worker: string, tier: Tier, id: string): Proposal {
+  const node = catalogNodeId(fp, n.hash);
+  return {
+    id,
+    clientId: worker,
+    ops: [
+      {
+        op: "chunk.published",
+        node,
+        prefix: n.hash,
+        parent: n.parent,
+        model: fp,
+        start: n.start,
+        tokens: n.count,
+        content: createHash("sha256").update(node).digest("hex"),
+        bytes: 1 << 20,
+        layout: LAYOUT,
+        created: 1_700_000_000_000,
+      },
+      { op: "replica.ready", node, worker, tier, verifiedAt: 1_700_000_000_000 },
+    ],
+  };
+}
+
+/** `count` publications, chain by chain (parents first), 64 chunks per chain; `perProposal` of them in each proposal. */
+function publications(count: number, tag: string, perProposal = 1): Proposal[] {
+  if (perProposal > 1) {
+    const singles = publications(count, tag);
+    const out: Proposal[] = [];
+    for (let i = 0; i < singles.length; i += perProposal) {
+      const group = singles.slice(i, i + perProposal);
+      out.push({ id: `${tag}-b${i}`, clientId: group[0]!.clientId, ops: group.flatMap((p) => p.ops) });
+    }
+    return out;
+  }
+  const out: Proposal[] = [];
+  for (let c = 0; out.length < count; c++) {
+    for (const n of chain(c, 64)) {
+      if (out.length >= count) break;
+      out.push(
+        publication(n, WORKERS[c % WORKERS.length]!, TIERS[c % TIERS.length]!, `${tag}-${out.length}`),
+      );
+    }
+  }
+  return out;
+}
+
+async function openLog(): Promise<{ log: FullCatalogLog; transport: string }> {
+  const brokers = process.env.CONTINUUM_KAFKA_BROKERS;
+  if (brokers) {
+    const s = randomUUID().slice(0, 8);
+    const log = await KafkaLog.open({
+      brokers: brokers.split(","),
+      clientId: `bench-${s}`,
+      topics: { proposals: `bench-${s}.proposals`, tx: `bench-${s}.tx`, rejections: `bench-${s}.rejections` },
+    });
+    return { log, transport: "kafka" };
+  }
+  return { log: await EmbeddedLog.open(), transport: "embedded (in-memory)" };
+}
+
+interface Pipeline {
+  readonly log: FullCatalogLog;
+  readonly transport: string;
+  readonly replica: Replica;
+  close(): Promise<void>;
+}
+
+async function pipeline(): Promise<Pipeline> {
+  const { log, transport } = await openLog();
+  const writer = new CatalogWriter({ log, newDb: () => CatalogDb.empty(), logger: silentLogger });
+  const running = writer.run();
+  const replica = await Replica.start({ log });
+  await log.propose(encodeMessage(ProposalMsg, setup()));
+  await replica.waitFor(1, 60_000);
+  return {
+    log,
+    transport,
+    replica,
+    close: async () => {
+      await replica.stop();
+      await writer.stop();
+      await running;
+      await log.close();
+    },
+  };
+}
+
+/** Publications/s: all proposed as fast as the log takes them, until the replica has applied the last. */
+async function throughput(p: Pipeline, n: number, perProposal = 1): Promise<number> {
+  const ps = publications(n, `tp-${randomUUID().slice(0, 6)}`, perProposal);
+  const target = p.replica.offset() + ps.length;
+  const t0 = performance.now();
+  const inflight: Promise<void>[] = [];
+  for (const prop of ps) {
+    inflight.push(p.log.propose(encodeMessage(ProposalMsg, prop)));
+    // At most 2,000 unacknowledged proposals (bounded memory).
+    if (inflight.length >= 2_000) await Promise.all(inflight.splice(0));
+  }
+  await Promise.all(inflight);
+  await p.replica.waitFor(target, 300_000);
+  return (n / (performance.now() - t0)) * 1000;
+}
+
+/** Apply lag at a fixed offered rate: proposals paced in 5 ms slots. */
+async function lag(
+  p: Pipeline,
+  ratePerS: number,
+  seconds: number,
+): Promise<{ p50: number; p99: number; max: number; n: number }> {
+  const n = Math.round(ratePerS * seconds);
+  const ps = publications(n, `lag-${randomUUID().slice(0, 6)}`);
+  const sent = new Map<string, number>();
+  const lags: number[] = [];
+  const off = p.replica.listen((reports) => {
+    const now = performance.now();
+    for (const r of reports) {
+      const t = sent.get(r.tx.proposalId);
+      if (t !== undefined) lags.push(now - t);
+    }
+  });
+  const target = p.replica.offset() + n;
+  const slotMs = 5;
+  const perSlot = (ratePerS * slotMs) / 1000;
+  const t0 = performance.now();
+  let i = 0;
+  const acks: Promise<void>[] = [];
+  while (i < n) {
+    // Offer everything due by now: (elapsed / 1000) × rate proposals in total.
+    const due = Math.min(n, Math.floor(((performance.now() - t0) / 1000) * ratePerS) + Math.ceil(perSlot));
+    for (; i < due; i++) {
+      const prop = ps[i]!;
+      const bytes = encodeMessage(ProposalMsg, prop);
+      sent.set(prop.id, performance.now());
+      acks.push(p.log.propose(bytes));
+    }
+    if (acks.length > 5_000) await Promise.all(acks.splice(0));
+    await new Promise((r) => setTimeout(r, slotMs));
+  }
+  await Promise.all(acks);
+  await p.replica.waitFor(target, 300_000);
+  off();
+  return { p50: percentile(lags, 50), p99: percentile(lags, 99), max: percentile(lags, 100), n: lags.length };
+}
+
+/** A catalog of `chunks` chunks in 128-chunk chains (each chunk with 1–2 ready replicas), built by resolve + apply. */
+function bigCatalog(chunks: number, log: (l: string) => void): { db: CatalogDb; chains: number } {
+  const db = CatalogDb.empty();
+  const apply = (p: Proposal) => {
+    const r = db.resolve(p);
+    if (!r.ok) throw new Error(`bench catalog: ${r.reason}`);
+    db.apply({ txNo: db.nextTxNo, proposalId: p.id, clientId: p.clientId, time: 0, datoms: r.datoms });
+  };
+  apply(setup());
+  const chains = Math.ceil(chunks / 128);
+  let made = 0;
+  for (let c = 0; c < chains && made < chunks; c++) {
+    const ops: CatalogOp[] = [];
+    for (const n of chain(c, 128)) {
+      if (made >= chunks) break;
+      const [pub, rep] = publication(n, WORKERS[c % 4]!, TIERS[c % 4]!, "x").ops;
+      ops.push(pub!, rep!);
+      if (c % 3 === 0)
+        ops.push({
+          op: "replica.ready",
+          node: catalogNodeId(fp, n.hash),
+          worker: WORKERS[(c + 1) % 4]!,
+          tier: "s3",
+          verifiedAt: 0,
+        });
+      made++;
+    }
+    apply({ id: `big-${c}`, clientId: "bench", ops });
+    if (c % 400 === 0) log(`  catalog: ${made} chunks`);
+  }
+  return { db, chains };
+}
+
+function lookups(
+  db: CatalogDb,
+  chains: number,
+  samples: number,
+): { p50: number; p99: number; p50NoHash: number; p99NoHash: number } {
+  const withHash: number[] = [];
+  const noHash: number[] = [];
+  let sink = 0;
+  for (let s = 0; s < samples; s++) {
+    const c = (s * 7919) % chains;
+    const ch = chain(c, 128);
+    const t0 = performance.now();
+    const nodes = chainNodeIds(fp, ch);
+    const t1 = performance.now();
+    const prefix = longestPublishedPrefix(db, nodes);
+    const runs = readyPrefixByWorkerTier(db, prefix);
+    const last = prefix.chunks[prefix.chunks.length - 1];
+    const ready = last === undefined ? [] : readyReplicasOfChunk(db, last);
+    const t2 = performance.now();
+    sink += prefix.length + runs.size + ready.length;
+    withHash.push(t2 - t0);
+    noHash.push(t2 - t1);
+  }
+  if (sink === 0) throw new Error("bench lookups found nothing");
+  return {
+    p50: percentile(withHash, 50),
+    p99: percentile(withHash, 99),
+    p50NoHash: percentile(noHash, 50),
+    p99NoHash: percentile(noHash, 99),
+  };
+}
+
+/** Apply rate of a replica's db over pre-resolved txs; `eager` folds each batch of 1,000 into DataScript. */
+function applyRate(n: number, eager: boolean): number {
+  const writer = CatalogDb.empty();
+  const txs = [setup(), ...publications(n, "apply")].map((p) => {
+    const r = writer.resolve(p);
+    if (!r.ok) throw new Error(r.reason);
+    const tx = { txNo: writer.nextTxNo, proposalId: p.id, clientId: p.clientId, time: 0, datoms: r.datoms };
+    writer.apply(tx);
+    return tx;
+  });
+  const db = CatalogDb.empty();
+  db.apply(txs[0]!);
+  db.datalog();
+  const t0 = performance.now();
+  for (let i = 1; i < txs.length; i++) {
+    db.apply(txs[i]!);
+    if (eager && i % 1000 === 0) db.datalog();
+  }
+  if (eager) db.datalog();
+  return (n / (performance.now() - t0)) * 1000;
+}
+
+const bench: Bench = {
+  summary:
+    "catalog: publications/s end to end, replica lag at 5,000/s, prefix+replica lookup on 200,000 chunks",
+  async run(opts: BenchOptions) {
+    const q = opts.quick;
+    const log = opts.log;
+    const figures: Record<string, number | string | boolean | null> = {};
+
+    log("apply rates (pre-resolved txs, one replica db)…");
+    const applyN = q ? 10_000 : 40_000;
+    const lazy = applyRate(applyN, false);
+    const eager = applyRate(applyN, true);
+    figures.replica_apply_pubs_per_s = round(lazy);
+    figures.replica_apply_datascript_eager_pubs_per_s = round(eager);
+
+    const p = await pipeline();
+    try {
+      figures.transport = p.transport;
+      log(`end to end through ${p.transport}…`);
+      await throughput(p, q ? 2_000 : 5_000); // warm-up
+      figures.publications_per_s = round(await throughput(p, q ? 20_000 : 60_000));
+      // A worker's checkpoint publishes a captured range at once: 16 chunks (4,096 tokens) per proposal.
+      figures.publications_16_per_proposal_per_s = round(await throughput(p, q ? 20_000 : 60_000, 16));
+      log("lag at 5,000/s…");
+      const l = await lag(p, 5_000, q ? 4 : 15);
+      figures.lag_offered_per_s = 5_000;
+      figures.lag_p50_ms = round(l.p50);
+      figures.lag_p99_ms = round(l.p99);
+      figures.lag_max_ms = round(l.max);
+      figures.lag_samples = l.n;
+    } finally {
+      await p.close();
+    }
+
+    const chunks = 200_000;
+    log(`lookup catalog of ${chunks} chunks…`);
+    const t0 = performance.now();
+    const big = bigCatalog(chunks, log);
+    figures.catalog_build_s = round((performance.now() - t0) / 1000);
+    figures.catalog_chunks = chunks;
+    figures.catalog_datoms = big.db.datomCount;
+    const lk = lookups(big.db, big.chains, q ? 2_000 : 10_000);
+    figures.lookup_p50_ms = round(lk.p50);
+    figures.lookup_p99_ms = round(lk.p99);
+    figures.lookup_without_node_hashing_p50_ms = round(lk.p50NoHash);
+    figures.lookup_without_node_hashing_p99_ms = round(lk.p99NoHash);
+
+    return {
+      figures,
+      ratios: {
+        lazy_over_eager_apply: round(lazy / eager),
+        publications_over_goal_10000: round((figures.publications_per_s as number) / 10_000),
+        lag_p99_over_goal_100ms: round((figures.lag_p99_ms as number) / 100),
+        lookup_p99_over_goal_2ms: round(lk.p99 / 2),
+      },
+      env: {
+        load_avg_1m_at_end: round(loadavg()[0]!),
+        chain_chunks: 128,
+        chunk_tokens: CHUNK,
+        workers: WORKERS.length,
+        pipeline: "proposer, writer and replica in one process",
+      },
+    };
+  },
+};
+
+export default bench;
