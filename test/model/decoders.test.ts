@@ -2,15 +2,16 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { Engine } from "../../native/index.ts";
+import { type Engine, ropeInvFreq as nativeInvFreq } from "../../native/index.ts";
 import { DecodeError, type Decoder, generate, prefill, type SequenceId } from "../../worker/model/decoder.ts";
 import { ContiguousDecoder } from "../../worker/model/decoder-contiguous.ts";
 import { PageAllocator, PagedDecoder } from "../../worker/model/decoder-paged.ts";
-import { openEngine } from "../../worker/model/engine.ts";
+import { nativeSpec, openEngine } from "../../worker/model/engine.ts";
 import { generateModel } from "../../worker/model/generate.ts";
 import { type LoadedModel, loadModelDir } from "../../worker/model/model-dir.ts";
 import { Rng, seedRng } from "../../worker/model/prng.ts";
 import { referenceForward } from "../../worker/model/reference.ts";
+import { specInvFreq } from "../../worker/model/rope.ts";
 import { argmax, initialSamplerState, samplingParams } from "../../worker/model/sampling.ts";
 
 /**
@@ -223,6 +224,17 @@ describe("float64 reference agreement", () => {
       const ref = referenceForward(model.config.spec, model.weights, tokens, { roundKvToF16: true });
       const rows = await allRows(new PagedDecoder(await engine(model), new PageAllocator(4), 16, 1), tokens);
       for (let t = 0; t < tokens.length; t++) expect(maxDiff(rows[t]!, ref[t]!)).toBeLessThan(REF_BOUND);
+    }
+  });
+});
+
+describe("rope frequencies", () => {
+  it("the engine's f32 inv_freq is the reference's f64 one rounded once, with Llama-3 scaling", () => {
+    const spec = { ...tiny.config.spec, headDim: 128, ropeTheta: 500000 };
+    for (const s of [spec, { ...spec, ropeScaling: undefined }, tiny.config.spec]) {
+      const mine = specInvFreq(s);
+      const theirs = nativeInvFreq(nativeSpec(s));
+      expect([...theirs]).toEqual([...mine].map(Math.fround));
     }
   });
 });
