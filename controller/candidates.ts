@@ -140,14 +140,15 @@ function indexReplicas(answer: CatalogAnswer, nodes: number): ChunkSources[] {
   return out;
 }
 
-/** The fastest tier (by class rank) from which `worker` can read chunk `c`, within the allowed class. */
-function bestTier(c: ChunkSources, worker: WorkerId, hasS3: boolean, maxRank: number): RestoreTier | null {
+const NO_SOURCE = TIER_CLASSES.length;
+
+/** Rank of the fastest tier `worker` can read chunk `c` from: own RAM/SSD, else a peer, else S3, else NO_SOURCE. */
+function bestRank(c: ChunkSources, worker: WorkerId, hasS3: boolean): number {
   const own = c.local.get(worker);
-  if (own !== undefined && TIER_RANK[own] <= maxRank) return own;
-  const peer = c.holders > 1 || (c.holders === 1 && c.firstHolder !== worker);
-  if (peer && TIER_RANK.peer <= maxRank) return "peer";
-  if (c.s3 && hasS3 && TIER_RANK.s3 <= maxRank) return "s3";
-  return null;
+  if (own !== undefined) return TIER_RANK[own];
+  if (c.holders > 1 || (c.holders === 1 && c.firstHolder !== worker)) return TIER_RANK.peer;
+  if (c.s3 && hasS3) return TIER_RANK.s3;
+  return NO_SOURCE;
 }
 
 export interface DeriveOptions {
@@ -198,30 +199,32 @@ export function deriveCandidates(
       }
     }
 
+    // One pass over the chain: each chunk's fastest source for this worker
+    // (own RAM/SSD, else a peer's, else S3). Class k's prefix is the leading
+    // run of chunks whose fastest rank ≤ k, and its bytes are those chunks'
+    // bytes at that rank: bytes[t] = Σ chunk tokens × kvBytesPerToken.
     const hasS3 = hb.durableTiers.includes("s3");
+    const bytes = { ram: 0, ssd: 0, peer: 0, s3: 0 };
     let prevLen = 0;
-    for (const cls of TIER_CLASSES) {
-      if (cls === "s3" && !hasS3) break;
-      const maxRank = TIER_RANK[cls];
-      // bytes[t] = Σ over chunks fetched from tier t of chunk tokens × kvBytesPerToken
-      const bytes = { ram: 0, ssd: 0, peer: 0, s3: 0 };
-      let len = 0;
-      for (; len < sources.length; len++) {
-        const t = bestTier(sources[len]!, w, hasS3, maxRank);
-        if (t === null) break;
-        const chunkTokens = chain[len]!.tokens - (len === 0 ? 0 : chain[len - 1]!.tokens);
-        bytes[t] += chunkTokens * hb.kvBytesPerToken;
+    let cls = 0;
+    for (let len = 0; ; len++) {
+      const rank = len < sources.length ? bestRank(sources[len]!, w, hasS3) : NO_SOURCE;
+      // Every class faster than this chunk's source ends before it.
+      for (; cls < rank && cls < TIER_CLASSES.length; cls++) {
+        if (len > prevLen) {
+          candidates.push({
+            workerId: w,
+            source: TIER_CLASSES[cls]!,
+            cachedTokens: chain[len - 1]!.tokens,
+            boundary: chain[len - 1]!.nodeId,
+            bytesByTier: { ...bytes },
+          });
+          prevLen = len;
+        }
       }
-      if (len > prevLen) {
-        candidates.push({
-          workerId: w,
-          source: cls,
-          cachedTokens: chain[len - 1]!.tokens,
-          boundary: chain[len - 1]!.nodeId,
-          bytesByTier: bytes,
-        });
-        prevLen = len;
-      }
+      if (rank === NO_SOURCE) break;
+      const chunkTokens = chain[len]!.tokens - (len === 0 ? 0 : chain[len - 1]!.tokens);
+      bytes[TIER_CLASSES[rank]!] += chunkTokens * hb.kvBytesPerToken;
     }
 
     candidates.push({

@@ -3,7 +3,6 @@ import type {
   DecisionRecord,
   DroppedCandidate,
   Heartbeat,
-  RestoreTier,
   TtftTerms,
 } from "../schema/control.ts";
 import { pagesFor, type TokenCount, type WorkerId } from "../schema/ids.ts";
@@ -70,8 +69,8 @@ export const defaultRouterPolicy: RouterPolicy = {
   name: "ttft/v1",
   heartbeatTtlMs: 3_000,
   residentFreshMs: 1_500,
-  loadFactor: 1.5,
-  loadSlack: 2,
+  loadFactor: 1.25,
+  loadSlack: 4,
 };
 
 /** Requests in flight on a worker: the larger of its heartbeat's and the controller's count. */
@@ -103,13 +102,10 @@ export function predictTerms(
   const c = hb.costs;
   const queuedTokens = Math.max(hb.queue.queuedTokens, outstanding?.tokens ?? 0);
   const queuedRequests = Math.max(hb.queue.queuedRequests, outstanding?.requests ?? 0);
-  let fetchMs = 0;
-  let bytes = 0;
-  for (const t of Object.keys(candidate.bytesByTier) as RestoreTier[]) {
-    const b = candidate.bytesByTier[t];
-    fetchMs += (b / MIB) * c.restoreMsPerMiB[t];
-    bytes += b;
-  }
+  const b = candidate.bytesByTier;
+  const r = c.restoreMsPerMiB;
+  const fetchMs = (b.ram * r.ram + b.ssd * r.ssd + b.peer * r.peer + b.s3 * r.s3) / MIB;
+  const bytes = b.ram + b.ssd + b.peer + b.s3;
   return {
     queueMs: queuedTokens * c.prefillPerTokenMs + queuedRequests * c.firstTokenMs,
     fetchMs,

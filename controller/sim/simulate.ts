@@ -1,5 +1,5 @@
 import { createHash, type Hash } from "node:crypto";
-import type { CandidateRecord, DecisionRecord } from "../../schema/control.ts";
+import type { CandidateRecord, CandidateSource, DecisionRecord } from "../../schema/control.ts";
 import type { RequestId, WorkerId } from "../../schema/ids.ts";
 import {
   type AssignmentCommand,
@@ -63,6 +63,10 @@ export interface SimOptions {
   readonly router: RouterPolicy;
   /** Pages per worker. */
   readonly totalPages: number;
+  /** Host RAM tier per worker (the configuration's store.ram.maxBytes); overflow goes to SSD. */
+  readonly ramBytes: number;
+  /** Whether workers have a local SSD tier below RAM. */
+  readonly ssdTier: boolean;
 }
 
 /** Defaults sized so the workload keeps a fleet busy but not saturated. */
@@ -74,18 +78,20 @@ export function defaultSimOptions(seed: number, workers: number, requests: numbe
     faults: new Set(),
     policy: "ttft",
     workload: {
-      tenants: Math.max(4, workers * 4),
+      tenants: Math.max(4, workers * 6),
       chunkTokens: 256,
-      sharedChunks: [2, 12],
+      sharedChunks: [4, 24],
       suffixTokens: [16, 512],
       maxTokens: [8, 48],
-      meanGapMs: 400 / workers,
+      meanGapMs: 600 / workers,
     },
     limits: { maxAttempts: 4, offerTimeoutMs: 250, progressTimeoutMs: 5_000, requestDeadlineMs: 30_000 },
     heartbeatMs: 100,
     tickMs: 50,
     router: { ...defaultRouterPolicy, heartbeatTtlMs: 350, residentFreshMs: 250 },
     totalPages: 2048,
+    ramBytes: 1 << 30,
+    ssdTier: true,
   };
 }
 
@@ -116,6 +122,8 @@ export interface SimSummary {
   /** Completed requests per worker (the worker whose attempt streamed). */
   readonly load: Readonly<Record<string, number>>;
   readonly maxOverMeanLoad: number;
+  /** Completed requests by the source the router predicted for them (resident, ram, peer, s3, recompute). */
+  readonly sources: Readonly<Partial<Record<CandidateSource, number>>>;
   readonly lateIgnored: number;
   readonly duplicates: number;
   readonly attempts: number;
@@ -140,6 +148,9 @@ type SimEvent =
   | { readonly k: "restart"; readonly w: number }
   | { readonly k: "closed"; readonly w: number }
   | { readonly k: "partition"; readonly w: number; readonly on: boolean };
+
+/** Attention state per token of a Llama-3-8B-shaped model: 32 layers × 8 KV heads × 128 × (K, V) × 2 bytes. */
+const KV_BYTES_PER_TOKEN = 128 * 1024;
 
 /** Bound on agenda events (a runaway schedule is a bug, not a long run). */
 const MAX_AGENDA = 1 << 20;
@@ -193,6 +204,8 @@ interface RequestRecord {
   deliveredAttempt: number | null;
   deliveredTokens: number;
   deliveredBy: WorkerId | null;
+  /** Source the router predicted for the latest offer. */
+  source: CandidateSource | null;
 }
 
 function makeCosts(rng: Prng): SimCosts {
@@ -232,10 +245,12 @@ export function simulate(opts: SimOptions): SimSummary {
           fingerprint: workload.fingerprint,
           totalPages: opts.totalPages,
           pageTokens: 16,
-          kvBytesPerToken: 128 * 1024,
+          kvBytesPerToken: KV_BYTES_PER_TOKEN,
           maxContext: 8192,
           frameTokens: 8,
           maxQueuedJobs: 256,
+          ssdTier: opts.ssdTier,
+          ramChunks: Math.floor(opts.ramBytes / (opts.workload.chunkTokens * KV_BYTES_PER_TOKEN)),
         },
         workload.tenantChains,
       ),
@@ -259,6 +274,7 @@ export function simulate(opts: SimOptions): SimSummary {
   let restarts = 0;
   let partitions = 0;
   let completed = 0;
+  const sources: Partial<Record<CandidateSource, number>> = {};
   const failed: Record<string, number> = {};
   const ttfts: number[] = [];
   const load: Record<string, number> = {};
@@ -347,6 +363,7 @@ export function simulate(opts: SimOptions): SimSummary {
           violation(`${id}: attempt ${c.attempt} offered after attempt ${rec.lastOfferedAttempt}`);
         }
         rec.lastOfferedAttempt = c.attempt;
+        rec.source = c.choice.source;
         attempts++;
         log(`offer ${id} #${c.attempt} ${c.workerId}`);
         sendToWorker(indexOf.get(c.workerId)!, {
@@ -386,6 +403,7 @@ export function simulate(opts: SimOptions): SimSummary {
         log(`finish ${id} ${c.outcome} ${c.reason ?? ""}`);
         if (c.outcome === "completed") {
           completed++;
+          sources[rec.source!] = (sources[rec.source!] ?? 0) + 1;
           load[rec.deliveredBy!] = (load[rec.deliveredBy!] ?? 0) + 1;
         } else {
           failed[c.reason!] = (failed[c.reason!] ?? 0) + 1;
@@ -458,6 +476,7 @@ export function simulate(opts: SimOptions): SimSummary {
           deliveredAttempt: null,
           deliveredTokens: 0,
           deliveredBy: null,
+          source: null,
         };
         records.set(e.req.requestId, rec);
         active.add(rec);
@@ -587,6 +606,7 @@ export function simulate(opts: SimOptions): SimSummary {
       sorted.length === 0 ? 0 : sorted[Math.min(sorted.length - 1, Math.ceil(0.99 * sorted.length) - 1)]!,
     load,
     maxOverMeanLoad: meanLoad === 0 ? 0 : Math.max(...loads) / meanLoad,
+    sources,
     lateIgnored,
     duplicates,
     attempts,

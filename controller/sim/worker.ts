@@ -57,6 +57,10 @@ export interface SimWorkerShape {
   readonly frameTokens: number;
   /** Bound on the engine queue (jobs admitted, prefill not started). */
   readonly maxQueuedJobs: number;
+  /** Chunks the host RAM tier holds; older ones are demoted to the SSD tier (unbounded here) or dropped. */
+  readonly ramChunks: number;
+  /** Whether the worker has a local SSD tier. */
+  readonly ssdTier: boolean;
 }
 
 /** What the simulated controller offers (the Offer message minus the prompt bytes). */
@@ -80,23 +84,29 @@ export type WorkerTimer =
   | { readonly k: "first"; readonly epoch: number; readonly requestId: RequestId; readonly attempt: number }
   | { readonly k: "decode"; readonly epoch: number; readonly requestId: RequestId; readonly attempt: number };
 
-/** The fleet's published chunks: S3 for all, RAM per worker (lost with the worker). */
+/** The fleet's published chunks: S3 for all; RAM or SSD per worker (lost with the worker). */
 export class SimCatalog {
-  private readonly ram = new Map<NodeId, Set<WorkerId>>();
+  private readonly local = new Map<NodeId, Map<WorkerId, StoreTier>>();
   private readonly s3 = new Set<NodeId>();
 
-  publish(nodeId: NodeId, workerId: WorkerId): void {
-    let holders = this.ram.get(nodeId);
+  /** Records a ready replica of `nodeId` on `workerId`'s `tier`, and its S3 copy. */
+  publish(nodeId: NodeId, workerId: WorkerId, tier: "ram" | "ssd"): void {
+    let holders = this.local.get(nodeId);
     if (!holders) {
-      holders = new Set();
-      this.ram.set(nodeId, holders);
+      holders = new Map();
+      this.local.set(nodeId, holders);
     }
-    holders.add(workerId);
+    holders.set(workerId, tier);
     this.s3.add(nodeId);
   }
 
+  /** The worker no longer holds a local replica (its S3 copy stays). */
+  unpublish(nodeId: NodeId, workerId: WorkerId): void {
+    this.local.get(nodeId)?.delete(workerId);
+  }
+
   dropWorker(workerId: WorkerId): void {
-    for (const holders of this.ram.values()) holders.delete(workerId);
+    for (const holders of this.local.values()) holders.delete(workerId);
   }
 
   /** The catalog answer for a chain: replicas of each node of the longest published prefix. */
@@ -105,7 +115,7 @@ export class SimCatalog {
     for (const node of chain) {
       if (!this.s3.has(node.nodeId)) break;
       const list: ChunkReplica[] = [{ tier: "s3", workerId: null }];
-      for (const w of this.ram.get(node.nodeId) ?? []) list.push({ tier: "ram", workerId: w });
+      for (const [w, tier] of this.local.get(node.nodeId) ?? []) list.push({ tier, workerId: w });
       replicas.push(list);
     }
     return { replicas };
@@ -140,8 +150,6 @@ interface Job {
   released: boolean;
 }
 
-const DURABLE_TIERS: readonly StoreTier[] = ["ram", "s3"];
-
 export class SimWorker {
   alive = true;
   epoch = 1;
@@ -149,6 +157,8 @@ export class SimWorker {
   private samples = 0;
   admission: AdmissionState = freshAdmission(1);
   private readonly cache = new Map<NodeId, CacheChunk>();
+  /** Host RAM tier, least recently used first (Map insertion order). */
+  private readonly ramTier = new Map<NodeId, true>();
   private cachedPages = 0;
   private readonly queue: Job[] = [];
   private current: Job | null = null;
@@ -212,7 +222,7 @@ export class SimWorker {
       freePages: this.freePages() as never,
       evictablePages: evictable as never,
       residentPrefixes,
-      durableTiers: DURABLE_TIERS,
+      durableTiers: this.shape.ssdTier ? ["ram", "ssd", "s3"] : ["ram", "s3"],
       queue: {
         queuedTokens: queuedTokens as TokenCount,
         queuedRequests,
@@ -405,7 +415,7 @@ export class SimWorker {
   private publish(chain: readonly ChainBoundary[], nowMs: number, io: WorkerIO): void {
     for (let i = 0; i < chain.length; i++) {
       const node = chain[i]!;
-      io.catalog.publish(node.nodeId, this.id);
+      this.storeInRam(node.nodeId, io);
       const had = this.cache.get(node.nodeId);
       if (had) {
         had.lastUseMs = nowMs;
@@ -416,6 +426,19 @@ export class SimWorker {
       if (!this.makeRoom(pages)) break;
       this.cache.set(node.nodeId, { nodeId: node.nodeId, depth: i, pages, pins: 0, lastUseMs: nowMs });
       this.cachedPages += pages;
+    }
+  }
+
+  /** Puts a chunk in the RAM tier (most recent); the least recent beyond capacity moves to SSD. */
+  private storeInRam(nodeId: NodeId, io: WorkerIO): void {
+    this.ramTier.delete(nodeId);
+    this.ramTier.set(nodeId, true);
+    io.catalog.publish(nodeId, this.id, "ram");
+    while (this.ramTier.size > this.shape.ramChunks) {
+      const oldest = this.ramTier.keys().next().value as NodeId;
+      this.ramTier.delete(oldest);
+      if (this.shape.ssdTier) io.catalog.publish(oldest, this.id, "ssd");
+      else io.catalog.unpublish(oldest, this.id);
     }
   }
 
@@ -441,6 +464,7 @@ export class SimWorker {
   crash(io: WorkerIO): void {
     this.alive = false;
     this.cache.clear();
+    this.ramTier.clear();
     this.cachedPages = 0;
     this.queue.length = 0;
     this.current = null;
