@@ -24,22 +24,64 @@ describe("file tier", () => {
     await rm(dir, { recursive: true, force: true });
   });
 
-  it("round-trips objects of many sizes byte-exact, in sharded directories, with no temp files left", async () => {
-    const tier = await FileTier.open({ dir, maxObjectBytes: 64 << 20, readPieceBytes: 1 << 20 });
-    const sizes = [0, 1, 1023, 256 << 10, (3 << 20) + 17];
-    const chunks = sizes.map((n) => chunkOf(n, `size-${n}`));
-    for (const c of chunks) await tier.put(c.id, c.bytes, c.meta);
-    for (const c of chunks) {
-      const got = await tier.get(c.id);
-      expect(got!.bytes.byteLength).toBe(c.bytes.byteLength);
-      expect(Buffer.from(got!.bytes).equals(Buffer.from(c.bytes))).toBe(true);
-      expect(got!.meta).toEqual(c.meta);
+  // syncReadMaxBytes 0: every read takes the async paths (one read, or pieces read ahead while hashing).
+  it.each([
+    ["blocking reads for small objects", 1 << 20],
+    ["async reads only", 0],
+  ])(
+    "round-trips objects of many sizes byte-exact, in sharded directories, with no temp files left (%s)",
+    async (_, syncReadMaxBytes) => {
+      const tier = await FileTier.open({
+        dir,
+        maxObjectBytes: 64 << 20,
+        readPieceBytes: 1 << 20,
+        syncReadMaxBytes,
+      });
+      const sizes = [0, 1, 1023, 256 << 10, (3 << 20) + 17];
+      const chunks = sizes.map((n) => chunkOf(n, `size-${n}`));
+      for (const c of chunks) await tier.put(c.id, c.bytes, c.meta);
+      for (const c of chunks) {
+        const got = await tier.get(c.id);
+        expect(got!.bytes.byteLength).toBe(c.bytes.byteLength);
+        expect(Buffer.from(got!.bytes).equals(Buffer.from(c.bytes))).toBe(true);
+        expect(got!.meta).toEqual(c.meta);
+      }
+      const files = await tree(dir);
+      expect(files).toEqual(
+        chunks.map((c) => `objects/${c.id.slice(0, 2)}/${c.id.slice(2, 4)}/${c.id}`).sort(),
+      );
+      expect(tier.stats()).toMatchObject({ objects: 5, hits: 5 });
+      await tier.close();
+    },
+  );
+
+  it("readInto fills a reused staging buffer with verified bytes, and refuses one that is too small", async () => {
+    const tier = await FileTier.open({
+      dir,
+      maxObjectBytes: 64 << 20,
+      readPieceBytes: 1 << 20,
+      report: () => {},
+    });
+    const staging = Buffer.alloc(5 << 20, 0xee);
+    for (const n of [0, 100, 70_000, (4 << 20) + 3]) {
+      const c = chunkOf(n, `into-${n}`);
+      await tier.put(c.id, c.bytes, c.meta);
+      const got = await tier.readInto(c.id, staging);
+      expect(got).toEqual({ meta: c.meta, bytes: n });
+      expect(staging.subarray(0, n).equals(Buffer.from(c.bytes))).toBe(true);
     }
-    const files = await tree(dir);
-    expect(files).toEqual(
-      chunks.map((c) => `objects/${c.id.slice(0, 2)}/${c.id.slice(2, 4)}/${c.id}`).sort(),
+    const big = chunkOf(6 << 20, "into-big");
+    await tier.put(big.id, big.bytes, big.meta);
+    await expect(tier.readInto(big.id, staging)).rejects.toThrow(
+      /destination of 5242880 bytes is smaller than its 6291456/,
     );
-    expect(tier.stats()).toMatchObject({ objects: 5, hits: 5 });
+    expect(await tier.has(big.id)).toBe(true); // a caller's mistake is not corruption
+    expect(await tier.readInto(chunkOf(1, "absent").id, staging)).toBeUndefined();
+    const raw = await readFile(tier.pathOf(big.id));
+    raw[raw.length - 1]! ^= 1;
+    await writeFile(tier.pathOf(big.id), raw);
+    const dest = Buffer.alloc(6 << 20);
+    await expect(tier.readInto(big.id, dest)).rejects.toThrow(CorruptChunkError);
     await tier.close();
   });
 
@@ -78,33 +120,45 @@ describe("file tier", () => {
     await tier.close();
   });
 
-  it("detects a flipped byte and a truncated file, reports them, quarantines and never returns them", async () => {
-    const { events, report } = recorder();
-    const tier = await FileTier.open({ dir, maxObjectBytes: 1 << 20, report });
-    const a = chunkOf(4000, "flip");
-    const b = chunkOf(4000, "trunc");
-    await tier.put(a.id, a.bytes, a.meta);
-    await tier.put(b.id, b.bytes, b.meta);
-    const pa = tier.pathOf(a.id);
-    const raw = await readFile(pa);
-    raw[raw.length - 100]! ^= 0x01;
-    await writeFile(pa, raw);
-    await truncate(tier.pathOf(b.id), 2000);
+  it.each([
+    ["small, blocking read", 4000, 1 << 20],
+    ["large, pieces read ahead", 3 << 20, 0],
+  ])(
+    "detects a flipped byte and a truncated file, reports them, quarantines and never returns them (%s)",
+    async (_, size, syncReadMaxBytes) => {
+      const { events, report } = recorder();
+      const tier = await FileTier.open({
+        dir,
+        maxObjectBytes: 4 << 20,
+        readPieceBytes: 1 << 20,
+        syncReadMaxBytes,
+        report,
+      });
+      const a = chunkOf(size, "flip");
+      const b = chunkOf(size, "trunc");
+      await tier.put(a.id, a.bytes, a.meta);
+      await tier.put(b.id, b.bytes, b.meta);
+      const pa = tier.pathOf(a.id);
+      const raw = await readFile(pa);
+      raw[raw.length - 100]! ^= 0x01;
+      await writeFile(pa, raw);
+      await truncate(tier.pathOf(b.id), size / 2);
 
-    await expect(tier.get(a.id)).rejects.toThrow(/content hashes to/);
-    await expect(tier.get(b.id)).rejects.toThrow(/truncated/);
-    expect(events.map((e) => [e.kind, "id" in e ? e.id : ""])).toEqual([
-      ["corrupt", a.id],
-      ["corrupt", b.id],
-    ]);
-    // Quarantined: the id reads as absent, the bad copy is kept for inspection, a put restores it.
-    expect(await tier.get(a.id)).toBeUndefined();
-    expect((await readdir(join(dir, "corrupt"))).sort()).toEqual([a.id, b.id].sort());
-    expect(tier.stats()).toMatchObject({ objects: 0, corrupt: 2 });
-    await tier.put(a.id, a.bytes, a.meta);
-    expect(Buffer.from((await tier.get(a.id))!.bytes).equals(Buffer.from(a.bytes))).toBe(true);
-    await tier.close();
-  });
+      await expect(tier.get(a.id)).rejects.toThrow(/content hashes to/);
+      await expect(tier.get(b.id)).rejects.toThrow(/truncated/);
+      expect(events.map((e) => [e.kind, "id" in e ? e.id : ""])).toEqual([
+        ["corrupt", a.id],
+        ["corrupt", b.id],
+      ]);
+      // Quarantined: the id reads as absent, the bad copy is kept for inspection, a put restores it.
+      expect(await tier.get(a.id)).toBeUndefined();
+      expect((await readdir(join(dir, "corrupt"))).sort()).toEqual([a.id, b.id].sort());
+      expect(tier.stats()).toMatchObject({ objects: 0, corrupt: 2 });
+      await tier.put(a.id, a.bytes, a.meta);
+      expect(Buffer.from((await tier.get(a.id))!.bytes).equals(Buffer.from(a.bytes))).toBe(true);
+      await tier.close();
+    },
+  );
 
   it("a corrupt header (garbage under the id) is caught before any hashing", async () => {
     const tier = await FileTier.open({ dir, maxObjectBytes: 1 << 20, report: () => {} });

@@ -102,8 +102,14 @@ describe("write-behind queue", () => {
     const x = verified(10, "x");
     void reservation(await q2.reserve(10, "required")).commit(x);
     const order: string[] = [];
-    const w1 = q2.reserve(10, "required").then((r) => (order.push("first"), r));
-    const w2 = q2.reserve(10, "required").then((r) => (order.push("second"), r));
+    const w1 = q2.reserve(10, "required").then((r) => {
+      order.push("first");
+      return r;
+    });
+    const w2 = q2.reserve(10, "required").then((r) => {
+      order.push("second");
+      return r;
+    });
     // An optional write does not overtake waiting required ones.
     expect(await q2.reserve(10, "optional")).toHaveProperty("refused");
     g.finish(x.id);
