@@ -62,6 +62,8 @@ export class FileTier implements ChunkTier {
   readonly maxObjectBytes: number;
   private readonly pieceBytes: number;
   private readonly syncReadMaxBytes: number;
+  /** Warm buffer the blocking small-object reads go through (syncReadMaxBytes long, made on first use). */
+  private scratch: Buffer | undefined;
   private readonly report: StoreReporter;
   private readonly counters = new TierCounters();
   private objects = 0;
@@ -308,14 +310,19 @@ export class FileTier implements ChunkTier {
     try {
       const { size } = fstatSync(fd);
       if (size > this.syncReadMaxBytes) return "large";
-      const whole = Buffer.allocUnsafe(size);
+      // Read into the tier's one warm scratch buffer (safe to share: nothing
+      // between here and the copy out yields), then copy the verified payload
+      // out: into `dest`, or a fresh buffer for get().
+      this.scratch ??= Buffer.allocUnsafe(this.syncReadMaxBytes);
+      const whole = this.scratch.subarray(0, size);
       let got = 0;
       while (got < size) {
         const n = readSync(fd, whole, got, size - got, got);
         if (n === 0) break;
         got += n;
       }
-      return this.verifyWhole(id, whole.subarray(0, got), dest);
+      const verified = this.verifyWhole(id, whole.subarray(0, got), dest);
+      return dest === undefined ? { ...verified, bytes: Buffer.from(verified.bytes) } : verified;
     } finally {
       closeSync(fd);
     }
