@@ -44,6 +44,7 @@ interface LatencyFigures {
   p99Us: number;
   p50WithLookupUs: number;
   p99WithLookupUs: number;
+  p99MinOf3Us: number;
   candidatesPerDecision: number;
 }
 
@@ -143,12 +144,25 @@ export function decisionLatency(decisions: number): LatencyFigures {
   for (let i = 0; i < Math.min(500, decisions); i++) decide(i, false, answers[i]!); // warm up the JIT and memos
   const plain: number[] = [];
   const withLookup: number[] = [];
+  // Each decision is also timed 3 times and the fastest kept: on a shared,
+  // oversubscribed machine the wall-clock tail is mostly preemption, and the
+  // minimum of repeats keeps each request's own work (its chain, its
+  // candidates) while dropping most of the scheduler's noise.
+  const minOf3: number[] = [];
   let candidates = 0;
   for (let i = 0; i < decisions; i++) {
     let t = process.hrtime.bigint();
     const d = decide(i, false, answers[i]!);
-    plain.push(Number(process.hrtime.bigint() - t) / 1000);
+    const first = Number(process.hrtime.bigint() - t) / 1000;
+    plain.push(first);
     candidates += d.ranked.length;
+    let best = first;
+    for (let k = 0; k < 2; k++) {
+      t = process.hrtime.bigint();
+      decide(i, false, answers[i]!);
+      best = Math.min(best, Number(process.hrtime.bigint() - t) / 1000);
+    }
+    minOf3.push(best);
     t = process.hrtime.bigint();
     decide(i, true, answers[i]!);
     withLookup.push(Number(process.hrtime.bigint() - t) / 1000);
@@ -158,6 +172,7 @@ export function decisionLatency(decisions: number): LatencyFigures {
     p99Us: percentile(plain, 99),
     p50WithLookupUs: percentile(withLookup, 50),
     p99WithLookupUs: percentile(withLookup, 99),
+    p99MinOf3Us: percentile(minOf3, 99),
     candidatesPerDecision: candidates / decisions,
   };
 }
@@ -196,6 +211,7 @@ const bench: Bench = {
       decision_p99_ms: round(lat.p99Us / 1000),
       decision_with_lookup_p50_ms: round(lat.p50WithLookupUs / 1000),
       decision_with_lookup_p99_ms: round(lat.p99WithLookupUs / 1000),
+      decision_p99_min_of_3_ms: round(lat.p99MinOf3Us / 1000),
       candidates_per_decision: round(lat.candidatesPerDecision),
     };
     const ratios: Record<string, number | null> = {};

@@ -104,11 +104,28 @@ function residentSet(hb: Heartbeat): ReadonlySet<NodeId> {
   return s;
 }
 
-/** Index of the longest chain boundary resident on the worker, or -1. A node id commits to its whole prefix. */
+/**
+ * Index of the longest chain boundary resident on the worker, or -1.
+ *
+ * A heartbeat lists every resident chunk boundary, and resident pages of a
+ * prefix hold all of its ancestors, so residency is monotone along a chain:
+ * resident(i) ⇒ resident(j) for j < i. Binary search then needs ⌈log2 n⌉
+ * lookups. Invariant: chain[lo] is resident (or lo = -1), chain[hi] is not
+ * (or hi = n). If a worker's list were not prefix-closed, the answer is still
+ * a resident boundary (a node id commits to its whole prefix), only perhaps
+ * not the longest.
+ */
 export function longestResident(hb: Heartbeat, chain: readonly ChainBoundary[]): number {
   const set = residentSet(hb);
-  for (let i = chain.length - 1; i >= 0; i--) if (set.has(chain[i]!.nodeId)) return i;
-  return -1;
+  if (set.size === 0) return -1;
+  let lo = -1;
+  let hi = chain.length;
+  while (hi - lo > 1) {
+    const mid = (lo + hi) >>> 1;
+    if (set.has(chain[mid]!.nodeId)) lo = mid;
+    else hi = mid;
+  }
+  return lo;
 }
 
 /** Per chain node: the best local tier per worker, the ram/ssd holders (for peers), and S3. */
@@ -142,13 +159,56 @@ function indexReplicas(answer: CatalogAnswer, nodes: number): ChunkSources[] {
 
 const NO_SOURCE = TIER_CLASSES.length;
 
-/** Rank of the fastest tier `worker` can read chunk `c` from: own RAM/SSD, else a peer, else S3, else NO_SOURCE. */
-function bestRank(c: ChunkSources, worker: WorkerId, hasS3: boolean): number {
-  const own = c.local.get(worker);
+/**
+ * Rank of the fastest tier `worker` can read chunk `c` from: own RAM/SSD,
+ * else a peer, else S3, else NO_SOURCE. `worker` null: one holding nothing.
+ */
+function bestRank(c: ChunkSources, worker: WorkerId | null, hasS3: boolean): number {
+  const own = worker === null ? undefined : c.local.get(worker);
   if (own !== undefined) return TIER_RANK[own];
   if (c.holders > 1 || (c.holders === 1 && c.firstHolder !== worker)) return TIER_RANK.peer;
   if (c.s3 && hasS3) return TIER_RANK.s3;
   return NO_SOURCE;
+}
+
+/** A durable tier class's prefix: its length in chain nodes and the bytes to fetch by tier. */
+interface DurableClass {
+  readonly source: RestoreTier;
+  readonly len: number;
+  readonly bytes: Readonly<Record<RestoreTier, number>>;
+}
+
+/**
+ * One pass over the chain: each chunk's fastest source for `worker` (own
+ * RAM/SSD, else a peer's, else S3). Class k's prefix is the leading run of
+ * chunks whose fastest rank ≤ k, and its bytes are those chunks' bytes at
+ * that rank: bytes[t] = Σ chunk tokens × kvBytesPerToken. Only classes
+ * strictly longer than the faster class are kept.
+ */
+function durableClasses(
+  sources: readonly ChunkSources[],
+  chain: readonly ChainBoundary[],
+  kvBytesPerToken: number,
+  hasS3: boolean,
+  worker: WorkerId | null,
+): DurableClass[] {
+  const out: DurableClass[] = [];
+  const bytes = { ram: 0, ssd: 0, peer: 0, s3: 0 };
+  let prevLen = 0;
+  let cls = 0;
+  for (let len = 0; ; len++) {
+    const rank = len < sources.length ? bestRank(sources[len]!, worker, hasS3) : NO_SOURCE;
+    // Every class faster than this chunk's source ends before it.
+    for (; cls < rank && cls < TIER_CLASSES.length; cls++) {
+      if (len > prevLen) {
+        out.push({ source: TIER_CLASSES[cls]!, len, bytes: Object.freeze({ ...bytes }) });
+        prevLen = len;
+      }
+    }
+    if (rank === NO_SOURCE) return out;
+    const chunkTokens = chain[len]!.tokens - (len === 0 ? 0 : chain[len - 1]!.tokens);
+    bytes[TIER_CLASSES[rank]!] += chunkTokens * kvBytesPerToken;
+  }
 }
 
 export interface DeriveOptions {
@@ -174,6 +234,9 @@ export function deriveCandidates(
 ): Candidates {
   const chain = request.chain;
   const sources = indexReplicas(catalog, chain.length);
+  const holders = new Set<WorkerId>();
+  for (const c of sources) for (const w of c.local.keys()) holders.add(w);
+  const generic = new Map<string, readonly DurableClass[]>();
   const candidates: Candidate[] = [];
   const dropped: DroppedCandidate[] = [];
 
@@ -199,32 +262,29 @@ export function deriveCandidates(
       }
     }
 
-    // One pass over the chain: each chunk's fastest source for this worker
-    // (own RAM/SSD, else a peer's, else S3). Class k's prefix is the leading
-    // run of chunks whose fastest rank ≤ k, and its bytes are those chunks'
-    // bytes at that rank: bytes[t] = Σ chunk tokens × kvBytesPerToken.
+    // A worker holding no chunk of this chain sees the same sources as every
+    // other such worker (peers and S3): derive that once and share it.
     const hasS3 = hb.durableTiers.includes("s3");
-    const bytes = { ram: 0, ssd: 0, peer: 0, s3: 0 };
-    let prevLen = 0;
-    let cls = 0;
-    for (let len = 0; ; len++) {
-      const rank = len < sources.length ? bestRank(sources[len]!, w, hasS3) : NO_SOURCE;
-      // Every class faster than this chunk's source ends before it.
-      for (; cls < rank && cls < TIER_CLASSES.length; cls++) {
-        if (len > prevLen) {
-          candidates.push({
-            workerId: w,
-            source: TIER_CLASSES[cls]!,
-            cachedTokens: chain[len - 1]!.tokens,
-            boundary: chain[len - 1]!.nodeId,
-            bytesByTier: { ...bytes },
-          });
-          prevLen = len;
-        }
+    let classes: readonly DurableClass[];
+    if (holders.has(w)) {
+      classes = durableClasses(sources, chain, hb.kvBytesPerToken, hasS3, w);
+    } else {
+      const key = `${hasS3}|${hb.kvBytesPerToken}`;
+      let shared = generic.get(key);
+      if (!shared) {
+        shared = durableClasses(sources, chain, hb.kvBytesPerToken, hasS3, null);
+        generic.set(key, shared);
       }
-      if (rank === NO_SOURCE) break;
-      const chunkTokens = chain[len]!.tokens - (len === 0 ? 0 : chain[len - 1]!.tokens);
-      bytes[TIER_CLASSES[rank]!] += chunkTokens * hb.kvBytesPerToken;
+      classes = shared;
+    }
+    for (const c of classes) {
+      candidates.push({
+        workerId: w,
+        source: c.source,
+        cachedTokens: chain[c.len - 1]!.tokens,
+        boundary: chain[c.len - 1]!.nodeId,
+        bytesByTier: c.bytes,
+      });
     }
 
     candidates.push({

@@ -149,6 +149,7 @@ const HeartbeatBody = Schema.Struct({
   kvBytesPerToken: Schema.Int.check(Schema.isGreaterThanOrEqualTo(1)),
   freePages: PageCountField,
   evictablePages: PageCountField,
+  /** Every resident chunk boundary (prefix-closed: a listed boundary's ancestors are listed too). */
   residentPrefixes: Schema.Array(ResidentPrefix).check(Schema.isMaxLength(MAX_RESIDENT_PREFIXES)),
   durableTiers: Schema.Array(Schema.Literals(StoreTiers)).check(Schema.isMaxLength(StoreTiers.length)),
   queue: QueueState,
