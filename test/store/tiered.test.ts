@@ -1,6 +1,7 @@
 import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { Effect } from "effect";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { resolveConfig } from "../../schema/config.ts";
 import {
@@ -11,6 +12,7 @@ import {
 } from "../../worker/store/errors.ts";
 import { FileTier } from "../../worker/store/file.ts";
 import { openChunkStore } from "../../worker/store/index.ts";
+import { ChunkStore } from "../../worker/store/layer.ts";
 import { RamTier } from "../../worker/store/ram.ts";
 import { S3Tier } from "../../worker/store/s3.ts";
 import { TieredChunkStore } from "../../worker/store/tiered.ts";
@@ -158,6 +160,49 @@ describe("tiered chunk store (RAM → files → real S3)", () => {
 });
 
 describe("openChunkStore from the configuration", () => {
+  it("the Effect layer opens the store for a scope and, when it ends, finishes uploads then closes", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "continuum-layer-"));
+    const env = s3Env();
+    const bucket = bucketName("layer");
+    const config = resolveConfig(
+      { store: { dataDir: dir, s3: { enabled: true, createBucket: true, bucket } } },
+      {
+        CONTINUUM_STORE_S3_ENDPOINT: env.endpoint,
+        CONTINUUM_STORE_S3_ACCESS_KEY_ID: env.accessKeyId,
+        CONTINUUM_STORE_S3_SECRET_ACCESS_KEY: env.secretAccessKey,
+      },
+    );
+    const c = chunkOf(2 * MiB, "layer");
+    const program = Effect.gen(function* () {
+      const store = yield* ChunkStore;
+      const r = yield* Effect.promise(() => store.put(c.id, c.bytes, c.meta, "optional"));
+      expect(r.status).toBe("stored");
+      return store;
+    });
+    try {
+      const store = await Effect.runPromise(
+        program.pipe(Effect.provide(ChunkStore.layer(config.store, () => {}))),
+      );
+      await expect(store.get(c.id)).rejects.toThrow(StoreClosedError);
+      // The write-behind upload was finished by the release, not dropped.
+      const check = await S3Tier.open({
+        ...env,
+        bucket,
+        maxObjectBytes: 32 * MiB,
+        multipartThresholdBytes: 16 * MiB,
+        partBytes: 8 * MiB,
+        partConcurrency: 1,
+        maxAttempts: 2,
+        retryBaseMs: 50,
+        requestTimeoutMs: 30_000,
+      });
+      expect((await check.get(c.id))?.meta).toEqual(c.meta);
+      await check.close();
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
   it("builds RAM, file and S3 tiers from config (env overrides) and round-trips", async () => {
     const dir = await mkdtemp(join(tmpdir(), "continuum-cfg-"));
     const env = s3Env();
