@@ -48,7 +48,7 @@ fetch() {
   if [ ! -f "$lib/.complete" ]; then
     echo "s3proxy.sh: fetching S3Proxy from Maven Central (first run only)..." >&2
     rm -rf "$lib"
-    mvn -q -B -f "$here/s3/pom.xml" dependency:copy-dependencies \
+    mvn -q -B --no-transfer-progress -Dstyle.color=never -f "$here/s3/pom.xml" dependency:copy-dependencies \
       -DoutputDirectory="$lib" -DincludeScope=runtime >&2
     touch "$lib/.complete"
   fi
@@ -117,6 +117,7 @@ EOF
 
 stop() {
   if ! [ -f "$pidfile" ]; then
+    rm -f "$run/$port.properties" "$logfile"
     echo "stopped port=$port"
     return 0
   fi
@@ -130,7 +131,7 @@ stop() {
     done
     kill -0 "$pid" 2>/dev/null && kill -9 "$pid" 2>/dev/null || true
   fi
-  rm -f "$pidfile" "$run/$port.data"
+  rm -f "$pidfile" "$run/$port.data" "$run/$port.properties" "$logfile"
   echo "stopped port=$port"
 }
 
