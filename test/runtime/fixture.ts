@@ -22,7 +22,18 @@ export interface RuntimeFixture {
   close(): Promise<void>;
 }
 
+/** A started runtime over a fresh engine for `model`. */
 export async function startRuntime(
+  model: LoadedModel,
+  overrides: Partial<RuntimeOptions> = {},
+): Promise<RuntimeFixture> {
+  const f = await openRuntime(model, overrides);
+  f.runtime.start();
+  return f;
+}
+
+/** Like startRuntime, but the caller starts the loop (to test what happens around start). */
+export async function openRuntime(
   model: LoadedModel,
   overrides: Partial<RuntimeOptions> = {},
 ): Promise<RuntimeFixture> {
@@ -48,7 +59,6 @@ export async function startRuntime(
   };
   const engine = await loadEngine(model, opts, 2);
   const runtime = new WorkerRuntime(engine, opts);
-  runtime.start();
   return {
     runtime,
     engine,

@@ -3,7 +3,7 @@ import { RequestId } from "../../schema/ids.ts";
 import type { LoadedModel } from "../../worker/model/model-dir.ts";
 import type { SubmitRequest, WorkerRuntime } from "../../worker/runtime/runtime.ts";
 import type { RuntimeEvent } from "../../worker/runtime/sequence.ts";
-import { type RuntimeFixture, startRuntime, tinyModel } from "./fixture.ts";
+import { openRuntime, type RuntimeFixture, startRuntime, tinyModel } from "./fixture.ts";
 
 let model: LoadedModel;
 let cleanup: () => Promise<void>;
@@ -137,8 +137,9 @@ describe("worker runtime (tiny model, real engine)", () => {
     );
     const highTokens = (await highResults).map((r) => r.tokens);
     expect(small.runtime.stats().preemptions).toBeGreaterThan(0);
-    low.forEach((r, i) => expect(lowResults[i], r.requestId).toEqual(expected.get(r.requestId)));
-    high.forEach((r, i) => expect(highTokens[i], r.requestId).toEqual(expected.get(r.requestId)));
+    for (const [i, r] of low.entries()) expect(lowResults[i], r.requestId).toEqual(expected.get(r.requestId));
+    for (const [i, r] of high.entries())
+      expect(highTokens[i], r.requestId).toEqual(expected.get(r.requestId));
     expectNoLeak(small);
     await small.close();
   });
@@ -166,6 +167,20 @@ describe("worker runtime (tiny model, real engine)", () => {
     // A request after the cancels still runs, and nothing stays reserved.
     await run(f.runtime, request("after", prompt(79, 10), 3));
     expectNoLeak(f);
+    await f.close();
+  });
+
+  it("serves a request submitted in the same tick as start (no lost wake-up)", async () => {
+    const f = await openRuntime(model);
+    f.runtime.start();
+    // Before the loop's first iteration has even looked at the queue.
+    const out = run(f.runtime, request("same-tick", prompt(5, 12), 3));
+    const bound = new Promise<never>((_, reject) =>
+      setTimeout(() => reject(new Error("the request was never served")), 30_000).unref(),
+    );
+    const result = await Promise.race([out, bound]);
+    expect(result.end).toMatchObject({ type: "end", reason: "length" });
+    expect(result.tokens).toHaveLength(3);
     await f.close();
   });
 

@@ -118,6 +118,8 @@ export class WorkerRuntime {
   private readonly cache = new Map<ContinuationId, CacheRoute>();
   private readonly calibrator: CostCalibrator;
   private wake: (() => void) | null = null;
+  /** A signal arrived since the current iteration began: the loop must not sleep. */
+  private signalled = false;
   private loopDone: Promise<void> | null = null;
   private stopping = false;
   private arrivals = 0;
@@ -242,6 +244,7 @@ export class WorkerRuntime {
   // ---- the loop ------------------------------------------------------------
 
   private signal(): void {
+    this.signalled = true;
     const w = this.wake;
     this.wake = null;
     w?.();
@@ -249,6 +252,10 @@ export class WorkerRuntime {
 
   private async loop(): Promise<void> {
     while (!this.stopping) {
+      // Cleared before the iteration reads any state, so a submit or cancel
+      // that lands after this point (during a step, or before the loop first
+      // ran) is never lost: the loop iterates again instead of sleeping.
+      this.signalled = false;
       let progressed = false;
       try {
         progressed = await this.iterate();
@@ -261,7 +268,7 @@ export class WorkerRuntime {
         for (const seq of [...this.seqs.values()])
           this.fail(seq, `internal error: ${(err as Error).message}`);
       }
-      if (!progressed && !this.stopping) {
+      if (!progressed && !this.stopping && !this.signalled) {
         await new Promise<void>((resolve) => {
           this.wake = resolve;
         });
