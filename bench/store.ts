@@ -43,9 +43,9 @@ async function rate(bytes: number, op: () => Promise<void>): Promise<number> {
 }
 
 /**
- * put then get (each verified) of every sample. Each get round is followed by
- * a sha256 pass over the same bytes, so the ratio compares the two under the
- * same machine load (a shared machine's load drifts within seconds).
+ * put then get (each verified) of every sample. Each get is followed by a
+ * sha256 of the same bytes, so the ratio compares the two under the same
+ * machine load (a shared machine's load drifts within seconds).
  */
 async function measureTier(
   tier: ChunkTier,
@@ -58,17 +58,19 @@ async function measureTier(
   });
   let getMs = 0;
   let shaMs = 0;
+  // Alternate per object: get one chunk, then hash the same bytes, so both
+  // see the same moment's load.
   for (let r = 0; r < getRounds; r++) {
-    let t0 = performance.now();
     for (const s of set) {
+      let t0 = performance.now();
       const c = await tier.get(s.id);
+      getMs += performance.now() - t0;
       if (c === undefined || c.bytes.byteLength !== s.bytes.byteLength)
         throw new Error(`${tier.tier}: lost ${s.id}`);
+      t0 = performance.now();
+      createHash("sha256").update(s.bytes).digest();
+      shaMs += performance.now() - t0;
     }
-    getMs += performance.now() - t0;
-    t0 = performance.now();
-    for (const s of set) createHash("sha256").update(s.bytes).digest();
-    shaMs += performance.now() - t0;
   }
   const mb = (total * getRounds) / MB;
   return { put, get: mb / (getMs / 1000), sha256: mb / (shaMs / 1000) };
@@ -87,15 +89,15 @@ async function measureReadInto(
   let getMs = 0;
   let shaMs = 0;
   for (let r = 0; r < rounds; r++) {
-    let t0 = performance.now();
     for (const s of set) {
+      let t0 = performance.now();
       const got = await tier.readInto(s.id, staging);
+      getMs += performance.now() - t0;
       if (got?.bytes !== s.bytes.byteLength) throw new Error(`file: lost ${s.id}`);
+      t0 = performance.now();
+      createHash("sha256").update(s.bytes).digest();
+      shaMs += performance.now() - t0;
     }
-    getMs += performance.now() - t0;
-    t0 = performance.now();
-    for (const s of set) createHash("sha256").update(s.bytes).digest();
-    shaMs += performance.now() - t0;
   }
   const mb = (set.reduce((n, s) => n + s.bytes.byteLength, 0) * rounds) / MB;
   return { get: mb / (getMs / 1000), sha256: mb / (shaMs / 1000) };
@@ -137,7 +139,7 @@ const bench: Bench = {
       { label: "256k", size: small, count: quick ? 64 : 256 },
       { label: "32m", size: large, count: quick ? 2 : 4 },
     ];
-    const getRounds = quick ? 2 : 4;
+    const getRounds = quick ? 3 : 6;
     const figures: Record<string, number | string | boolean | null> = {};
     const ratios: Record<string, number | null> = {};
     const dir = await mkdtemp(join(tmpdir(), "continuum-bench-store-"));
