@@ -24,7 +24,7 @@ import {
   checkAdmission,
   complete,
   freshAdmission,
-} from "../worker-admission.ts";
+} from "../../schema/admission.ts";
 
 /**
  * A simulated worker: the real worker admission machine over a modelled page

@@ -10,7 +10,7 @@ import {
 } from "../../controller/assignments.ts";
 import { emptyView, observe } from "../../controller/heartbeat-view.ts";
 import { defaultRouterPolicy, route } from "../../controller/router.ts";
-import { admit, cancel, complete, freshAdmission } from "../../controller/worker-admission.ts";
+import { admit, cancel, complete, freshAdmission } from "../../schema/admission.ts";
 import type { CandidateRecord } from "../../schema/control.ts";
 import type { TokenCount } from "../../schema/ids.ts";
 import { chain, FP, heartbeat, OTHER_FP, request, rid, wid } from "./fixtures.ts";

@@ -1,4 +1,4 @@
-import type { Accept, Cancel, Decline, Offer } from "../schema/control.ts";
+import type { Accept, Cancel, Decline, Offer } from "./control.ts";
 import {
   type ModelFingerprint,
   type PageCount,
@@ -6,7 +6,7 @@ import {
   type RequestId,
   type TokenCount,
   type WorkerId,
-} from "../schema/ids.ts";
+} from "./ids.ts";
 
 /**
  * The worker's half of fenced assignments (pure; imports only schema/, so the
