@@ -20,6 +20,7 @@ import {
   type ResidencyInputs,
   type RoutePolicy,
 } from "../residency/residency.ts";
+import type { PrefixRestorer, RouteCheckpointer } from "../restore/hooks.ts";
 import { type Admission, type Preemption, planIteration } from "../scheduler/plan-iteration.ts";
 import type { Budgets, RequestRecord } from "../scheduler/request.ts";
 import { buildBatch, type Lane } from "./batch.ts";
@@ -41,6 +42,10 @@ export interface RuntimeOptions {
   readonly maxQueued: number;
   readonly costs: ConfiguredCosts;
   readonly logger: Logger;
+  /** Durable prefix restore (worker/restore): absent, only resident pages are reused. */
+  readonly restore?: PrefixRestorer;
+  /** Checkpoint of retired routes into durable chunks (worker/checkpoint): absent, nothing is captured. */
+  readonly checkpoint?: RouteCheckpointer;
 }
 
 export interface SubmitRequest {
@@ -116,6 +121,8 @@ export class WorkerRuntime {
   readonly pages: PageManager;
   private readonly seqs = new Map<RequestId, Sequence>();
   private readonly cache = new Map<ContinuationId, CacheRoute>();
+  /** Requests whose restore is loading pages: not runnable, not preemptible, until it settles. */
+  private readonly restoring = new Set<RequestId>();
   private readonly calibrator: CostCalibrator;
   private wake: (() => void) | null = null;
   /** A signal arrived since the current iteration began: the loop must not sleep. */
@@ -441,7 +448,7 @@ export class WorkerRuntime {
         s.cachedTokens > 0 ? { kind: "resident", tokens: TokenCount(s.cachedTokens) } : { kind: "recompute" },
       repairTokens: TokenCount(0),
       state: s.state,
-      runnable: true,
+      runnable: !this.restoring.has(s.id),
       admitPages: admitPages as PageCount,
       reservedPages: (route?.reservedPages ?? 0) as PageCount,
       releasablePages: releasable as PageCount,
@@ -490,6 +497,7 @@ export class WorkerRuntime {
       seq.cachedTokens = seq.processed;
       seq.admittedAt = performance.now();
       this.counters.cachedPromptTokens += seq.processed;
+      this.beginRestore(seq);
     }
     seq.state = "running";
     seq.preempted = null;
@@ -499,7 +507,7 @@ export class WorkerRuntime {
 
   private preempt(p: Preemption, now: number): void {
     const seq = this.seqs.get(p.id);
-    if (!seq || seq.state !== "running") return;
+    if (!seq || seq.state !== "running" || this.restoring.has(seq.id)) return;
     this.counters.preemptions++;
     if (p.disposition === "keep-resident") {
       this.pages.reserve(seq.route, TokenCount(seq.processed));
@@ -539,8 +547,49 @@ export class WorkerRuntime {
         this.pages.openRoute(id, { prefix: shareable, now });
         this.cache.set(id, { pages: shareable.length, hits: 0 });
       }
+      this.opts.checkpoint?.offer({
+        route: id,
+        tokens: seq.tokens.slice(0, shareable.length * this.opts.pageTokens),
+        salt: seq.salt,
+        hits: this.cache.get(id)?.hits ?? 0,
+        pages: this.pages,
+        calibration: this.calibrator.value,
+      });
     }
     this.pages.releaseRoute(seq.route);
+  }
+
+  /**
+   * At first admission, after resident pages were adopted: lets the durable
+   * cache restore more of the prompt's prefix into the route. While its load is
+   * in flight the request is admitted but not runnable; when it settles the
+   * request continues from the restored rows, or (the restore gave up, the
+   * load abandoned) from its resident rows, recomputing the rest.
+   */
+  private beginRestore(seq: Sequence): void {
+    const restore = this.opts.restore;
+    if (!restore) return;
+    const ticket = restore.begin({
+      route: seq.route,
+      tokens: seq.tokens.slice(0, seq.tokens.length - 1),
+      salt: seq.salt,
+      residentTokens: seq.processed,
+      pages: this.pages,
+      availablePages: this.pages.route(seq.route).reservedPages,
+      calibration: this.calibrator.value,
+      record: (sample) => this.calibrator.record(sample),
+    });
+    if (!ticket) return;
+    this.restoring.add(seq.id);
+    void ticket.done.then((ok) => {
+      this.restoring.delete(seq.id);
+      if (ok && this.seqs.get(seq.id) === seq && !seq.cancelled) {
+        this.counters.cachedPromptTokens += ticket.restoreTo - seq.processed;
+        seq.processed = ticket.restoreTo;
+        seq.cachedTokens = ticket.restoreTo;
+      }
+      this.signal();
+    });
   }
 
   private noteHit(lastHash: PrefixHash, now: number): void {

@@ -46,7 +46,8 @@ export class Sequence {
     readonly arrival: number,
     readonly events: EventChannel<RuntimeEvent>,
     pageTokens: number,
-    salt: string | undefined,
+    /** The tenant's cache salt (the chain root of its prefixes, page and chunk alike). */
+    readonly salt: string | undefined,
     now: number,
   ) {
     this.route = ContinuationId(`r:${id}`);

@@ -1,0 +1,96 @@
+import { randomUUID } from "node:crypto";
+import type { ProposalSink } from "../../catalog/log.ts";
+import type { Replica } from "../../catalog/replica.ts";
+import { type CatalogOp, ProposalMsg, type Tier } from "../../schema/catalog.ts";
+import type { ModelFingerprint, NodeId } from "../../schema/ids.ts";
+import { encodeMessage } from "../../schema/wire.ts";
+
+/**
+ * This worker's side of the catalog: proposals out (through the log's
+ * proposals stream), facts in (through its own replica). Publication is only
+ * ever proposed here after the store confirmed the bytes; nothing becomes
+ * visible until the writer accepted it and the replica applied it.
+ */
+export interface CatalogIdentity {
+  readonly workerId: string;
+  readonly fingerprint: ModelFingerprint;
+  readonly modelName: string;
+  /** The model's attention-state layout (chunk/layout must equal it). */
+  readonly layout: string;
+  readonly chunkTokens: number;
+}
+
+export class CatalogLink {
+  /** A per-process nonce so proposal ids of a restarted worker never collide with its last life's. */
+  private readonly nonce = randomUUID().slice(0, 8);
+  private seq = 0;
+
+  constructor(
+    readonly sink: ProposalSink,
+    readonly replica: Replica,
+    readonly id: CatalogIdentity,
+  ) {}
+
+  get db() {
+    return this.replica.catalog;
+  }
+
+  /** Appends one proposal; resolves once the log holds it (not once it is applied). */
+  async propose(ops: readonly CatalogOp[]): Promise<void> {
+    const proposal = {
+      id: `${this.id.workerId}/${this.nonce}/${++this.seq}`,
+      clientId: this.id.workerId,
+      ops,
+    };
+    await this.sink.propose(encodeMessage(ProposalMsg, proposal));
+  }
+
+  /** Registers the model and this worker (with its peer address) and waits until the replica holds both. */
+  async register(address: string, timeoutMs: number): Promise<void> {
+    const { fingerprint, modelName, layout, chunkTokens, workerId } = this.id;
+    await this.propose([
+      { op: "model.registered", fingerprint, name: modelName, layout, chunkTokens },
+      { op: "worker.registered", worker: workerId, model: fingerprint, address },
+    ]);
+    const ok = await this.waitUntil(() => {
+      const w = this.db.eidOf("worker/id", workerId);
+      return w !== undefined && this.db.get(w, "worker/address") === address;
+    }, timeoutMs);
+    if (!ok) throw new Error(`catalog: worker ${workerId} was not registered within ${timeoutMs} ms`);
+  }
+
+  /** Ready replica of `node` on this worker's `tier` in the local replica. */
+  holdsReady(node: NodeId, tier: Tier): boolean {
+    const c = this.db.eidOf("chunk/node", node);
+    if (c === undefined) return false;
+    for (const r of this.db.replicasOf(c)) {
+      if (this.db.get(r, "replica/tier") !== tier || this.db.get(r, "replica/state") !== "ready") continue;
+      const w = this.db.get(r, "replica/worker") as number;
+      if (this.db.get(w, "worker/id") === this.id.workerId) return true;
+    }
+    return false;
+  }
+
+  /** Peer address of a worker, from the catalog. */
+  addressOf(worker: string): string | undefined {
+    const w = this.db.eidOf("worker/id", worker);
+    return w === undefined ? undefined : (this.db.get(w, "worker/address") as string | undefined);
+  }
+
+  /** Resolves true when `pred` holds on the replica (checked now and after each applied batch), false at the deadline. */
+  waitUntil(pred: () => boolean, timeoutMs: number): Promise<boolean> {
+    if (pred()) return Promise.resolve(true);
+    return new Promise((resolve) => {
+      const stop = this.replica.listen(() => {
+        if (!pred()) return;
+        clearTimeout(timer);
+        stop();
+        resolve(true);
+      });
+      const timer = setTimeout(() => {
+        stop();
+        resolve(pred());
+      }, timeoutMs);
+    });
+  }
+}

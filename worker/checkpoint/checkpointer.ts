@@ -1,0 +1,261 @@
+import type { Engine } from "../../native/index.ts";
+import type { CatalogOp } from "../../schema/catalog.ts";
+import { type ChainNode, catalogNodeId, prefixChain } from "../../schema/identity.ts";
+import type { ContinuationId, NodeId, PageId } from "../../schema/ids.ts";
+import type { Logger } from "../../schema/log.ts";
+import { type Estimate, smooth } from "../calibration/calibration.ts";
+import type { PageManager } from "../pages/page-manager.ts";
+import type { CheckpointOffer, RouteCheckpointer } from "../restore/hooks.ts";
+import type { ChunkTiers } from "../restore/tiers.ts";
+import { captureDecision } from "./admission.ts";
+import type { CatalogLink } from "./catalog-link.ts";
+import { describeChunk, type KvGeometry, packChunk } from "./chunk-format.ts";
+
+export interface CheckpointerOptions {
+  readonly engine: Pick<Engine, "downloadPages">;
+  readonly geometry: KvGeometry;
+  readonly tiers: ChunkTiers;
+  readonly catalog: CatalogLink;
+  readonly pageTokens: number;
+  readonly chunkTokens: number;
+  /** Captures (routes) waiting at once; one more is skipped. */
+  readonly maxQueued: number;
+  /** Host staging for one chunk; an offer whose chunk is larger is refused before it queues. */
+  readonly maxStagingBytes: number;
+  /** Capture cost per byte before the first measurement (download + re-pack + store write). */
+  readonly capturePerByteMs: number;
+  /** How long a publication may take to reach this worker's replica before the route stays non-durable. */
+  readonly publishTimeoutMs: number;
+  readonly logger: Logger;
+  /**
+   * Runs after the store confirmed a chunk and before its facts are proposed:
+   * the window in which a killed worker must leave no visible chunk (a test seam
+   * for exactly that crash; a rejection ends the capture there).
+   */
+  readonly beforePublish?: (node: NodeId) => Promise<void>;
+}
+
+export interface CheckpointStats {
+  readonly queued: number;
+  readonly skippedFull: number;
+  readonly skippedValue: number;
+  readonly refusedStaging: number;
+  readonly chunksStored: number;
+  readonly chunksPublished: number;
+  readonly failed: number;
+  readonly durableRoutes: number;
+  readonly capturePerByteMs: Estimate;
+}
+
+interface CaptureJob {
+  readonly route: ContinuationId;
+  readonly pages: PageManager;
+  readonly nodes: readonly ChainNode[];
+}
+
+/**
+ * Turns sealed, immutable page ranges of a route into durable, published chunks.
+ *
+ *   offer (sync, in the loop) ─▶ bounded queue ─▶ one capture at a time:
+ *     for each chunk of the route, in chain order:
+ *       beginCapture (pins its pages) ─▶ downloadPages (transfer thread)
+ *       ─▶ endCapture ─▶ re-pack token-major ─▶ store put (files, RAM,
+ *       write-behind to S3) ─▶ wait for the store's confirmation
+ *       ─▶ propose chunk.published + replica.ready
+ *     then wait for this worker's replica to apply the last chunk and mark the
+ *     route durable.
+ *
+ * Confirmation: a put's `durable` promise, which resolves once the most
+ * durable configured tier holds the chunk — the S3 upload acknowledged when S3
+ * is configured, the fsync'd local file otherwise. A chunk whose confirmation
+ * fails is never proposed, nor is any later chunk of the route (a child needs
+ * its parent published).
+ *
+ * Bounds: at most `maxQueued` routes wait; staging is one chunk's host copy
+ * (the next download starts after the previous payload is stored); a store
+ * whose write-behind queue is full refuses the optional put and the capture
+ * ends there. The loop never waits on any of it.
+ */
+export class Checkpointer implements RouteCheckpointer {
+  private readonly queue: CaptureJob[] = [];
+  /** Nodes queued or in capture, so a prefix offered twice is captured once. */
+  private readonly pending = new Set<NodeId>();
+  private running: Promise<void> | null = null;
+  private closed = false;
+  private capturePerByte: Estimate;
+  private counters = {
+    queued: 0,
+    skippedFull: 0,
+    skippedValue: 0,
+    refusedStaging: 0,
+    chunksStored: 0,
+    chunksPublished: 0,
+    failed: 0,
+    durableRoutes: 0,
+  };
+
+  constructor(private readonly opts: CheckpointerOptions) {
+    if (!Number.isSafeInteger(opts.maxQueued) || opts.maxQueued < 1)
+      throw new RangeError(`checkpoint maxQueued must be a positive integer, got ${opts.maxQueued}`);
+    this.capturePerByte = { value: opts.capturePerByteMs, samples: 0 };
+  }
+
+  stats(): CheckpointStats {
+    return { ...this.counters, capturePerByteMs: this.capturePerByte };
+  }
+
+  offer(o: CheckpointOffer): "queued" | "skipped" | "refused" {
+    const { chunkTokens: C, geometry, catalog } = this.opts;
+    if (this.closed) return "skipped";
+    const chunkBytes = geometry.chunkBytes(C);
+    if (chunkBytes > this.opts.maxStagingBytes) {
+      this.counters.refusedStaging++;
+      return "refused";
+    }
+    const fp = catalog.id.fingerprint;
+    const chain = prefixChain(o.tokens, C, o.salt);
+    // Published nodes are skipped; capture the unpublished rest (their parents are published or precede them here).
+    let first = 0;
+    while (
+      first < chain.length &&
+      catalog.db.eidOf("chunk/node", catalogNodeId(fp, chain[first]!.hash)) !== undefined
+    )
+      first++;
+    const nodes = chain.slice(first).filter((n) => !this.pending.has(catalogNodeId(fp, n.hash)));
+    if (nodes.length === 0 || nodes[0]!.start !== (chain[first]?.start ?? -1)) return "skipped";
+    const c = o.calibration;
+    const decision = captureDecision(
+      { tokens: C, bytes: chunkBytes, hits: o.hits },
+      {
+        prefillPerTokenMs: c.prefillPerTokenMs.value,
+        capturePerByteMs: this.capturePerByte.value,
+        restorePerByteMs: c.restorePerByteMs.ssd.value,
+      },
+    );
+    if (!decision.capture) {
+      this.counters.skippedValue++;
+      return "skipped";
+    }
+    if (this.queue.length >= this.opts.maxQueued) {
+      this.counters.skippedFull++;
+      return "skipped";
+    }
+    for (const n of nodes) this.pending.add(catalogNodeId(fp, n.hash));
+    this.queue.push({ route: o.route, pages: o.pages, nodes });
+    this.counters.queued++;
+    this.running ??= this.pump();
+    return "queued";
+  }
+
+  /** Resolves when every queued capture has finished (stored and published, or given up). */
+  async idle(): Promise<void> {
+    while (this.running) await this.running;
+  }
+
+  /** Takes no more offers; drops queued captures and waits for the one in progress. */
+  async close(): Promise<void> {
+    this.closed = true;
+    this.queue.length = 0;
+    await this.idle();
+  }
+
+  private async pump(): Promise<void> {
+    try {
+      for (let job = this.queue.shift(); job; job = this.queue.shift()) {
+        try {
+          await this.capture(job);
+        } catch (err) {
+          this.counters.failed++;
+          this.opts.logger.log("warn", "checkpoint.failed", {
+            route: job.route,
+            message: (err as Error).message,
+          });
+        } finally {
+          for (const n of job.nodes)
+            this.pending.delete(catalogNodeId(this.opts.catalog.id.fingerprint, n.hash));
+        }
+      }
+    } finally {
+      this.running = null;
+    }
+  }
+
+  private async capture(job: CaptureJob): Promise<void> {
+    const { catalog, tiers, geometry, pageTokens: P } = this.opts;
+    const fp = catalog.id.fingerprint;
+    let last: NodeId | undefined;
+    for (const node of job.nodes) {
+      // The route may have been evicted since the offer: nothing to capture then.
+      if (!job.pages.hasRoute(job.route)) return;
+      const end = node.start + node.count;
+      const firstPage = Math.floor(node.start / P);
+      const pageCount = Math.ceil(end / P) - firstPage;
+      const t0 = performance.now();
+      const capture = job.pages.beginCapture(job.route, firstPage, pageCount);
+      let pageBytes: Uint8Array;
+      try {
+        pageBytes = await this.opts.engine.downloadPages(capture.pages.map((t) => t.page as PageId));
+      } finally {
+        job.pages.endCapture(capture.id);
+      }
+      const payload = packChunk(
+        geometry,
+        { bytes: pageBytes, firstPageRow: firstPage * P, pageTokens: P },
+        node.start,
+        node.count,
+      );
+      const { descriptor, meta, id } = describeChunk(fp, catalog.id.layout, node, payload);
+      const put = await tiers.store.put(id, payload, meta, "optional");
+      if (put.status === "refused") {
+        this.counters.skippedFull++;
+        return;
+      }
+      await put.durable;
+      this.capturePerByte = smooth(this.capturePerByte, (performance.now() - t0) / payload.byteLength, 0.2);
+      this.counters.chunksStored++;
+      await this.opts.beforePublish?.(descriptor.node);
+      const verifiedAt = Date.now();
+      const me = catalog.id.workerId;
+      const ops: CatalogOp[] = [
+        {
+          op: "chunk.published",
+          node: descriptor.node,
+          prefix: descriptor.prefix,
+          parent: descriptor.parent,
+          model: fp,
+          start: descriptor.start,
+          tokens: descriptor.tokens,
+          content: id,
+          bytes: descriptor.bytes,
+          layout: descriptor.layout,
+          created: verifiedAt,
+        },
+        { op: "replica.ready", node: descriptor.node, worker: me, tier: "ssd", verifiedAt },
+      ];
+      if (tiers.ram !== undefined && (await tiers.ram.has(id)))
+        ops.push({ op: "replica.ready", node: descriptor.node, worker: me, tier: "ram", verifiedAt });
+      if (put.remote === "queued")
+        ops.push({ op: "replica.ready", node: descriptor.node, worker: me, tier: "s3", verifiedAt });
+      await catalog.propose(ops);
+      this.counters.chunksPublished++;
+      last = descriptor.node;
+    }
+    if (last === undefined) return;
+    const node = last;
+    const applied = await catalog.waitUntil(
+      () => catalog.db.eidOf("chunk/node", node) !== undefined,
+      this.opts.publishTimeoutMs,
+    );
+    if (!applied || !job.pages.hasRoute(job.route)) return;
+    try {
+      job.pages.markDurable(job.route);
+      this.counters.durableRoutes++;
+    } catch (err) {
+      // Fenced or busy since: it stays non-durable, which only costs eviction freedom.
+      this.opts.logger.log("debug", "checkpoint.not_durable", {
+        route: job.route,
+        message: (err as Error).message,
+      });
+    }
+  }
+}

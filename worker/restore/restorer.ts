@@ -1,0 +1,415 @@
+import { longestPublishedPrefix, readyReplicasOfChunk } from "../../catalog/queries.ts";
+import type { Engine } from "../../native/index.ts";
+import type { CatalogOp, Tier } from "../../schema/catalog.ts";
+import { catalogNodeId, prefixChain } from "../../schema/identity.ts";
+import type { ContentId, NodeId, PageId, PrefixHash } from "../../schema/ids.ts";
+import { TokenCount } from "../../schema/ids.ts";
+import type { Logger } from "../../schema/log.ts";
+import type { RestoreTier } from "../calibration/calibration.ts";
+import type { CatalogLink } from "../checkpoint/catalog-link.ts";
+import {
+  CHUNK_FORMAT,
+  type ChunkDescriptor,
+  type KvGeometry,
+  metaMismatch,
+  unpackChunk,
+} from "../checkpoint/chunk-format.ts";
+import type { LoadTicket, PageManager } from "../pages/page-manager.ts";
+import { fetchPeerChunk } from "../peer/client.ts";
+import { PageHashChain } from "../runtime/page-hashes.ts";
+import type { VerifiedChunk } from "../store/chunk.ts";
+import { CorruptChunkError } from "../store/errors.ts";
+import type { PrefixRestorer, RestoreRequest, RestoreTicket } from "./hooks.ts";
+import { type PlannedChunk, planRestore, type RestorePlan, type SourceOption } from "./plan.ts";
+import type { ChunkTiers } from "./tiers.ts";
+
+export interface RestorerOptions {
+  readonly engine: Pick<Engine, "uploadPages">;
+  readonly geometry: KvGeometry;
+  readonly tiers: ChunkTiers;
+  readonly catalog: CatalogLink;
+  readonly pageTokens: number;
+  readonly chunkTokens: number;
+  /** Bearer secret for peer reads (auth.clusterSecret); empty: peers are not a source. */
+  readonly peerSecret: string;
+  /** Deadline of one fetch from one source; past it the next source is tried. */
+  readonly fetchTimeoutMs: number;
+  /** Local copies of remotely fetched chunks written at once beside restores; more are skipped. */
+  readonly maxKeepInFlight?: number;
+  readonly logger: Logger;
+}
+
+export interface RestoreStats {
+  readonly restores: number;
+  readonly completed: number;
+  readonly abandoned: number;
+  readonly chunks: Readonly<Record<RestoreTier, number>>;
+  readonly bytes: Readonly<Record<RestoreTier, number>>;
+  /** Fetches that failed over to the next source, by reason. */
+  readonly fallbacks: { readonly missing: number; readonly corrupt: number; readonly unavailable: number };
+  readonly badReplicasProposed: number;
+}
+
+type FetchOutcome =
+  | { readonly ok: true; readonly chunk: VerifiedChunk }
+  | { readonly ok: false; readonly reason: "missing" | "corrupt" | "unavailable"; readonly detail: string };
+
+class DeadlineError extends Error {}
+
+const restoreTierOf = (t: Tier): RestoreTier => t;
+
+/**
+ * Restores a continuation's prefix from wherever it is cheapest, bit-exact.
+ *
+ * begin (sync, at admission): chain the processed tokens into chunk nodes,
+ * find the longest published prefix in this worker's catalog replica, list
+ * each chunk's ready sources (this worker's RAM/SSD, peers' RAM/SSD, S3) with
+ * a predicted cost from the calibrated per-byte costs, plan (plan.ts), and
+ * reserve the pages by beginning the load on the route.
+ *
+ * Then, beside the loop, chunk by chunk in order: fetch it from its cheapest
+ * source (a deadline per source; missing or corrupt → its replica is proposed
+ * bad and the next source is tried; unreachable or slow → the next source),
+ * check the verified metadata is the planned chunk, unpack its rows into a
+ * page-major staging span (one chunk plus a carried partial page), upload the
+ * pages it completed and complete their load tickets. Only when every page is
+ * uploaded does the page manager add them to the route (runnable). A chunk no
+ * source can give abandons the whole load: the route holds its resident rows
+ * again and the runtime recomputes; the output is the same.
+ *
+ * Chunks read from a peer or S3 are then kept in the local tiers and proposed
+ * as this worker's ready replicas (they were verified before any page saw them).
+ */
+export class Restorer implements PrefixRestorer {
+  private readonly keeping = new Set<Promise<void>>();
+  private counters = {
+    restores: 0,
+    completed: 0,
+    abandoned: 0,
+    chunks: { ram: 0, ssd: 0, peer: 0, s3: 0 } as Record<RestoreTier, number>,
+    bytes: { ram: 0, ssd: 0, peer: 0, s3: 0 } as Record<RestoreTier, number>,
+    fallbacks: { missing: 0, corrupt: 0, unavailable: 0 },
+    badReplicasProposed: 0,
+  };
+  private readonly running = new Set<Promise<boolean>>();
+
+  constructor(private readonly opts: RestorerOptions) {}
+
+  stats(): RestoreStats {
+    return structuredClone(this.counters);
+  }
+
+  /** The plan begin() would act on, without reserving anything (for tests and the router's view). */
+  plan(req: Omit<RestoreRequest, "pages" | "record" | "route">): {
+    plan: RestorePlan;
+    contents: Map<number, ContentId>;
+  } {
+    const { catalog, chunkTokens: C, pageTokens: P } = this.opts;
+    const db = catalog.db;
+    const fp = catalog.id.fingerprint;
+    const chain = prefixChain(req.tokens, C, req.salt);
+    const nodes = chain.map((n) => catalogNodeId(fp, n.hash));
+    const published = longestPublishedPrefix(db, nodes);
+    const perByte = req.calibration.restorePerByteMs;
+    const contents = new Map<number, ContentId>();
+    const chunks: Omit<PlannedChunk, "index">[] = [];
+    for (let i = 0; i < published.length; i++) {
+      const e = published.chunks[i]!;
+      const bytes = db.get(e, "chunk/bytes") as number;
+      contents.set(i, db.get(e, "chunk/content") as ContentId);
+      const sources: SourceOption[] = [];
+      let s3Listed = false;
+      for (const r of readyReplicasOfChunk(db, e)) {
+        if (r.tier === "s3") {
+          if (this.opts.tiers.s3 === undefined || s3Listed) continue;
+          s3Listed = true;
+          sources.push({ tier: "s3", worker: r.worker, costMs: bytes * perByte.s3.value });
+        } else if (r.worker === catalog.id.workerId) {
+          if (r.tier === "ram" && this.opts.tiers.ram === undefined) continue;
+          sources.push({ tier: r.tier, worker: r.worker, costMs: bytes * perByte[r.tier].value });
+        } else if (r.tier === "ram" || r.tier === "ssd") {
+          const address = catalog.addressOf(r.worker);
+          if (address === undefined || this.opts.peerSecret === "") continue;
+          sources.push({ tier: "peer", worker: r.worker, address, costMs: bytes * perByte.peer.value });
+        }
+      }
+      chunks.push({ start: chain[i]!.start, tokens: chain[i]!.count, bytes, sources: dedupePeers(sources) });
+    }
+    const plan = planRestore({
+      processedTokens: req.tokens.length,
+      residentTokens: req.residentTokens,
+      pageTokens: P,
+      prefillPerTokenMs: req.calibration.prefillPerTokenMs.value,
+      chunks,
+      availablePages: req.availablePages,
+    });
+    return { plan, contents };
+  }
+
+  begin(req: RestoreRequest): RestoreTicket | null {
+    const { plan, contents } = this.plan(req);
+    if (plan.restoreTo <= req.residentTokens || plan.chunks.length === 0) return null;
+    const P = this.opts.pageTokens;
+    const sealed = new PageHashChain(P, req.salt)
+      .extend(req.tokens, plan.restoreTo)
+      .slice(req.residentTokens / P);
+    let tickets: readonly LoadTicket[];
+    try {
+      tickets = req.pages.beginLoad(req.route, TokenCount(plan.restoreTo - req.residentTokens), sealed);
+    } catch (err) {
+      this.opts.logger.log("debug", "restore.not_reserved", {
+        route: req.route,
+        message: (err as Error).message,
+      });
+      return null;
+    }
+    this.counters.restores++;
+    const chain = prefixChain(req.tokens.slice(0, plan.restoreTo), this.opts.chunkTokens, req.salt);
+    const done = this.stream(req, plan, tickets, chain, contents).then(
+      (ok) => {
+        if (ok) this.counters.completed++;
+        else this.counters.abandoned++;
+        return ok;
+      },
+      (err) => {
+        this.opts.logger.log("error", "restore.bug", { route: req.route, message: (err as Error).message });
+        this.failAll(req.pages, tickets);
+        this.counters.abandoned++;
+        return false;
+      },
+    );
+    this.running.add(done);
+    done.finally(() => this.running.delete(done));
+    return { restoreTo: plan.restoreTo, done };
+  }
+
+  /** Waits for restores in flight and the local copies they started. */
+  async idle(): Promise<void> {
+    await Promise.allSettled([...this.running]);
+    await Promise.allSettled([...this.keeping]);
+  }
+
+  private async stream(
+    req: RestoreRequest,
+    plan: RestorePlan,
+    tickets: readonly LoadTicket[],
+    chain: readonly { hash: PrefixHash; parent: PrefixHash; start: number; count: number }[],
+    contents: Map<number, ContentId>,
+  ): Promise<boolean> {
+    const { geometry: g, pageTokens: P, catalog } = this.opts;
+    const pageBytes = g.pageBytes(P);
+    const base = req.residentTokens;
+    const end = plan.restoreTo;
+    /** Bytes of the first not-yet-uploaded page, when the previous chunk ended inside it. */
+    let carry: Uint8Array | null = null;
+    let nextPage = 0;
+    const fetched: { chunk: VerifiedChunk; node: NodeId; tier: Tier }[] = [];
+    for (const c of plan.chunks) {
+      const node = chain[c.index]!;
+      const expected: ChunkDescriptor = {
+        node: catalogNodeId(catalog.id.fingerprint, node.hash),
+        prefix: node.hash,
+        parent: node.parent,
+        fingerprint: catalog.id.fingerprint,
+        start: c.start,
+        tokens: c.tokens,
+        layout: catalog.id.layout,
+        bytes: c.bytes,
+      };
+      const t0 = performance.now();
+      const got = await this.fetchAny(expected, contents.get(c.index)!, c.sources);
+      if (got === null) {
+        this.failAll(req.pages, tickets);
+        return false;
+      }
+      const from = Math.max(c.start, base);
+      const to = c.start + c.tokens;
+      const firstPage = Math.floor((from - base) / P);
+      const lastPage = Math.ceil((to - base) / P) - 1;
+      if (firstPage !== nextPage)
+        throw new Error(`restore: chunk at ${c.start} begins in page ${firstPage}, expected ${nextPage}`);
+      const staging = new Uint8Array((lastPage - firstPage + 1) * pageBytes);
+      if (carry !== null) staging.set(carry, 0);
+      unpackChunk(
+        g,
+        got.chunk.bytes,
+        c.start,
+        c.tokens,
+        { bytes: staging, firstPageRow: base + firstPage * P, pageTokens: P },
+        from,
+        to - from,
+      );
+      // A page is complete when its last row is written, or when it is the load's last page.
+      const complete = to === end ? lastPage - firstPage + 1 : Math.floor((to - base) / P) - firstPage;
+      if (complete > 0) {
+        const batch = tickets.slice(firstPage, firstPage + complete);
+        try {
+          await this.opts.engine.uploadPages(
+            batch.map((t) => t.page as PageId),
+            staging.subarray(0, complete * pageBytes),
+          );
+        } catch (err) {
+          this.opts.logger.log("warn", "restore.upload_failed", {
+            route: req.route,
+            message: (err as Error).message,
+          });
+          this.failAll(req.pages, tickets);
+          return false;
+        }
+        for (const t of batch) req.pages.completeLoad(t);
+      }
+      carry = complete <= lastPage - firstPage ? staging.slice(complete * pageBytes) : null;
+      nextPage = firstPage + complete;
+      const tier = got.tier;
+      const rt = restoreTierOf(tier);
+      this.counters.chunks[rt]++;
+      this.counters.bytes[rt] += c.bytes;
+      req.record({ kind: "restore", tier: rt, bytes: c.bytes, deviceMs: performance.now() - t0, queueMs: 0 });
+      if (tier === "peer" || tier === "s3") fetched.push({ chunk: got.chunk, node: expected.node, tier });
+    }
+    if (nextPage !== tickets.length)
+      throw new Error(`restore: ${tickets.length - nextPage} pages were never uploaded`);
+    for (const f of fetched) this.keepLocal(f.chunk, f.node);
+    return true;
+  }
+
+  /** Tries each source in order; null when none gave the planned chunk. */
+  private async fetchAny(
+    expected: ChunkDescriptor,
+    id: ContentId,
+    sources: readonly SourceOption[],
+  ): Promise<{ chunk: VerifiedChunk; tier: Tier } | null> {
+    for (const s of sources) {
+      const out = await this.fetchOne(s, id);
+      if (out.ok) {
+        const wrong = metaMismatch(out.chunk.meta, expected);
+        if (wrong === null) return { chunk: out.chunk, tier: s.tier };
+        await this.noteBad(expected.node, s, "corrupt", wrong);
+        continue;
+      }
+      if (out.reason === "unavailable") {
+        this.counters.fallbacks.unavailable++;
+        this.opts.logger.log("info", "restore.source_unavailable", {
+          tier: s.tier,
+          worker: s.worker,
+          detail: out.detail,
+        });
+        continue;
+      }
+      await this.noteBad(expected.node, s, out.reason, out.detail);
+    }
+    return null;
+  }
+
+  private async fetchOne(s: SourceOption, id: ContentId): Promise<FetchOutcome> {
+    const { tiers, fetchTimeoutMs } = this.opts;
+    const ac = new AbortController();
+    let timer: NodeJS.Timeout | undefined;
+    const deadline = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => {
+        ac.abort();
+        reject(new DeadlineError(`no answer within ${fetchTimeoutMs} ms`));
+      }, fetchTimeoutMs);
+    });
+    const read = (): Promise<VerifiedChunk | undefined> => {
+      switch (s.tier) {
+        case "ram":
+          return tiers.ram!.get(id);
+        case "ssd":
+          return tiers.file.get(id);
+        case "s3":
+          return tiers.s3!.get(id);
+        case "peer":
+          return fetchPeerChunk(s.address!, id, { secret: this.opts.peerSecret, signal: ac.signal });
+      }
+    };
+    const attempt = read();
+    try {
+      const chunk = await Promise.race([attempt, deadline]);
+      if (chunk === undefined)
+        return { ok: false, reason: "missing", detail: `${s.tier} of ${s.worker} does not hold ${id}` };
+      return { ok: true, chunk };
+    } catch (err) {
+      attempt.catch(() => undefined);
+      if (err instanceof CorruptChunkError) return { ok: false, reason: "corrupt", detail: err.message };
+      return { ok: false, reason: "unavailable", detail: (err as Error).message };
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  /** A replica that is missing or fails verification is proposed bad so no one plans on it again. */
+  private async noteBad(
+    node: NodeId,
+    s: SourceOption,
+    reason: "missing" | "corrupt",
+    detail: string,
+  ): Promise<void> {
+    this.counters.fallbacks[reason]++;
+    this.opts.logger.log("warn", "restore.bad_replica", {
+      node,
+      tier: s.tier,
+      worker: s.worker,
+      reason,
+      detail,
+    });
+    // The catalog names the tier the copy lives in: a peer's copy is its RAM or SSD replica.
+    const tiers: Tier[] = s.tier === "peer" ? ["ram", "ssd"] : [s.tier];
+    const ops: CatalogOp[] = [];
+    for (const tier of tiers) {
+      const holds = this.readyOn(node, s.worker, tier);
+      if (holds) ops.push({ op: "replica.bad", node, worker: s.worker, tier, verifiedAt: Date.now() });
+    }
+    if (ops.length === 0) return;
+    try {
+      await this.opts.catalog.propose(ops);
+      this.counters.badReplicasProposed += ops.length;
+    } catch (err) {
+      this.opts.logger.log("warn", "restore.bad_not_proposed", { node, message: (err as Error).message });
+    }
+  }
+
+  private readyOn(node: NodeId, worker: string, tier: Tier): boolean {
+    const db = this.opts.catalog.db;
+    const c = db.eidOf("chunk/node", node);
+    if (c === undefined) return false;
+    return readyReplicasOfChunk(db, c).some((r) => r.worker === worker && r.tier === tier);
+  }
+
+  /** Keeps a remotely fetched, verified chunk locally and proposes this worker's replicas of it. */
+  private keepLocal(chunk: VerifiedChunk, node: NodeId): void {
+    if (this.keeping.size >= (this.opts.maxKeepInFlight ?? 8)) return;
+    if (chunk.meta.format !== CHUNK_FORMAT) return;
+    const p = (async () => {
+      const held = await this.opts.tiers.keepLocal(chunk.withBytes(chunk.bytes.slice()));
+      const me = this.opts.catalog.id.workerId;
+      const verifiedAt = Date.now();
+      await this.opts.catalog.propose(
+        held.map((tier) => ({ op: "replica.ready" as const, node, worker: me, tier, verifiedAt })),
+      );
+    })()
+      .catch((err) =>
+        this.opts.logger.log("warn", "restore.keep_failed", { node, message: (err as Error).message }),
+      )
+      .finally(() => this.keeping.delete(p));
+    this.keeping.add(p);
+  }
+
+  private failAll(pages: PageManager, tickets: readonly LoadTicket[]): void {
+    for (const t of tickets) pages.failLoad(t);
+  }
+}
+
+/** One source per peer worker: its RAM and SSD are one HTTP read (the cheaper tier's cost stands). */
+function dedupePeers(sources: SourceOption[]): SourceOption[] {
+  const out: SourceOption[] = [];
+  const peers = new Set<string>();
+  for (const s of sources) {
+    if (s.tier === "peer") {
+      if (peers.has(s.worker)) continue;
+      peers.add(s.worker);
+    }
+    out.push(s);
+  }
+  return out;
+}

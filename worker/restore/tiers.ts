@@ -1,0 +1,102 @@
+import { join } from "node:path";
+import type { Config } from "../../schema/config.ts";
+import type { ContentId } from "../../schema/ids.ts";
+import type { StoreReporter, VerifiedChunk } from "../store/chunk.ts";
+import { FileTier } from "../store/file.ts";
+import { RamTier } from "../store/ram.ts";
+import { S3Tier } from "../store/s3.ts";
+import { TieredChunkStore } from "../store/tiered.ts";
+
+/**
+ * The worker's chunk store with its tiers in reach: checkpoint writes through
+ * the tiered store (local files, RAM, write-behind to S3); restore reads one
+ * named tier at a time, because it chooses the source by measured cost rather
+ * than taking whatever the read-through order finds first; the peer server
+ * reads the local tiers only.
+ */
+export class ChunkTiers {
+  constructor(
+    readonly store: TieredChunkStore,
+    readonly file: FileTier,
+    readonly ram: RamTier | undefined,
+    readonly s3: S3Tier | undefined,
+  ) {}
+
+  static async open(store: Config["store"], report?: StoreReporter): Promise<ChunkTiers> {
+    const maxObjectBytes = store.dir.maxObjectBytes;
+    const ram =
+      store.ram.maxBytes > 0
+        ? new RamTier({ maxBytes: store.ram.maxBytes, maxObjectBytes, ...(report && { report }) })
+        : undefined;
+    const file = await FileTier.open({
+      dir: store.dir.path || join(store.dataDir, "store"),
+      maxObjectBytes,
+      ...(report && { report }),
+    });
+    const s = store.s3;
+    let s3: S3Tier | undefined;
+    try {
+      s3 = s.enabled
+        ? await S3Tier.open({
+            endpoint: s.endpoint,
+            bucket: s.bucket,
+            region: s.region,
+            accessKeyId: s.accessKeyId,
+            secretAccessKey: s.secretAccessKey,
+            maxObjectBytes,
+            multipartThresholdBytes: s.multipartThresholdBytes,
+            partBytes: s.partBytes,
+            partConcurrency: s.partConcurrency,
+            maxAttempts: s.maxAttempts,
+            retryBaseMs: s.retryBaseMs,
+            requestTimeoutMs: s.requestTimeoutMs,
+            createBucket: s.createBucket,
+            ...(report && { report }),
+          })
+        : undefined;
+    } catch (err) {
+      await file.close();
+      throw err;
+    }
+    const tiered = new TieredChunkStore({
+      ...(ram && { ram }),
+      file,
+      ...(s3 && { s3 }),
+      maxObjectBytes,
+      writeBehind: {
+        capacity: s.writeBehindQueue,
+        maxBytes: s.writeBehindBytes,
+        concurrency: s.writeBehindConcurrency,
+        requiredWaitMs: s.requiredWaitMs,
+      },
+      ...(report && { report }),
+    });
+    return new ChunkTiers(tiered, file, ram, s3);
+  }
+
+  /** A verified local copy (RAM first, then SSD); corrupt or absent copies read as undefined. */
+  async getLocal(id: ContentId): Promise<VerifiedChunk | undefined> {
+    const inRam = await this.ram?.get(id).catch(() => undefined);
+    if (inRam !== undefined) return inRam;
+    return this.file.get(id).catch(() => undefined);
+  }
+
+  /**
+   * Keeps a verified chunk fetched from elsewhere (a peer, S3) in the local
+   * tiers, without another S3 upload. Returns the local tiers now holding it.
+   */
+  async keepLocal(chunk: VerifiedChunk): Promise<("ram" | "ssd")[]> {
+    const held: ("ram" | "ssd")[] = [];
+    await this.file.putVerified(chunk);
+    held.push("ssd");
+    if (this.ram?.fits(chunk.bytes.byteLength)) {
+      await this.ram.putVerified(chunk);
+      held.push("ram");
+    }
+    return held;
+  }
+
+  close(): Promise<unknown> {
+    return this.store.close();
+  }
+}
