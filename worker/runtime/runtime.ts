@@ -295,10 +295,13 @@ export class WorkerRuntime {
     for (const a of plan.admit) if (this.admit(a, now)) admitted++;
 
     // A lane whose rows moved since planning (its admission adopted a
-    // different resident prefix than the plan assumed) waits for the next plan.
+    // different resident prefix than the plan assumed), or whose admission
+    // began a restore, waits for the next plan.
     const scheduled = plan.scheduled.filter((w) => {
       const s = this.seqs.get(w.id);
-      return s?.state === "running" && !s.cancelled && w.firstRow === s.processed;
+      return (
+        s?.state === "running" && !s.cancelled && w.firstRow === s.processed && !this.restoring.has(w.id)
+      );
     });
     if (scheduled.length === 0) return admitted > 0;
 
