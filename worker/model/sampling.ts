@@ -72,10 +72,8 @@ export function argmax(logits: ArrayLike<number>): number {
 export function candidates(logits: ArrayLike<number>, p: SamplingParams): { ids: number[]; probs: number[] } {
   if (p.temperature === 0) return { ids: [argmax(logits)], probs: [1] };
   const n = logits.length;
-  const ids = Array.from({ length: n }, (_, i) => i);
-  ids.sort((a, b) => logits[b]! - logits[a]! || a - b);
   const k = p.topK > 0 ? Math.min(p.topK, n) : n;
-  const kept = ids.slice(0, k);
+  const kept = mostLikely(logits, k);
   // softmax(logit / T) over the kept set, stabilised by the largest logit.
   const top = logits[kept[0]!]!;
   let sum = 0;
@@ -101,6 +99,88 @@ export function candidates(logits: ArrayLike<number>, p: SamplingParams): { ids:
     probs = probs.slice(0, cut).map((x) => x / renorm);
   }
   return { ids: ids2, probs };
+}
+
+/** Sampling order: a before b when its logit is larger, or equal with the lower id. */
+function before(logits: ArrayLike<number>, a: number, b: number): boolean {
+  const x = logits[a]!;
+  const y = logits[b]!;
+  return x > y || (x === y && a < b);
+}
+
+/**
+ * The k most likely ids in sampling order (logit descending, ties by lower
+ * id). Sampling runs once per generated token over the whole vocabulary, so
+ * this avoids a comparator sort of all n ids (O(n log n) closure calls):
+ *   k < n: one pass keeping the best k in a heap whose root is the worst
+ *     kept (O(n log k), nearly always one comparison per id), then a sort of k;
+ *   k = n over float32 logits: one native sort of packed numeric keys.
+ * Both give exactly the order of the full comparator sort.
+ */
+function mostLikely(logits: ArrayLike<number>, k: number): number[] {
+  const n = logits.length;
+  if (k < n) {
+    // Heap over the kept ids (children of i at 2i+1, 2i+2): no parent comes
+    // before its children in sampling order, so heap[0] is the worst kept id.
+    const heap: number[] = [];
+    const siftDown = (i: number): void => {
+      for (;;) {
+        const l = 2 * i + 1;
+        const r = l + 1;
+        let worst = i;
+        if (l < heap.length && before(logits, heap[worst]!, heap[l]!)) worst = l;
+        if (r < heap.length && before(logits, heap[worst]!, heap[r]!)) worst = r;
+        if (worst === i) return;
+        [heap[i], heap[worst]] = [heap[worst]!, heap[i]!];
+        i = worst;
+      }
+    };
+    for (let id = 0; id < n; id++) {
+      if (heap.length < k) {
+        heap.push(id);
+        // Sift up while the parent comes before the new id.
+        for (let i = heap.length - 1; i > 0; ) {
+          const parent = (i - 1) >> 1;
+          if (!before(logits, heap[parent]!, heap[i]!)) break;
+          [heap[i], heap[parent]] = [heap[parent]!, heap[i]!];
+          i = parent;
+        }
+      } else if (before(logits, id, heap[0]!)) {
+        heap[0] = id;
+        siftDown(0);
+      }
+    }
+    return heap.sort((a, b) => (before(logits, a, b) ? -1 : 1));
+  }
+  if (logits instanceof Float32Array && n <= ID_SPAN) return float32Order(logits);
+  const ids = Array.from({ length: n }, (_, i) => i);
+  return ids.sort((a, b) => logits[b]! - logits[a]! || a - b);
+}
+
+/** Ids fit in the low 21 bits of a packed key: 32 + 21 = 53 bits, exact in a float64. */
+const ID_SPAN = 2 ** 21;
+
+/**
+ * All ids of float32 logits in sampling order, by one native sort of
+ * key = (2³² − 1 − ord(logit)) · 2²¹ + id, where ord maps a float32's bits
+ * to an unsigned integer ordered like its value (negatives: all bits
+ * flipped; positives: sign bit set) and −0 counts as +0, so ascending keys
+ * are logits descending, ties by lower id.
+ */
+function float32Order(logits: Float32Array): number[] {
+  const n = logits.length;
+  const bits = new Uint32Array(logits.buffer, logits.byteOffset, n);
+  const keys = new Float64Array(n);
+  for (let i = 0; i < n; i++) {
+    let b = bits[i]!;
+    if ((b & 0x7fffffff) === 0) b = 0;
+    const ord = b & 0x80000000 ? ~b >>> 0 : (b | 0x80000000) >>> 0;
+    keys[i] = (0xffffffff - ord) * ID_SPAN + i;
+  }
+  keys.sort();
+  const ids = new Array<number>(n);
+  for (let i = 0; i < n; i++) ids[i] = keys[i]! % ID_SPAN;
+  return ids;
 }
 
 /** One token from `logits` and the request's next RNG state. */
