@@ -1,0 +1,547 @@
+import { join } from "node:path";
+import type { ContiguousBatch, Engine, StepBatch } from "../native/index.ts";
+import type { PageId } from "../schema/ids.ts";
+import { RequestId } from "../schema/ids.ts";
+import { silentLogger } from "../schema/log.ts";
+import { generateModel } from "../worker/model/generate.ts";
+import { type LoadedModel, loadModelDir } from "../worker/model/model-dir.ts";
+import { Rng, seedRng } from "../worker/model/prng.ts";
+import { loadEngine } from "../worker/runtime/engine-load.ts";
+import { type RuntimeOptions, type SubmitRequest, WorkerRuntime } from "../worker/runtime/runtime.ts";
+import { type Bench, percentile, round } from "./contract.ts";
+
+/**
+ * The worker runtime serving the `small` preset in one process, driven
+ * through WorkerRuntime.submit (no HTTP), in three parts:
+ *
+ * 1. Batching gain: N requests submitted at once (closed loop), N = 1 and 16;
+ *    generated tokens/s end to end and in the decode phase alone.
+ * 2. Prefill interference: 8 running decodes, alone and beside one long
+ *    prompt (4088 tokens + 8 generated = the model's 4096 positions) that is
+ *    prefilled in tiles of `prefillTile` rows; the decodes' inter-token p99
+ *    over the same token indices in both runs.
+ * 3. An open-loop Poisson workload with shared prefixes: 4 system prompts
+ *    (256/512/768/1024 tokens) + a unique suffix of 16–64 tokens, 32–64
+ *    generated tokens, arrivals at a rate set to ~70 % of the capacity
+ *    implied by part 1 and the runtime's measured prefill cost.
+ *
+ * Every request samples (temperature 0.8, top-k 40, top-p 0.95) with a fixed
+ * seed and never stops early, so each generates exactly its max tokens.
+ * The model is generated once under .continuum/models/small (seed 0, shared
+ * with bench decode) and reused.
+ */
+const MODEL_DIR = join(process.env.CONTINUUM_DATA_DIR ?? ".continuum", "models", "small");
+const PAGE_TOKENS = 16;
+const PHYSICAL_PAGES = 2048;
+/**
+ * Scheduler settings under test. A step's time is about its rows' compute
+ * plus one pass over the weights, so a prefill tile of T rows beside B decode
+ * rows costs (B + T)·c + m against B·c + m for the decodes alone: T must stay
+ * near B + m/c for the decodes' inter-token latency to stay within 2×.
+ */
+const SCHED = { maxBatchTokens: 64, prefillTile: 32, minPrefillTokens: 16, maxBatchSeqs: 64 } as const;
+const SAMPLING = { temperature: 0.8, topK: 40, topP: 0.95 } as const;
+const LOAD_FACTOR = 0.7;
+
+async function smallModel(log: (l: string) => void): Promise<LoadedModel> {
+  try {
+    return await loadModelDir(MODEL_DIR, { variant: "bench" });
+  } catch {
+    log(`generating the small preset into ${MODEL_DIR} (once)`);
+    await generateModel({ preset: "small", out: MODEL_DIR, seed: 0, force: true });
+    return loadModelDir(MODEL_DIR, { variant: "bench" });
+  }
+}
+
+/**
+ * The engine with its step times recorded, so a run's wall time splits into
+ * device time (the native step) and the runtime's own per-step JS time.
+ */
+class MeteredEngine implements Engine {
+  readonly backend = "cpu" as const;
+  /** [rows, ms] of every step since the last reset. */
+  steps: [number, number][] = [];
+
+  constructor(private readonly inner: Engine) {}
+
+  get spec() {
+    return this.inner.spec;
+  }
+  get threads() {
+    return this.inner.threads;
+  }
+  get pageBytes() {
+    return this.inner.pageBytes;
+  }
+  get freed() {
+    return this.inner.freed;
+  }
+  createPool(numPages: number, pageSize: number): void {
+    this.inner.createPool(numPages, pageSize);
+  }
+  createContiguousCache(numSeqs: number, ctxCap: number): void {
+    this.inner.createContiguousCache(numSeqs, ctxCap);
+  }
+  async step(batch: StepBatch): Promise<Float32Array> {
+    const t0 = performance.now();
+    const out = await this.inner.step(batch);
+    this.steps.push([batch.tokens.length, performance.now() - t0]);
+    return out;
+  }
+  stepContiguous(batch: ContiguousBatch): Promise<Float32Array> {
+    return this.inner.stepContiguous(batch);
+  }
+  downloadPages(pageIds: Int32Array | readonly PageId[]): Promise<Uint8Array> {
+    return this.inner.downloadPages(pageIds);
+  }
+  uploadPages(pageIds: Int32Array | readonly PageId[], bytes: Uint8Array): Promise<void> {
+    return this.inner.uploadPages(pageIds, bytes);
+  }
+  copyPage(src: PageId, dst: PageId): Promise<void> {
+    return this.inner.copyPage(src, dst);
+  }
+  free(): void {
+    this.inner.free();
+  }
+
+  /** Steps, their total device ms, and the mean ms of the steps of exactly `rows` rows. */
+  summary(rows?: number): { steps: number; deviceMs: number; meanMsAtRows: number } {
+    let deviceMs = 0;
+    let at = 0;
+    let n = 0;
+    for (const [r, ms] of this.steps) {
+      deviceMs += ms;
+      if (r === rows) {
+        at += ms;
+        n++;
+      }
+    }
+    return { steps: this.steps.length, deviceMs, meanMsAtRows: n > 0 ? at / n : Number.NaN };
+  }
+}
+
+/** One request as the client saw it: submit time, each token's arrival time, how it ended. */
+interface Trace {
+  readonly submittedAt: number;
+  readonly tokenAt: number[];
+  end: string;
+  cachedTokens: number;
+}
+
+interface Session {
+  readonly rt: WorkerRuntime;
+  submit(
+    id: string,
+    prompt: readonly number[],
+    maxTokens: number,
+  ): { live: Trace; trace: Promise<Trace>; cancel(): void };
+  close(): Promise<void>;
+}
+
+/** A fresh runtime (empty page pool and prefix cache) over the shared engine. */
+function session(engine: Engine, model: LoadedModel, sched: typeof SCHED): Session {
+  const opts: RuntimeOptions = {
+    fingerprint: model.fingerprint,
+    vocab: model.config.spec.vocab,
+    maxContext: model.config.spec.maxPosition,
+    pageTokens: PAGE_TOKENS,
+    physicalPages: PHYSICAL_PAGES,
+    maxBatchTokens: sched.maxBatchTokens,
+    maxBatchSeqs: sched.maxBatchSeqs,
+    minPrefillTokens: sched.minPrefillTokens,
+    prefillTile: sched.prefillTile,
+    maxQueued: 1024,
+    costs: {
+      prefillPerTokenMs: 1,
+      firstTokenMs: 50,
+      decodeStepMs: 50,
+      restorePerByteMs: { ram: 1e-6, ssd: 1e-5, peer: 2e-5, s3: 1e-4 },
+    },
+    logger: silentLogger,
+  };
+  const rt = new WorkerRuntime(engine, opts);
+  rt.start();
+  let n = 0;
+  return {
+    rt,
+    submit(id, prompt, maxTokens) {
+      const req: SubmitRequest = {
+        requestId: RequestId(id),
+        salt: undefined,
+        prompt,
+        maxTokens,
+        ...SAMPLING,
+        seed: n++,
+        stopTokenIds: [],
+      };
+      const trace: Trace = { submittedAt: performance.now(), tokenAt: [], end: "", cachedTokens: 0 };
+      const gen = rt.submit(req);
+      const done = (async () => {
+        for await (const ev of gen.events) {
+          if (ev.type === "token") trace.tokenAt.push(performance.now());
+          else if (ev.type === "end") {
+            trace.end = ev.reason;
+            trace.cachedTokens = ev.cachedTokens;
+          } else trace.end = `error: ${ev.message}`;
+        }
+        return trace;
+      })();
+      return { live: trace, trace: done, cancel: gen.cancel };
+    },
+    close: () => rt.stop(),
+  };
+}
+
+function tokens(rng: Rng, n: number, vocab: number): number[] {
+  return Array.from({ length: n }, () => rng.nextU32() % vocab);
+}
+
+function gaps(t: readonly number[], from = 1, to = t.length): number[] {
+  const out: number[] = [];
+  for (let i = Math.max(1, from); i < Math.min(to, t.length); i++) out.push(t[i]! - t[i - 1]!);
+  return out;
+}
+
+function checkEnds(traces: readonly Trace[], what: string): void {
+  const bad = traces.filter((t) => t.end !== "length" && t.end !== "cancelled");
+  if (bad.length > 0) throw new Error(`${what}: ${bad.length} requests ended with ${bad[0]!.end}`);
+}
+
+interface BatchRun {
+  /** Generated tokens / (last token − first submission). */
+  endToEndTokPerS: number;
+  /** Tokens after the moment every request had its first, over that window. */
+  decodeTokPerS: number;
+}
+
+/** N requests at once: `promptLen` unique prompt tokens each, `maxTokens` generated. */
+async function concurrent(
+  s: Session,
+  n: number,
+  promptLen: number,
+  maxTokens: number,
+  vocab: number,
+): Promise<BatchRun> {
+  const rng = new Rng(seedRng(n, "bench-serve-concurrent"));
+  const traces = await Promise.all(
+    Array.from(
+      { length: n },
+      (_, i) => s.submit(`c${n}-${i}`, tokens(rng, promptLen, vocab), maxTokens).trace,
+    ),
+  );
+  checkEnds(traces, `concurrency ${n}`);
+  const start = Math.min(...traces.map((t) => t.submittedAt));
+  const allFirst = Math.max(...traces.map((t) => t.tokenAt[0]!));
+  const end = Math.max(...traces.map((t) => t.tokenAt[t.tokenAt.length - 1]!));
+  let total = 0;
+  let decoded = 0;
+  for (const t of traces) {
+    total += t.tokenAt.length;
+    for (const at of t.tokenAt) if (at > allFirst) decoded++;
+  }
+  return {
+    endToEndTokPerS: total / ((end - start) / 1000),
+    decodeTokPerS: decoded / ((end - allFirst) / 1000),
+  };
+}
+
+interface Interference {
+  itlP99Ms: number;
+  itlP50Ms: number;
+  samples: number;
+  /** Token indices [from, to) of the decodes that the window covered. */
+  from: number;
+  to: number;
+  longPrefilledTokens: number;
+  longPrefillMs: number;
+}
+
+const DECODES = 8;
+const DECODE_PROMPT = 32;
+/** 4088 + 8 generated = the small preset's 4096 positions. */
+const LONG_PROMPT = 4088;
+const WARM_TOKENS = 4;
+
+/**
+ * Running decodes beside one long prompt. The window opens when every decode
+ * has WARM_TOKENS tokens and the long prompt is submitted; it closes when the
+ * long prompt's first token arrives (the whole prefill), or after `maxSteps`
+ * decode tokens when the long prompt is then cancelled (quick runs).
+ */
+async function withLongPrompt(
+  s: Session,
+  vocab: number,
+  maxSteps: number,
+  maxTokens: number,
+): Promise<Interference> {
+  const rng = new Rng(seedRng(1, "bench-serve-interference"));
+  const decodes = Array.from({ length: DECODES }, (_, i) =>
+    s.submit(`d${i}`, tokens(rng, DECODE_PROMPT, vocab), maxTokens),
+  );
+  await waitFor(() => s.rt.stats().generatedTokens >= DECODES * WARM_TOKENS);
+  const long = s.submit("long", tokens(rng, LONG_PROMPT, vocab), 8);
+  const opened = performance.now();
+  const computedBefore = s.rt.stats().computedPromptTokens;
+  const startCount = s.rt.stats().generatedTokens;
+  await waitFor(
+    () => long.live.tokenAt.length > 0 || s.rt.stats().generatedTokens - startCount >= maxSteps * DECODES,
+  );
+  const closed = performance.now();
+  const prefilled = s.rt.stats().computedPromptTokens - computedBefore;
+  long.cancel();
+  for (const d of decodes) d.cancel();
+  const traces = await Promise.all(decodes.map((d) => d.trace));
+  await long.trace;
+  // Per decode: the tokens that arrived inside the window.
+  const itl: number[] = [];
+  let from = Number.POSITIVE_INFINITY;
+  let to = 0;
+  for (const t of traces) {
+    const a = t.tokenAt.findIndex((x) => x > opened);
+    let b = t.tokenAt.findIndex((x) => x > closed);
+    if (b < 0) b = t.tokenAt.length;
+    from = Math.min(from, a);
+    to = Math.max(to, b);
+    itl.push(...gaps(t.tokenAt, a, b));
+  }
+  return {
+    itlP99Ms: percentile(itl, 99),
+    itlP50Ms: percentile(itl, 50),
+    samples: itl.length,
+    from,
+    to,
+    longPrefilledTokens: prefilled,
+    longPrefillMs: closed - opened,
+  };
+}
+
+/** The same decodes alone, over the same token indices. */
+async function withoutLongPrompt(s: Session, vocab: number, from: number, to: number): Promise<Interference> {
+  const rng = new Rng(seedRng(1, "bench-serve-interference"));
+  const traces = await Promise.all(
+    Array.from(
+      { length: DECODES },
+      (_, i) => s.submit(`d${i}`, tokens(rng, DECODE_PROMPT, vocab), to + 1).trace,
+    ),
+  );
+  checkEnds(traces, "decodes alone");
+  const itl: number[] = [];
+  for (const t of traces) itl.push(...gaps(t.tokenAt, from, to));
+  return {
+    itlP99Ms: percentile(itl, 99),
+    itlP50Ms: percentile(itl, 50),
+    samples: itl.length,
+    from,
+    to,
+    longPrefilledTokens: 0,
+    longPrefillMs: 0,
+  };
+}
+
+async function waitFor(cond: () => boolean): Promise<void> {
+  while (!cond()) await new Promise((r) => setTimeout(r, 5));
+}
+
+interface WorkloadRun {
+  wallS: number;
+  generated: number;
+  promptTokens: number;
+  computedPromptTokens: number;
+  cachedPromptTokens: number;
+  ttft: number[];
+  itl: number[];
+  maxRunning: number;
+}
+
+/** Open loop: request i arrives at its Poisson time whatever the runtime is doing. */
+async function poisson(s: Session, vocab: number, z: Sizes, ratePerS: number): Promise<WorkloadRun> {
+  const rng = new Rng(seedRng(3, "bench-serve-poisson"));
+  const prefixes = z.prefixes.map((n) => tokens(rng, n, vocab));
+  const pick = (r: readonly [number, number]) => r[0] + (rng.nextU32() % (r[1] - r[0] + 1));
+  const before = s.rt.stats();
+  const start = performance.now();
+  let at = 0;
+  let maxRunning = 0;
+  const runs: Promise<Trace>[] = [];
+  let promptTokens = 0;
+  for (let i = 0; i < z.requests; i++) {
+    // Exponential inter-arrival gaps: −ln(U)/λ.
+    at += (-Math.log(1 - rng.nextFloat()) / ratePerS) * 1000;
+    const prompt = [...prefixes[rng.nextU32() % prefixes.length]!, ...tokens(rng, pick(z.suffix), vocab)];
+    const maxTokens = pick(z.gen);
+    promptTokens += prompt.length;
+    const wait = start + at - performance.now();
+    if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+    runs.push(s.submit(`p${i}`, prompt, maxTokens).trace);
+    const st = s.rt.stats();
+    maxRunning = Math.max(maxRunning, st.running + st.waiting);
+  }
+  const traces = await Promise.all(runs);
+  checkEnds(traces, "poisson");
+  const end = Math.max(...traces.map((t) => t.tokenAt[t.tokenAt.length - 1]!));
+  const after = s.rt.stats();
+  return {
+    wallS: (end - start) / 1000,
+    generated: traces.reduce((a, t) => a + t.tokenAt.length, 0),
+    promptTokens,
+    computedPromptTokens: after.computedPromptTokens - before.computedPromptTokens,
+    cachedPromptTokens: after.cachedPromptTokens - before.cachedPromptTokens,
+    ttft: traces.map((t) => t.tokenAt[0]! - t.submittedAt),
+    itl: traces.flatMap((t) => gaps(t.tokenAt)),
+    maxRunning,
+  };
+}
+
+/** Run sizes: the full run follows the issue; quick shrinks every part to fit in a minute. */
+interface Sizes {
+  readonly genTokens: number;
+  readonly windowSteps: number;
+  readonly decodeTokens: number;
+  readonly prefixes: readonly number[];
+  readonly suffix: readonly [number, number];
+  readonly gen: readonly [number, number];
+  readonly requests: number;
+}
+const FULL: Sizes = {
+  genTokens: 64,
+  windowSteps: Number.POSITIVE_INFINITY,
+  decodeTokens: 1024,
+  prefixes: [256, 512, 768, 1024],
+  suffix: [16, 64],
+  gen: [32, 64],
+  requests: 96,
+};
+const QUICK: Sizes = {
+  genTokens: 16,
+  windowSteps: 16,
+  decodeTokens: 48,
+  prefixes: [64, 128, 192, 256],
+  suffix: [8, 24],
+  gen: [8, 16],
+  requests: 12,
+};
+
+const mean = (r: readonly [number, number]) => (r[0] + r[1]) / 2;
+
+const bench: Bench = {
+  summary:
+    "worker runtime on the small preset: batching gain, prefill interference, Poisson load with shared prefixes",
+  async run({ quick, log }) {
+    const z = quick ? QUICK : FULL;
+    const model = await smallModel(log);
+    const vocab = model.config.spec.vocab;
+    const engine = new MeteredEngine(
+      await loadEngine(model, { physicalPages: PHYSICAL_PAGES, pageTokens: PAGE_TOKENS }),
+    );
+    const figures: Record<string, number> = {};
+    const ratios: Record<string, number | null> = {};
+    /** Runs one part on a fresh runtime; returns its result and the part's wall and device ms. */
+    const part = async <T>(f: (s: Session) => Promise<T>) => {
+      const s = session(engine, model, SCHED);
+      engine.steps = [];
+      const t0 = performance.now();
+      try {
+        return { value: await f(s), wallMs: performance.now() - t0, rt: s.rt };
+      } finally {
+        await s.close();
+      }
+    };
+    try {
+      // Warm-up: page in the weights and the kernels' buffers.
+      await part((s) => s.submit("warm", tokens(new Rng(seedRng(9)), 64, vocab), 4).trace);
+
+      const batchPrompt = 16;
+      const c: Record<number, BatchRun> = {};
+      for (const n of [1, 16]) {
+        const r = await part((s) => concurrent(s, n, batchPrompt, z.genTokens, vocab));
+        c[n] = r.value;
+        const m = engine.summary(n);
+        // The runtime's own time per step: wall time not spent in the native step.
+        const jsMsPerStep = (r.wallMs - m.deviceMs) / m.steps;
+        figures[`c${n}_gen_tok_per_s`] = round(r.value.endToEndTokPerS);
+        figures[`c${n}_decode_tok_per_s`] = round(r.value.decodeTokPerS);
+        figures[`c${n}_decode_step_ms`] = round(m.meanMsAtRows);
+        figures[`c${n}_runtime_ms_per_step`] = round(jsMsPerStep);
+        log(
+          `concurrency ${n}: ${round(r.value.endToEndTokPerS)} tok/s end to end, ${round(r.value.decodeTokPerS)} tok/s decoding; native decode step ${round(m.meanMsAtRows)} ms, runtime ${round(jsMsPerStep)} ms/step`,
+        );
+      }
+      ratios.throughput_16_over_1 = round(c[16]!.endToEndTokPerS / c[1]!.endToEndTokPerS);
+      ratios.decode_throughput_16_over_1 = round(c[16]!.decodeTokPerS / c[1]!.decodeTokPerS);
+      // What the engine alone allows: 16 rows per batch-16 step against 1 per batch-1 step.
+      ratios.engine_decode_16_over_1 = round((16 * figures.c1_decode_step_ms!) / figures.c16_decode_step_ms!);
+
+      const w = await part((s) => withLongPrompt(s, vocab, z.windowSteps, z.decodeTokens));
+      const prefillPerTokenMs = w.rt.stats().calibration.prefillPerTokenMs.value;
+      const wo = await part((s) => withoutLongPrompt(s, vocab, w.value.from, w.value.to));
+      log(
+        `long prompt: ${w.value.longPrefilledTokens} tokens prefilled in ${round(w.value.longPrefillMs)} ms; decode ITL p99 ${round(w.value.itlP99Ms)} ms beside it, ${round(wo.value.itlP99Ms)} ms alone (tokens ${w.value.from}..${w.value.to})`,
+      );
+      figures.itl_p99_with_long_prompt_ms = round(w.value.itlP99Ms);
+      figures.itl_p50_with_long_prompt_ms = round(w.value.itlP50Ms);
+      figures.itl_p99_without_long_prompt_ms = round(wo.value.itlP99Ms);
+      figures.itl_p50_without_long_prompt_ms = round(wo.value.itlP50Ms);
+      figures.long_prompt_prefilled_tokens = w.value.longPrefilledTokens;
+      figures.long_prompt_prefill_tok_per_s = round(
+        w.value.longPrefilledTokens / (w.value.longPrefillMs / 1000),
+      );
+      ratios.itl_p99_with_long_prompt_over_without = round(w.value.itlP99Ms / wo.value.itlP99Ms);
+
+      // Offered load: LOAD_FACTOR of the capacity the measured costs imply for
+      // this run's work (each request's suffix rows and its tokens at the
+      // batched decode rate, plus each shared prefix computed once).
+      const perRequestS = (mean(z.suffix) * prefillPerTokenMs) / 1000 + mean(z.gen) / c[16]!.decodeTokPerS;
+      const prefixS = (z.prefixes.reduce((a, b) => a + b, 0) * prefillPerTokenMs) / 1000;
+      const rate = (LOAD_FACTOR * z.requests) / (z.requests * perRequestS + prefixS);
+      log(`poisson: ${z.requests} requests at ${round(rate)} req/s`);
+      const p = await part((s) => poisson(s, vocab, z, rate));
+      const pm = engine.summary();
+      const pv = p.value;
+      figures.gen_tok_per_s = round(pv.generated / pv.wallS);
+      figures.prompt_tok_per_s = round(pv.promptTokens / pv.wallS);
+      figures.computed_prompt_tok_per_s = round(pv.computedPromptTokens / pv.wallS);
+      figures.ttft_p50_ms = round(percentile(pv.ttft, 50));
+      figures.ttft_p99_ms = round(percentile(pv.ttft, 99));
+      figures.itl_p50_ms = round(percentile(pv.itl, 50));
+      figures.itl_p99_ms = round(percentile(pv.itl, 99));
+      figures.prefix_reuse_fraction = round(
+        pv.cachedPromptTokens / (pv.cachedPromptTokens + pv.computedPromptTokens),
+      );
+      figures.max_in_flight = pv.maxRunning;
+      figures.poisson_wall_s = round(pv.wallS);
+      figures.poisson_engine_busy_fraction = round(pm.deviceMs / p.wallMs);
+      return {
+        figures,
+        ratios,
+        env: {
+          model: "small preset (seed 0)",
+          threads: engine.threads,
+          page_tokens: PAGE_TOKENS,
+          physical_pages: PHYSICAL_PAGES,
+          scheduler: SCHED,
+          sampling: SAMPLING,
+          concurrency: { prompt_tokens: batchPrompt, gen_tokens: z.genTokens },
+          interference: {
+            decodes: DECODES,
+            decode_prompt_tokens: DECODE_PROMPT,
+            long_prompt_tokens: LONG_PROMPT,
+            window_token_indices: [w.value.from, w.value.to],
+            itl_samples: w.value.samples,
+          },
+          poisson: {
+            requests: z.requests,
+            rate_req_per_s: round(rate),
+            load_factor: LOAD_FACTOR,
+            prefixes: z.prefixes,
+            suffix_tokens: z.suffix,
+            gen_tokens: z.gen,
+            calibrated_prefill_per_token_ms: round(prefillPerTokenMs),
+          },
+        },
+      };
+    } finally {
+      engine.free();
+    }
+  },
+};
+export default bench;
