@@ -1,0 +1,471 @@
+import type { CatalogDb } from "../../catalog/db.ts";
+import type { DecisionRecord } from "../../schema/control.ts";
+import type { ModelFingerprint, TokenCount, WorkerId } from "../../schema/ids.ts";
+import type { Logger } from "../../schema/log.ts";
+import { ApiError } from "../api/errors.ts";
+import type {
+  Generation,
+  GenerationEvent,
+  GenerationRequest,
+  InferenceService,
+  ModelInfo,
+  ServiceGauges,
+  TextCodec,
+} from "../api/service.ts";
+import {
+  type AssignmentCommand,
+  type AssignmentEvent,
+  type AssignmentLimits,
+  type AssignmentState,
+  isTerminal,
+  outstandingByWorker,
+  startAssignment,
+  stepAssignment,
+} from "../assignments.ts";
+import { type ChainBoundary, noCatalogAnswer, planChain, type RouteRequest } from "../candidates.ts";
+import { catalogAnswer } from "../catalog-answer.ts";
+import { liveWorkers } from "../heartbeat-view.ts";
+import { type RouterPolicy, route } from "../router.ts";
+import { type DecisionRecorder, decisionOps } from "./decisions.ts";
+import type { AssignmentMessage, WorkerHub } from "./hub.ts";
+import { StreamQueue } from "./stream-queue.ts";
+
+/**
+ * The fleet's inference service: the HTTP front door's requests routed to
+ * WebSocket-connected workers.
+ *
+ * Per request: plan the chunk chain (the tenant's salt), derive candidates
+ * from the live heartbeat view and the controller's own catalog replica,
+ * route (controller/router.ts), then drive the fenced assignment machine
+ * (controller/assignments.ts): offer with a timeout, and on a decline,
+ * timeout, failed result or lost worker offer the next candidate with
+ * attempt + 1. Late messages of old attempts are ignored, counted and — for
+ * an accept or tokens — answered with a cancel so the worker stops.
+ *
+ * Decisions (candidates, choice, predicted and measured TTFT) go to the
+ * catalog through the DecisionRecorder, one record per offered attempt.
+ *
+ * Time: the hub's monotonic clock. Timeouts are checked by a tick every
+ * `tickMs`, so an offer timeout fires within tickMs of its deadline.
+ */
+
+export interface FleetModel {
+  readonly id: string;
+  readonly fingerprint: ModelFingerprint;
+  readonly maxContext: number;
+  readonly codec: TextCodec;
+}
+
+export interface FleetCatalog {
+  /** The replica's db now. */
+  db(): CatalogDb;
+  /** Datalog against the replica (the front door's /v1/catalog/query). */
+  query(query: string, rules: string | undefined): unknown;
+  /** Transactions in the log not yet applied here. */
+  lag(): number;
+}
+
+export interface FleetOptions {
+  readonly model: FleetModel;
+  readonly chunkTokens: number;
+  readonly limits: AssignmentLimits;
+  readonly policy: RouterPolicy;
+  /** Requests routed or running at once; one more is refused with 429. */
+  readonly maxActive: number;
+  readonly tickMs: number;
+  readonly log: Logger;
+}
+
+interface Flight {
+  readonly req: GenerationRequest;
+  readonly salt: string;
+  readonly routeRequest: RouteRequest;
+  readonly stream: StreamQueue<GenerationEvent>;
+  state: AssignmentState;
+  /** The decision of the current attempt, until it ends. */
+  decision: DecisionRecord | null;
+  offeredAtMs: number;
+  firstTokenAtMs: number | null;
+}
+
+export interface FleetCounters {
+  requests: number;
+  completed: number;
+  failed: number;
+  attempts: number;
+  declines: number;
+  timeouts: number;
+  workerLost: number;
+  lateIgnored: number;
+  refusedNoWorker: number;
+}
+
+export class FleetService implements InferenceService {
+  private readonly active = new Map<string, Flight>();
+  private readonly info: ModelInfo;
+  private readonly timer: NodeJS.Timeout;
+  private readonly cacheTokens: Record<string, number> = {
+    resident: 0,
+    ram: 0,
+    ssd: 0,
+    peer: 0,
+    s3: 0,
+    recompute: 0,
+  };
+  readonly counters: FleetCounters = {
+    requests: 0,
+    completed: 0,
+    failed: 0,
+    attempts: 0,
+    declines: 0,
+    timeouts: 0,
+    workerLost: 0,
+    lateIgnored: 0,
+    refusedNoWorker: 0,
+  };
+
+  constructor(
+    private readonly hub: WorkerHub,
+    private readonly catalog: FleetCatalog | null,
+    private readonly recorder: DecisionRecorder | null,
+    private readonly opts: FleetOptions,
+  ) {
+    this.info = {
+      id: opts.model.id,
+      created: Math.floor(Date.now() / 1000),
+      maxContext: opts.model.maxContext,
+      codec: opts.model.codec,
+    };
+    if (catalog)
+      this.catalogQuery = async (query, args, rules) => {
+        if (args.length > 0)
+          throw new ApiError(
+            400,
+            "query arguments are not supported; inline them",
+            "invalid_request_error",
+            "args",
+          );
+        try {
+          return catalog.query(query, rules);
+        } catch (err) {
+          throw new ApiError(400, (err as Error).message, "invalid_request_error", "query");
+        }
+      };
+    hub.setListener({
+      onAssignment: (m) => this.onAssignment(m),
+      onWorkerLost: (id, reason) => this.onWorkerLost(id, reason),
+    });
+    this.timer = setInterval(() => this.tick(), opts.tickMs);
+  }
+
+  catalogQuery?: InferenceService["catalogQuery"];
+
+  models(): readonly ModelInfo[] {
+    return [this.info];
+  }
+
+  /** Fails every open request and stops the tick (the hub and recorder are closed by their owners). */
+  close(): void {
+    clearInterval(this.timer);
+    for (const f of [...this.active.values()])
+      this.apply(f, { type: "cancel", reason: "the controller is stopping" });
+  }
+
+  generate(req: GenerationRequest): Generation {
+    if (req.model !== this.info.id) throw new ApiError(404, `model ${req.model} is not served here`);
+    if (this.active.has(req.requestId))
+      throw new ApiError(400, `request ${req.requestId} is already running`);
+    if (this.active.size >= this.opts.maxActive)
+      throw new ApiError(
+        429,
+        `the controller has ${this.opts.maxActive} requests in flight`,
+        "rate_limit_error",
+      );
+    const now = this.hub.nowMs();
+    if (liveWorkers(this.hub.view, now, this.opts.policy.heartbeatTtlMs).length === 0) {
+      this.counters.refusedNoWorker++;
+      throw new ApiError(503, "no live worker is connected to the controller", "server_error");
+    }
+    const salt = req.tenant === "default" ? "" : req.tenant;
+    const chain: ChainBoundary[] = planChain(
+      this.opts.model.fingerprint,
+      req.prompt,
+      this.opts.chunkTokens,
+      salt === "" ? undefined : salt,
+    );
+    // Tokens, one end or error: bounded by the request's own output.
+    const stream = new StreamQueue<GenerationEvent>(req.maxTokens + 2);
+    const started = startAssignment(req.requestId, req.prompt.length, now);
+    const flight: Flight = {
+      req,
+      salt,
+      routeRequest: {
+        requestId: req.requestId,
+        modelFingerprint: this.opts.model.fingerprint,
+        chain,
+        promptTokens: req.prompt.length as TokenCount,
+        maxTokens: req.maxTokens as TokenCount,
+      },
+      stream,
+      state: started.state,
+      decision: null,
+      offeredAtMs: now,
+      firstTokenAtMs: null,
+    };
+    this.active.set(req.requestId, flight);
+    this.counters.requests++;
+    this.run(flight, started.commands);
+    return {
+      events: stream,
+      cancel: () => this.apply(flight, { type: "cancel", reason: "the client went away" }),
+    };
+  }
+
+  gauges(): ServiceGauges {
+    const live = liveWorkers(this.hub.view, this.hub.nowMs(), this.opts.policy.heartbeatTtlMs);
+    let free = 0;
+    let evictable = 0;
+    let queue = 0;
+    for (const { heartbeat: hb } of live) {
+      free += hb.freePages;
+      evictable += hb.evictablePages;
+      queue += hb.queue.queuedRequests + hb.queue.runningRequests;
+    }
+    let routing = 0;
+    for (const f of this.active.values())
+      if (f.state.phase === "routing" || f.state.phase === "offered") routing++;
+    return {
+      pagesFree: free,
+      // Heartbeats report free and evictable pages, not pool sizes: the sum is what the fleet could hand out now.
+      pagesTotal: free + evictable,
+      queueDepth: queue + routing,
+      catalogLag: this.catalog?.lag() ?? 0,
+      cacheTokensBySource: { ...this.cacheTokens },
+    };
+  }
+
+  /** Requests routed or running now. */
+  get inFlight(): number {
+    return this.active.size;
+  }
+
+  // ---- the assignment driver ---------------------------------------------------
+
+  private apply(f: Flight, event: AssignmentEvent): void {
+    if (this.active.get(f.req.requestId) !== f) return;
+    const before = f.state.lateIgnored;
+    const step = stepAssignment(f.state, event, this.hub.nowMs(), this.opts.limits);
+    f.state = step.state;
+    if (step.state.lateIgnored > before) {
+      this.counters.lateIgnored += step.state.lateIgnored - before;
+      const msg = "msg" in event ? event.msg : null;
+      this.opts.log.log("info", "assignment.late_ignored", {
+        requestId: f.req.requestId,
+        attempt: msg?.attempt,
+        current: f.state.attempt,
+        workerId: msg?.workerId,
+        kind: event.type,
+      });
+    }
+    this.run(f, step.commands);
+  }
+
+  /** Executes commands; a route answers with a `routed` event at once (routing is synchronous). */
+  private run(f: Flight, commands: AssignmentCommand[]): void {
+    for (const cmd of commands) {
+      switch (cmd.type) {
+        case "route":
+          this.endAttempt(f);
+          this.routeNext(f, cmd.attempt, cmd.exclude);
+          break;
+        case "offer":
+          this.offer(f, cmd);
+          break;
+        case "cancel":
+          this.hub.send(
+            cmd.workerId,
+            { requestId: f.req.requestId, attempt: cmd.attempt, reason: cmd.reason },
+            "cancel",
+          );
+          break;
+        case "deliver":
+          if (f.firstTokenAtMs === null) {
+            f.firstTokenAtMs = this.hub.nowMs();
+            this.opts.log.log("info", "assignment.first_token", {
+              requestId: f.req.requestId,
+              attempt: cmd.attempt,
+              workerId: f.state.workerId,
+              ttftMs: Math.round(f.firstTokenAtMs - f.state.arrivalMs),
+            });
+          }
+          for (const token of cmd.tokens) f.stream.push({ type: "token", token });
+          break;
+        case "finish":
+          this.finish(f, cmd);
+          break;
+      }
+    }
+  }
+
+  private routeNext(f: Flight, attempt: number, exclude: readonly WorkerId[]): void {
+    const now = this.hub.nowMs();
+    const decision = route({
+      request: f.routeRequest,
+      attempt,
+      view: this.hub.view,
+      nowMs: now,
+      catalog: this.catalog ? catalogAnswer(this.catalog.db(), f.routeRequest.chain) : noCatalogAnswer,
+      outstanding: outstandingByWorker([...this.active.values()].filter((x) => x !== f).map((x) => x.state)),
+      exclude: new Set(exclude),
+      policy: this.opts.policy,
+    });
+    f.decision = decision;
+    this.opts.log.log("info", "assignment.routed", {
+      requestId: f.req.requestId,
+      attempt,
+      workerId: decision.choice?.workerId ?? null,
+      source: decision.choice?.source ?? null,
+      cachedTokens: decision.choice?.cachedTokens ?? 0,
+      predictedTtftMs: decision.choice ? Math.round(decision.choice.predictedTtftMs * 100) / 100 : null,
+      ranked: decision.ranked.length,
+      dropped: decision.dropped.map((d) => `${d.workerId}:${d.source}:${d.reason}`),
+    });
+    this.apply(f, { type: "routed", choice: decision.choice });
+  }
+
+  private offer(f: Flight, cmd: Extract<AssignmentCommand, { type: "offer" }>): void {
+    this.counters.attempts++;
+    f.offeredAtMs = this.hub.nowMs();
+    const s = f.req.sampling;
+    const sent = this.hub.send(
+      cmd.workerId,
+      {
+        requestId: f.req.requestId,
+        attempt: cmd.attempt,
+        workerId: cmd.workerId,
+        modelFingerprint: this.opts.model.fingerprint,
+        prompt: f.req.prompt,
+        maxTokens: f.req.maxTokens as TokenCount,
+        cacheSalt: f.salt,
+        sampling: {
+          temperature: s.temperature,
+          topP: s.topP,
+          topK: s.topK,
+          ...(s.seed === undefined ? {} : { seed: s.seed }),
+        },
+        plan: {
+          source: cmd.choice.source,
+          cachedTokens: cmd.choice.cachedTokens,
+          predictedTtftMs: cmd.choice.predictedTtftMs,
+        },
+      },
+      "offer",
+    );
+    this.opts.log.log("info", "assignment.offered", {
+      requestId: f.req.requestId,
+      attempt: cmd.attempt,
+      workerId: cmd.workerId,
+      sent,
+    });
+    if (!sent) this.apply(f, { type: "worker_lost", workerId: cmd.workerId });
+  }
+
+  /** The current attempt is over (failed over or finished): its decision goes to the catalog. */
+  private endAttempt(f: Flight): void {
+    const d = f.decision;
+    if (d === null) return;
+    f.decision = null;
+    const streamed = f.state.streamAttempt === d.attempt && f.firstTokenAtMs !== null;
+    const measured = streamed ? f.firstTokenAtMs! - f.offeredAtMs : null;
+    this.recorder?.add(decisionOps(d, f.req.tenant, Date.now(), measured));
+  }
+
+  private finish(f: Flight, cmd: Extract<AssignmentCommand, { type: "finish" }>): void {
+    this.endAttempt(f);
+    this.active.delete(f.req.requestId);
+    const fields = { requestId: f.req.requestId, attempt: f.state.attempt, workerId: f.state.workerId };
+    if (cmd.outcome === "completed") {
+      this.counters.completed++;
+      const choice = f.state.choice;
+      const cached = choice?.cachedTokens ?? 0;
+      if (choice) this.cacheTokens[choice.source] = (this.cacheTokens[choice.source] ?? 0) + cached;
+      this.cacheTokens.recompute = (this.cacheTokens.recompute ?? 0) + f.req.prompt.length - cached;
+      this.opts.log.log("info", "assignment.completed", { ...fields, tokens: f.state.delivered });
+      f.stream.push({
+        type: "end",
+        reason: cmd.detail === "length" ? "length" : "stop",
+        cachedTokens: cached,
+      });
+    } else {
+      this.counters.failed++;
+      this.opts.log.log("warn", "assignment.failed", { ...fields, reason: cmd.reason, detail: cmd.detail });
+      if (cmd.reason === "cancelled") {
+        f.stream.push({ type: "end", reason: "cancelled", cachedTokens: f.state.choice?.cachedTokens ?? 0 });
+      } else {
+        f.stream.push({ type: "error", message: `request failed (${cmd.reason}): ${cmd.detail}` });
+      }
+    }
+    f.stream.close();
+  }
+
+  // ---- hub events ------------------------------------------------------------
+
+  private onAssignment(m: AssignmentMessage): void {
+    const f = this.active.get(m.msg.requestId);
+    if (m.type === "decline") {
+      this.counters.declines++;
+      this.opts.log.log("info", "assignment.declined", {
+        requestId: m.msg.requestId,
+        attempt: m.msg.attempt,
+        workerId: m.msg.workerId,
+        reason: m.msg.reason,
+        detail: m.msg.detail,
+      });
+    }
+    if (f === undefined || isTerminal(f.state)) {
+      // A message for a request that already ended: late. An accept or tokens
+      // means the worker is spending pages on it, so it is told to stop.
+      this.counters.lateIgnored++;
+      this.opts.log.log("info", "assignment.late_ignored", {
+        requestId: m.msg.requestId,
+        attempt: m.msg.attempt,
+        workerId: m.msg.workerId,
+        kind: m.type,
+      });
+      if (m.type === "accept" || m.type === "tokens") {
+        this.hub.send(
+          m.msg.workerId,
+          { requestId: m.msg.requestId, attempt: m.msg.attempt, reason: "fenced: the request has ended" },
+          "cancel",
+        );
+      }
+      return;
+    }
+    this.apply(f, m as AssignmentEvent);
+  }
+
+  private onWorkerLost(workerId: WorkerId, reason: string): void {
+    this.opts.log.log("warn", "fleet.worker_lost", { workerId, reason });
+    for (const f of [...this.active.values()]) {
+      if (f.state.workerId !== workerId) continue;
+      this.counters.workerLost++;
+      this.apply(f, { type: "worker_lost", workerId });
+    }
+  }
+
+  private tick(): void {
+    for (const f of [...this.active.values()]) {
+      const { attempt, workerId, phase } = f.state;
+      this.apply(f, { type: "tick" });
+      if (f.state.attempt !== attempt || isTerminal(f.state)) {
+        this.counters.timeouts++;
+        this.opts.log.log("warn", "assignment.timeout", {
+          requestId: f.req.requestId,
+          attempt,
+          workerId,
+          phase,
+        });
+      }
+    }
+  }
+}
