@@ -1,5 +1,7 @@
+import { spawn } from "node:child_process";
 import { createHash, randomUUID } from "node:crypto";
 import { loadavg } from "node:os";
+import { fileURLToPath } from "node:url";
 import { CatalogDb } from "../catalog/db.ts";
 import type { FullCatalogLog } from "../catalog/log.ts";
 import { EmbeddedLog } from "../catalog/log-embedded.ts";
@@ -7,6 +9,8 @@ import { KafkaLog } from "../catalog/log-kafka.ts";
 import {
   chainNodeIds,
   longestPublishedPrefix,
+  longestPublishedPrefixOfChain,
+  type PublishedPrefix,
   readyPrefixByWorkerTier,
   readyReplicasOfChunk,
 } from "../catalog/queries.ts";
@@ -44,6 +48,7 @@ const fp = modelFingerprint({
   variant: "bench",
 });
 const WORKERS = ["w0", "w1", "w2", "w3"];
+const WRITER = fileURLToPath(new URL("./_catalog-writer.ts", import.meta.url));
 
 function setup(): Proposal {
   return {
@@ -94,41 +99,36 @@ function publication(n: ChainNode, worker: string, tier: Tier, id: string): Prop
   };
 }
 
-/** `count` publications, chain by chain (parents first), 64 chunks per chain; `perProposal` of them in each proposal. */
-function publications(count: number, tag: string, perProposal = 1): Proposal[] {
-  if (perProposal > 1) {
-    const singles = publications(count, tag);
-    const out: Proposal[] = [];
-    for (let i = 0; i < singles.length; i += perProposal) {
-      const group = singles.slice(i, i + perProposal);
-      out.push({ id: `${tag}-b${i}`, clientId: group[0]!.clientId, ops: group.flatMap((p) => p.ops) });
-    }
-    return out;
-  }
-  const out: Proposal[] = [];
-  for (let c = 0; out.length < count; c++) {
-    for (const n of chain(c, 64)) {
-      if (out.length >= count) break;
-      out.push(
-        publication(n, WORKERS[c % WORKERS.length]!, TIERS[c % TIERS.length]!, `${tag}-${out.length}`),
-      );
-    }
-  }
-  return out;
-}
+/** Chains used so far: every call below takes fresh chains, so no run republishes another's chunks. */
+let nextChain = 0;
 
-async function openLog(): Promise<{ log: FullCatalogLog; transport: string }> {
-  const brokers = process.env.CONTINUUM_KAFKA_BROKERS;
-  if (brokers) {
-    const s = randomUUID().slice(0, 8);
-    const log = await KafkaLog.open({
-      brokers: brokers.split(","),
-      clientId: `bench-${s}`,
-      topics: { proposals: `bench-${s}.proposals`, tx: `bench-${s}.tx`, rejections: `bench-${s}.rejections` },
-    });
-    return { log, transport: "kafka" };
+/**
+ * `count` publications on fresh chains of `chainLength` chunks, as waves:
+ * wave w holds the w-th group of `perProposal` chunks of every chain, one
+ * proposal per group. Proposals of one wave are independent; a wave needs the
+ * one before it applied (a chunk's parent must be published), so callers send
+ * a wave only once the previous one is acknowledged. (Concurrent proposals may
+ * be appended in any order.)
+ */
+function publicationWaves(count: number, tag: string, chainLength: number, perProposal = 1): Proposal[][] {
+  if (chainLength % perProposal !== 0) throw new RangeError("perProposal must divide chainLength");
+  const chains = Math.ceil(count / chainLength);
+  const nodes = Array.from({ length: chains }, () => chain(nextChain++, chainLength));
+  const waves: Proposal[][] = [];
+  let made = 0;
+  for (let w = 0; w < chainLength / perProposal; w++) {
+    const wave: Proposal[] = [];
+    for (let c = 0; c < chains && made < count; c++) {
+      const ops: CatalogOp[] = [];
+      for (let k = 0; k < perProposal && made < count; k++, made++) {
+        const worker = WORKERS[c % WORKERS.length]!;
+        ops.push(...publication(nodes[c]![w * perProposal + k]!, worker, TIERS[c % TIERS.length]!, "").ops);
+      }
+      if (ops.length > 0) wave.push({ id: `${tag}-${w}-${c}`, clientId: WORKERS[c % WORKERS.length]!, ops });
+    }
+    waves.push(wave);
   }
-  return { log: await EmbeddedLog.open(), transport: "embedded (in-memory)" };
+  return waves;
 }
 
 interface Pipeline {
@@ -138,21 +138,58 @@ interface Pipeline {
   close(): Promise<void>;
 }
 
+/**
+ * The log, a writer and one replica. On Kafka (CONTINUUM_KAFKA_BROKERS) the
+ * writer runs in its own process, as in a fleet; on the embedded log all
+ * three share this process, as in the single-process default.
+ */
 async function pipeline(): Promise<Pipeline> {
-  const { log, transport } = await openLog();
-  const writer = new CatalogWriter({ log, newDb: () => CatalogDb.empty(), logger: silentLogger });
-  const running = writer.run();
+  const brokers = process.env.CONTINUUM_KAFKA_BROKERS;
+  let log: FullCatalogLog;
+  let stopWriter: () => Promise<void>;
+  let transport: string;
+  if (brokers) {
+    const s = randomUUID().slice(0, 8);
+    const topics = {
+      proposals: `bench-${s}.proposals`,
+      tx: `bench-${s}.tx`,
+      rejections: `bench-${s}.rejections`,
+    };
+    log = await KafkaLog.open({ brokers: brokers.split(","), clientId: `bench-${s}`, topics });
+    const child = spawn(process.execPath, ["--import", "tsx", WRITER, brokers, JSON.stringify(topics)], {
+      stdio: ["ignore", "pipe", "inherit"],
+    });
+    await new Promise<void>((resolve, reject) => {
+      child.once("exit", (code) => reject(new Error(`bench writer exited with ${code}`)));
+      child.stdout!.once("data", () => resolve());
+    });
+    child.removeAllListeners("exit");
+    stopWriter = async () => {
+      const exited = new Promise((r) => child.once("exit", r));
+      child.kill("SIGTERM");
+      await exited;
+    };
+    transport = "kafka (writer in its own process)";
+  } else {
+    log = await EmbeddedLog.open();
+    const writer = new CatalogWriter({ log, newDb: () => CatalogDb.empty(), logger: silentLogger });
+    const running = writer.run();
+    stopWriter = async () => {
+      await writer.stop();
+      await running;
+    };
+    transport = "embedded, in-memory (proposer, writer and replica in one process)";
+  }
   const replica = await Replica.start({ log });
   await log.propose(encodeMessage(ProposalMsg, setup()));
-  await replica.waitFor(1, 60_000);
+  await replica.waitFor(1, 120_000);
   return {
     log,
     transport,
     replica,
     close: async () => {
       await replica.stop();
-      await writer.stop();
-      await running;
+      await stopWriter();
       await log.close();
     },
   };
@@ -160,17 +197,20 @@ async function pipeline(): Promise<Pipeline> {
 
 /** Publications/s: all proposed as fast as the log takes them, until the replica has applied the last. */
 async function throughput(p: Pipeline, n: number, perProposal = 1): Promise<number> {
-  const ps = publications(n, `tp-${randomUUID().slice(0, 6)}`, perProposal);
-  const target = p.replica.offset() + ps.length;
+  // Chains of 16 chunks: n/16 independent proposals per wave, 16/perProposal waves.
+  const waves = publicationWaves(n, `tp-${randomUUID().slice(0, 6)}`, 16, perProposal);
+  let target = p.replica.offset();
   const t0 = performance.now();
-  const inflight: Promise<void>[] = [];
-  for (const prop of ps) {
-    inflight.push(p.log.propose(encodeMessage(ProposalMsg, prop)));
+  for (const wave of waves) {
     // At most 2,000 unacknowledged proposals (bounded memory).
-    if (inflight.length >= 2_000) await Promise.all(inflight.splice(0));
+    for (let i = 0; i < wave.length; i += 2_000) {
+      await Promise.all(
+        wave.slice(i, i + 2_000).map((prop) => p.log.propose(encodeMessage(ProposalMsg, prop))),
+      );
+    }
+    target += wave.length;
+    await p.replica.waitFor(target, 300_000);
   }
-  await Promise.all(inflight);
-  await p.replica.waitFor(target, 300_000);
   return (n / (performance.now() - t0)) * 1000;
 }
 
@@ -179,9 +219,10 @@ async function lag(
   p: Pipeline,
   ratePerS: number,
   seconds: number,
-): Promise<{ p50: number; p99: number; max: number; n: number }> {
+): Promise<{ p50: number; p99: number; max: number; n: number; complete: boolean }> {
   const n = Math.round(ratePerS * seconds);
-  const ps = publications(n, `lag-${randomUUID().slice(0, 6)}`);
+  // Chains of 4: a wave is a quarter of the run (≥ 1 s at 5,000/s over 4 s), far longer than the lag, so parents are applied before children are offered.
+  const ps = publicationWaves(n, `lag-${randomUUID().slice(0, 6)}`, 4).flat();
   const sent = new Map<string, number>();
   const lags: number[] = [];
   const off = p.replica.listen((reports) => {
@@ -210,9 +251,19 @@ async function lag(
     await new Promise((r) => setTimeout(r, slotMs));
   }
   await Promise.all(acks);
-  await p.replica.waitFor(target, 300_000);
+  // A child offered before its parent was applied is rejected and never arrives: report, do not hang.
+  const complete = await p.replica.waitFor(target, 60_000).then(
+    () => true,
+    () => false,
+  );
   off();
-  return { p50: percentile(lags, 50), p99: percentile(lags, 99), max: percentile(lags, 100), n: lags.length };
+  return {
+    p50: percentile(lags, 50),
+    p99: percentile(lags, 99),
+    max: percentile(lags, 100),
+    n: lags.length,
+    complete,
+  };
 }
 
 /** A catalog of `chunks` chunks in 128-chunk chains (each chunk with 1–2 ready replicas), built by resolve + apply. */
@@ -248,42 +299,49 @@ function bigCatalog(chunks: number, log: (l: string) => void): { db: CatalogDb; 
   return { db, chains };
 }
 
+/**
+ * One lookup = longest published prefix of a 128-chunk chain + ready runs by
+ * worker and tier + ready replicas of its deepest chunk. Two ways to the
+ * chunks, timed alternately: the model's prefix index (no hashing), and node
+ * ids computed from the chain (128 sha256) then the node index.
+ */
 function lookups(
   db: CatalogDb,
   chains: number,
   samples: number,
-): { p50: number; p99: number; p50NoHash: number; p99NoHash: number } {
-  const withHash: number[] = [];
-  const noHash: number[] = [];
+): { p50: number; p99: number; p50ViaNodeIds: number; p99ViaNodeIds: number } {
+  const byPrefix: number[] = [];
+  const viaNodeIds: number[] = [];
   let sink = 0;
-  for (let s = 0; s < samples; s++) {
-    const c = (s * 7919) % chains;
-    const ch = chain(c, 128);
-    const t0 = performance.now();
-    const nodes = chainNodeIds(fp, ch);
-    const t1 = performance.now();
-    const prefix = longestPublishedPrefix(db, nodes);
+  const rest = (prefix: PublishedPrefix) => {
     const runs = readyPrefixByWorkerTier(db, prefix);
     const last = prefix.chunks[prefix.chunks.length - 1];
     const ready = last === undefined ? [] : readyReplicasOfChunk(db, last);
-    const t2 = performance.now();
     sink += prefix.length + runs.size + ready.length;
-    withHash.push(t2 - t0);
-    noHash.push(t2 - t1);
+  };
+  for (let s = 0; s < samples; s++) {
+    const ch = chain((s * 7919) % chains, 128);
+    const t0 = performance.now();
+    rest(longestPublishedPrefixOfChain(db, fp, ch));
+    const t1 = performance.now();
+    rest(longestPublishedPrefix(db, chainNodeIds(fp, ch)));
+    const t2 = performance.now();
+    byPrefix.push(t1 - t0);
+    viaNodeIds.push(t2 - t1);
   }
   if (sink === 0) throw new Error("bench lookups found nothing");
   return {
-    p50: percentile(withHash, 50),
-    p99: percentile(withHash, 99),
-    p50NoHash: percentile(noHash, 50),
-    p99NoHash: percentile(noHash, 99),
+    p50: percentile(byPrefix, 50),
+    p99: percentile(byPrefix, 99),
+    p50ViaNodeIds: percentile(viaNodeIds, 50),
+    p99ViaNodeIds: percentile(viaNodeIds, 99),
   };
 }
 
 /** Apply rate of a replica's db over pre-resolved txs; `eager` folds each batch of 1,000 into DataScript. */
 function applyRate(n: number, eager: boolean): number {
   const writer = CatalogDb.empty();
-  const txs = [setup(), ...publications(n, "apply")].map((p) => {
+  const txs = [setup(), ...publicationWaves(n, "apply", 64).flat()].map((p) => {
     const r = writer.resolve(p);
     if (!r.ok) throw new Error(r.reason);
     const tx = { txNo: writer.nextTxNo, proposalId: p.id, clientId: p.clientId, time: 0, datoms: r.datoms };
@@ -332,6 +390,7 @@ const bench: Bench = {
       figures.lag_p99_ms = round(l.p99);
       figures.lag_max_ms = round(l.max);
       figures.lag_samples = l.n;
+      figures.lag_all_applied = l.complete;
     } finally {
       await p.close();
     }
@@ -346,8 +405,8 @@ const bench: Bench = {
     const lk = lookups(big.db, big.chains, q ? 2_000 : 10_000);
     figures.lookup_p50_ms = round(lk.p50);
     figures.lookup_p99_ms = round(lk.p99);
-    figures.lookup_without_node_hashing_p50_ms = round(lk.p50NoHash);
-    figures.lookup_without_node_hashing_p99_ms = round(lk.p99NoHash);
+    figures.lookup_via_node_ids_p50_ms = round(lk.p50ViaNodeIds);
+    figures.lookup_via_node_ids_p99_ms = round(lk.p99ViaNodeIds);
 
     return {
       figures,
@@ -362,7 +421,6 @@ const bench: Bench = {
         chain_chunks: 128,
         chunk_tokens: CHUNK,
         workers: WORKERS.length,
-        pipeline: "proposer, writer and replica in one process",
       },
     };
   },

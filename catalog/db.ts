@@ -109,6 +109,8 @@ export class CatalogDb {
   private readonly uniq = new Map<Attr, Map<Value, number>>();
   /** Hot path: chunk entity → its replica entities (every state). */
   private readonly replicasByChunk = new Map<number, Set<number>>();
+  /** Hot path: model entity → prefix hash → chunk entity (node id = H(fingerprint, prefix), so this is the node index without hashing). */
+  private readonly chunksByPrefix = new Map<number, Map<string, number>>();
   /** `chunk|worker|tier` → replica entity; same for placements. */
   private readonly replicaKeys = new Map<string, number>();
   private readonly placementKeys = new Map<string, number>();
@@ -156,6 +158,10 @@ export class CatalogDb {
   /** The entity holding a unique value, e.g. eidOf("chunk/node", id). */
   eidOf(a: Attr, v: Value): number | undefined {
     return this.uniq.get(a)?.get(v);
+  }
+  /** The chunk entity of a model entity's prefix hash, if published. */
+  chunkOf(model: number, prefix: string): number | undefined {
+    return this.chunksByPrefix.get(model)?.get(prefix);
   }
   /** Replica entities of a chunk entity, in every state. */
   replicasOf(chunk: number): ReadonlySet<number> {
@@ -259,6 +265,18 @@ export class CatalogDb {
   private reindex(e: number): void {
     const ent = this.ents.get(e);
     if (ent === undefined) return;
+    const prefix = ent.get("chunk/prefix");
+    if (prefix !== undefined) {
+      // Chunks are immutable: indexed once, when created.
+      const model = ent.get("chunk/model") as number;
+      let byPrefix = this.chunksByPrefix.get(model);
+      if (byPrefix === undefined) {
+        byPrefix = new Map();
+        this.chunksByPrefix.set(model, byPrefix);
+      }
+      byPrefix.set(prefix as string, e);
+      return;
+    }
     const chunk = ent.get("replica/chunk");
     if (chunk !== undefined) {
       const key = `${chunk}|${ent.get("replica/worker")}|${ent.get("replica/tier")}`;

@@ -39,6 +39,27 @@ export function longestPublishedPrefix(db: CatalogDb, nodes: readonly NodeId[]):
   return { length: chunks.length, chunks };
 }
 
+/**
+ * Longest published exact prefix of a planned chain (root first) for a model,
+ * by prefix hash: the model's prefix index answers without computing node ids.
+ * Equal to `longestPublishedPrefix(db, chainNodeIds(fingerprint, chain))`.
+ */
+export function longestPublishedPrefixOfChain(
+  db: CatalogDb,
+  fingerprint: ModelFingerprint,
+  chain: readonly { readonly hash: PrefixHash }[],
+): PublishedPrefix {
+  const chunks: number[] = [];
+  const model = db.eidOf("model/fingerprint", fingerprint);
+  if (model === undefined) return { length: 0, chunks };
+  for (const node of chain) {
+    const c = db.chunkOf(model, node.hash);
+    if (c === undefined) break;
+    chunks.push(c);
+  }
+  return { length: chunks.length, chunks };
+}
+
 export interface ReadyReplica {
   readonly worker: string;
   readonly tier: Tier;

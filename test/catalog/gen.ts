@@ -2,7 +2,7 @@ import { createHash } from "node:crypto";
 import { CatalogDb } from "../../catalog/db.ts";
 import type { CatalogOp, Proposal, Tier } from "../../schema/catalog.ts";
 import { catalogNodeId, modelFingerprint, prefixChain } from "../../schema/identity.ts";
-import type { ModelFingerprint, NodeId } from "../../schema/ids.ts";
+import type { ModelFingerprint, NodeId, PrefixHash } from "../../schema/ids.ts";
 
 /** mulberry32: a small seeded PRNG, so every random catalog is reproducible from its seed. */
 export function rng(seed: number): () => number {
@@ -75,8 +75,12 @@ export class CatalogGen {
   }
 
   /** Every document's chain of node ids (root first), with its model. */
-  chains(): { model: ModelFingerprint; nodes: NodeId[] }[] {
-    return this.docs.map((d) => ({ model: this.models[d.model]!, nodes: d.nodes.map((n) => n.node) }));
+  chains(): { model: ModelFingerprint; nodes: NodeId[]; prefixes: PrefixHash[] }[] {
+    return this.docs.map((d) => ({
+      model: this.models[d.model]!,
+      nodes: d.nodes.map((n) => n.node),
+      prefixes: d.nodes.map((n) => n.prefix as PrefixHash),
+    }));
   }
 
   /** Registers every model and worker. */

@@ -4,6 +4,7 @@ import { CatalogDb } from "../../catalog/db.ts";
 import {
   DemandIndex,
   longestPublishedPrefix,
+  longestPublishedPrefixOfChain,
   readyPrefixByWorkerTier,
   readyReplicas,
 } from "../../catalog/queries.ts";
@@ -22,7 +23,7 @@ describe("prepared queries agree with Datalog", () => {
       const { db, gen } = randomCatalog(seed, 3_000);
       const ddb = db.datalog();
       let longest = 0;
-      for (const { nodes } of gen.chains()) {
+      for (const { model, nodes, prefixes } of gen.chains()) {
         const published = new Set(
           q<string[]>('[:find [?n ...] :in $ [?n ...] :where [?c "chunk/node" ?n]]', ddb, nodes),
         );
@@ -30,6 +31,12 @@ describe("prepared queries agree with Datalog", () => {
         while (expected < nodes.length && published.has(nodes[expected]!)) expected++;
         const prefix = longestPublishedPrefix(db, nodes);
         expect(prefix.length).toBe(expected);
+        const byPrefix = longestPublishedPrefixOfChain(
+          db,
+          model,
+          prefixes.map((hash) => ({ hash })),
+        );
+        expect(byPrefix).toEqual(prefix);
         longest = Math.max(longest, expected);
 
         const rows = q<[string, string, string, number][]>(
