@@ -83,12 +83,18 @@ export interface Config {
     workerPort: number;
     heartbeatTtlMs: number;
     offerTimeoutMs: number;
+    /** Accept → first token, and between token frames, before an attempt fails over. */
+    progressTimeoutMs: number;
+    /** A worker's resident prefixes are trusted for this long after its heartbeat. */
+    residentFreshMs: number;
   };
   worker: {
     index: number;
     id: string;
     controllerUrl: string;
     peerPortBase: number;
+    /** Heartbeat interval; keep it well under controller.heartbeatTtlMs and residentFreshMs. */
+    heartbeatIntervalMs: number;
     threads: number;
     backend: "auto" | "cpu" | "cuda";
   };
@@ -141,12 +147,15 @@ export const defaultConfig: Config = {
     workerPort: 8081,
     heartbeatTtlMs: 3_000,
     offerTimeoutMs: 5_000,
+    progressTimeoutMs: 10_000,
+    residentFreshMs: 1_500,
   },
   worker: {
     index: 0,
     id: "worker-0",
     controllerUrl: "ws://127.0.0.1:8081",
     peerPortBase: 8090,
+    heartbeatIntervalMs: 500,
     threads: 0,
     backend: "auto",
   },
@@ -209,10 +218,13 @@ const rules: Record<string, Rule> = {
   "controller.workerPort": int(0, 65535),
   "controller.heartbeatTtlMs": int(1),
   "controller.offerTimeoutMs": int(1),
+  "controller.progressTimeoutMs": int(1),
+  "controller.residentFreshMs": int(1),
   "worker.index": int(0, 4096),
   "worker.id": str,
   "worker.controllerUrl": str,
   "worker.peerPortBase": int(0, 65535),
+  "worker.heartbeatIntervalMs": int(10, 600_000),
   "worker.threads": int(0, 1024),
   "worker.backend": { kind: "enum", values: ["auto", "cpu", "cuda"] },
   "auth.tokens": { kind: "record" },
