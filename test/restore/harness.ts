@@ -31,16 +31,17 @@ export const PAGE = 16;
 export const CHUNK = 130;
 
 /** Test credentials of the S3 server the global setup started. */
-export function s3Settings(bucket: string): Config["store"]["s3"] {
+export function s3Settings(bucket: string, endpoint?: string): Config["store"]["s3"] {
   return {
     ...defaultConfig.store.s3,
     enabled: true,
-    endpoint: process.env.CONTINUUM_S3_ENDPOINT!,
+    endpoint: endpoint ?? process.env.CONTINUUM_S3_ENDPOINT!,
     accessKeyId: process.env.CONTINUUM_S3_ACCESS_KEY_ID!,
     secretAccessKey: process.env.CONTINUUM_S3_SECRET_ACCESS_KEY!,
     region: process.env.CONTINUUM_S3_REGION ?? "us-east-1",
     bucket,
-    createBucket: true,
+    // A stand-in endpoint (a dead or silent server) is never asked to create the bucket.
+    createBucket: endpoint === undefined,
     maxAttempts: 2,
     requestTimeoutMs: 5_000,
   };
@@ -87,6 +88,8 @@ export interface WorkerSpec {
   readonly id: string;
   readonly log: CatalogLog;
   readonly s3Bucket?: string;
+  /** Another S3 endpoint than the test server (a dead or silent one). */
+  readonly s3Endpoint?: string;
   readonly ramBytes?: number;
   readonly secret?: string;
   readonly runtime?: Partial<RuntimeOptions>;
@@ -104,7 +107,7 @@ export async function startWorker(model: LoadedModel, spec: WorkerSpec): Promise
       dataDir: dir,
       ram: { maxBytes: spec.ramBytes ?? 64 << 20 },
       dir: { path: join(dir, "store"), maxObjectBytes: 64 << 20 },
-      s3: spec.s3Bucket ? s3Settings(spec.s3Bucket) : defaultConfig.store.s3,
+      s3: spec.s3Bucket ? s3Settings(spec.s3Bucket, spec.s3Endpoint) : defaultConfig.store.s3,
     },
     worker: { ...defaultConfig.worker, id: spec.id },
     auth: { tokens: {}, clusterSecret: spec.secret ?? "cluster-secret" },
@@ -135,6 +138,7 @@ export async function startWorker(model: LoadedModel, spec: WorkerSpec): Promise
     logger: silentLogger,
     peerPort: 0,
     fetchTimeoutMs: 2_000,
+    storeReport: () => undefined,
     ...spec.cache,
   });
   const runtime = new WorkerRuntime(engine, { ...ropts, ...cache.hooks });
