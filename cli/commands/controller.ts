@@ -1,0 +1,148 @@
+import { Effect } from "effect";
+import { runQuery } from "../../catalog/console.ts";
+import { replicaResource } from "../../catalog/replica.ts";
+import { ApiServer } from "../../controller/api/server.ts";
+import { defaultAssignmentLimits } from "../../controller/assignments.ts";
+import { DecisionRecorder } from "../../controller/fleet/decisions.ts";
+import { WorkerHub } from "../../controller/fleet/hub.ts";
+import { FleetService } from "../../controller/fleet/service.ts";
+import { defaultRouterPolicy } from "../../controller/router.ts";
+import { createLogger } from "../../schema/log.ts";
+import type { Command } from "../command.ts";
+import { ensureModel } from "../embedded/model.ts";
+import { textCodec } from "../embedded/service.ts";
+import { openCatalogLog, requireKafka } from "../fleet.ts";
+import { parseRoleArgs } from "../options.ts";
+import { resource, runScoped } from "../run-scoped.ts";
+
+const usage = [
+  "Usage: continuum controller [--config FILE]",
+  "",
+  "The fleet controller: the OpenAI-compatible HTTP API (controller.host:httpPort), the",
+  "worker socket (WebSocket on controller.workerPort) that workers connect to, the TTFT",
+  "router with fenced assignments, and a catalog replica (catalog.log must be kafka).",
+  "",
+  "  controller.heartbeatTtlMs     a worker silent this long is offline",
+  "  controller.offerTimeoutMs     an offer not accepted in this time moves on (attempt + 1)",
+  "  controller.progressTimeoutMs  accept → first token, and between tokens",
+  "  controller.residentFreshMs    resident prefixes are trusted this long after a heartbeat",
+  "  auth.clusterSecret            workers must present it as a bearer token",
+  "  auth.tokens                   API bearer tokens → tenants",
+  "",
+  "The model (model.dir or the generated model.preset) must be the one the workers serve:",
+  "the controller tokenizes and fingerprints it. Ctrl-C stops it cleanly.",
+].join("\n");
+
+const command: Command = {
+  summary: "run the fleet controller (HTTP API + worker socket + router + catalog replica)",
+  usage,
+  async run(argv) {
+    const { config } = parseRoleArgs(argv, {});
+    requireKafka(config, "controller");
+    const log = createLogger({ fields: { role: "controller" } });
+    const c = config.controller;
+    return runScoped(
+      Effect.gen(function* () {
+        const { model, id: modelId } = yield* Effect.promise(() => ensureModel(config, log));
+        const catalogLog = yield* resource(
+          () => openCatalogLog(config, "controller"),
+          (l) => l.close(),
+        );
+        const replica = yield* replicaResource({
+          log: catalogLog,
+          warn: (message) => log.log("warn", "catalog.replica", { message }),
+        });
+        // Catalog lag = the log's end − the replica's offset; the end is polled, not asked per scrape.
+        let logEnd = 0;
+        yield* resource(
+          () => {
+            const poll = () =>
+              catalogLog.endOffset().then(
+                (end) => {
+                  logEnd = end;
+                },
+                () => undefined,
+              );
+            void poll();
+            return setInterval(poll, 2_000);
+          },
+          (t) => clearInterval(t),
+        );
+        const hub = yield* resource(
+          async () => {
+            const h = new WorkerHub({
+              host: c.host,
+              port: c.workerPort,
+              clusterSecret: config.auth.clusterSecret,
+              ttlMs: c.heartbeatTtlMs,
+              log,
+            });
+            await h.start();
+            return h;
+          },
+          (h) => h.close(),
+        );
+        const recorder = yield* resource(
+          () => new DecisionRecorder(catalogLog, { clientId: "controller", log }),
+          (r) => r.close(),
+        );
+        const service = yield* resource(
+          () =>
+            new FleetService(
+              hub,
+              {
+                db: () => replica.catalog,
+                query: (q, rules) => runQuery(replica.datalog(), q, rules),
+                lag: () => Math.max(0, logEnd - replica.offset()),
+              },
+              recorder,
+              {
+                model: {
+                  id: modelId,
+                  fingerprint: model.fingerprint,
+                  maxContext: model.config.spec.maxPosition,
+                  codec: textCodec(model),
+                },
+                chunkTokens: config.pages.chunkTokens,
+                limits: {
+                  ...defaultAssignmentLimits,
+                  offerTimeoutMs: c.offerTimeoutMs,
+                  progressTimeoutMs: c.progressTimeoutMs,
+                },
+                policy: {
+                  ...defaultRouterPolicy,
+                  heartbeatTtlMs: c.heartbeatTtlMs,
+                  residentFreshMs: c.residentFreshMs,
+                },
+                maxActive: 4096,
+                tickMs: 50,
+                log,
+              },
+            ),
+          (s) => s.close(),
+        );
+        const server = new ApiServer(service, {
+          host: c.host,
+          port: c.httpPort,
+          tokens: config.auth.tokens,
+          log: ({ event, ...fields }) => log.log("info", String(event), fields),
+        });
+        const port = yield* resource(
+          () => server.start(),
+          () => server.close(),
+        );
+        log.log("info", "controller.ready", {
+          url: `http://${c.host}:${port}`,
+          workerPort: hub.port,
+          model: modelId,
+          fingerprint: model.fingerprint,
+        });
+        process.stderr.write(
+          `continuum: controller serving '${modelId}' on http://${c.host}:${port}/v1, workers connect to ws://${c.host}:${hub.port} (Ctrl-C to stop)\n`,
+        );
+        yield* Effect.never;
+      }),
+    );
+  },
+};
+export default command;

@@ -1,0 +1,149 @@
+import { Effect } from "effect";
+import { replicaResource } from "../../catalog/replica.ts";
+import { ProposalMsg } from "../../schema/catalog.ts";
+import { createLogger } from "../../schema/log.ts";
+import { encodeMessage } from "../../schema/wire.ts";
+import { WorkerAgent } from "../../worker/agent/agent.ts";
+import { KV_LAYOUT } from "../../worker/model/fingerprint.ts";
+import { loadEngine } from "../../worker/runtime/engine-load.ts";
+import { WorkerRuntime } from "../../worker/runtime/runtime.ts";
+import type { Command } from "../command.ts";
+import { ensureModel } from "../embedded/model.ts";
+import { kvBytesPerToken, openCatalogLog, requireKafka, workerIdentity } from "../fleet.ts";
+import { parseRoleArgs } from "../options.ts";
+import { resource, runScoped } from "../run-scoped.ts";
+
+const usage = [
+  "Usage: continuum worker [--config FILE]",
+  "",
+  "One inference worker of a fleet: the worker runtime on the native engine, its agent",
+  "(a WebSocket to worker.controllerUrl: heartbeats, offers, tokens) and a catalog replica.",
+  "",
+  "  worker.index          picks the worker id (worker-<index>, unless worker.id is set)",
+  "                        and the peer port (worker.peerPortBase + index)",
+  "  worker.controllerUrl  ws://HOST:PORT of the controller's worker socket (controller.workerPort)",
+  "  auth.clusterSecret    the controller's shared secret (sent as a bearer token)",
+  "  catalog.log           must be kafka (catalog.brokers, catalog.topics)",
+  "",
+  "Environment overrides: CONTINUUM_WORKER_INDEX, CONTINUUM_WORKER_CONTROLLER_URL,",
+  "CONTINUUM_AUTH_CLUSTER_SECRET, CONTINUUM_CATALOG_BROKERS, ... Ctrl-C stops it cleanly.",
+].join("\n");
+
+const command: Command = {
+  summary: "run one fleet worker (runtime + agent connected to the controller + catalog replica)",
+  usage,
+  async run(argv) {
+    const { config } = parseRoleArgs(argv, {});
+    requireKafka(config, "worker");
+    const { id: workerId, peerPort } = workerIdentity(config);
+    const log = createLogger({ fields: { role: "worker", workerId } });
+    return runScoped(
+      Effect.gen(function* () {
+        const { model, id: modelId } = yield* Effect.promise(() => ensureModel(config, log));
+        const engine = yield* resource(
+          () => loadEngine(model, config.pages, config.worker.threads || undefined),
+          (e) => e.free(),
+        );
+        const runtime = yield* resource(
+          () => {
+            const rt = new WorkerRuntime(engine, {
+              fingerprint: model.fingerprint,
+              vocab: model.config.spec.vocab,
+              maxContext: model.config.spec.maxPosition,
+              pageTokens: config.pages.pageTokens,
+              physicalPages: config.pages.physicalPages,
+              maxBatchTokens: config.scheduler.maxBatchTokens,
+              maxBatchSeqs: config.scheduler.maxBatchSeqs,
+              minPrefillTokens: config.scheduler.minPrefillTokens,
+              prefillTile: config.scheduler.prefillTile,
+              maxQueued: 4 * config.scheduler.maxBatchSeqs,
+              costs: {
+                prefillPerTokenMs: 0.5,
+                firstTokenMs: 5,
+                decodeStepMs: 5,
+                restorePerByteMs: { ram: 1e-6, ssd: 1e-5, peer: 2e-5, s3: 1e-4 },
+              },
+              logger: log,
+            });
+            rt.start();
+            return rt;
+          },
+          (rt) => rt.stop(),
+        );
+        const catalogLog = yield* resource(
+          () => openCatalogLog(config, workerId),
+          (l) => l.close(),
+        );
+        // The model and this worker must be catalog facts before any chunk or
+        // decision names them (re-registering the same values is a no-op).
+        yield* Effect.tryPromise(() =>
+          catalogLog.propose(
+            encodeMessage(ProposalMsg, {
+              id: `${workerId}/register/${Date.now()}`,
+              clientId: workerId,
+              ops: [
+                {
+                  op: "model.registered",
+                  fingerprint: model.fingerprint,
+                  name: modelId,
+                  layout: KV_LAYOUT,
+                  chunkTokens: config.pages.chunkTokens,
+                },
+                {
+                  op: "worker.registered",
+                  worker: workerId,
+                  model: model.fingerprint,
+                  address: `${config.controller.host}:${peerPort}`,
+                },
+              ],
+            }),
+          ),
+        );
+        yield* replicaResource({
+          log: catalogLog,
+          warn: (message) => log.log("warn", "catalog.replica", { message }),
+        });
+        const agent = yield* resource(
+          () => {
+            const a = new WorkerAgent(runtime, {
+              workerId,
+              controllerUrl: config.worker.controllerUrl,
+              clusterSecret: config.auth.clusterSecret,
+              fingerprint: model.fingerprint,
+              maxContext: model.config.spec.maxPosition,
+              pageTokens: config.pages.pageTokens,
+              chunkTokens: config.pages.chunkTokens,
+              kvBytesPerToken: kvBytesPerToken(model),
+              // No chunk store is attached to the runtime yet: nothing durable to offer.
+              durableTiers: [],
+              stopTokenIds: model.eosTokenIds,
+              heartbeatIntervalMs: config.worker.heartbeatIntervalMs,
+              reconnectBaseMs: 100,
+              reconnectMaxMs: 5_000,
+              fenceMemory: 4096,
+              maxQueuedBytes: 16 << 20,
+              log,
+            });
+            a.start();
+            return a;
+          },
+          (a) => a.stop(),
+        );
+        log.log("info", "worker.ready", {
+          model: modelId,
+          fingerprint: model.fingerprint,
+          controller: config.worker.controllerUrl,
+          engine: engine.backend,
+          threads: engine.threads,
+        });
+        process.stderr.write(
+          `continuum: worker ${workerId} serving '${modelId}', connecting to ${config.worker.controllerUrl} (Ctrl-C to stop)\n`,
+        );
+        yield* Effect.tryPromise(() => agent.connected);
+        log.log("info", "worker.connected", { controller: config.worker.controllerUrl });
+        yield* Effect.never;
+      }),
+    );
+  },
+};
+export default command;

@@ -1,0 +1,47 @@
+import { KafkaLog } from "../catalog/log-kafka.ts";
+import { type Config, defaultConfig } from "../schema/config.ts";
+import { WorkerId } from "../schema/ids.ts";
+import type { LoadedModel } from "../worker/model/model-dir.ts";
+import { UsageError } from "./command.ts";
+
+/**
+ * What the fleet roles (`continuum controller`, `continuum worker`) share at
+ * the composition root: the catalog transport and per-index naming.
+ */
+
+/** The fleet roles share one catalog across processes, which only the Kafka log provides. */
+export function requireKafka(config: Config, role: string): void {
+  if (config.catalog.log !== "kafka") {
+    throw new UsageError(
+      `catalog.log is 'embedded', which lives inside one process; \`continuum ${role}\` shares the catalog with other processes and needs catalog.log: kafka (and catalog.brokers)`,
+    );
+  }
+}
+
+/** Opens the Kafka catalog log for one process (its own client id). */
+export function openCatalogLog(config: Config, clientId: string): Promise<KafkaLog> {
+  return KafkaLog.open({
+    brokers: config.catalog.brokers,
+    clientId: `${config.catalog.clientId}.${clientId}`,
+    topics: config.catalog.topics,
+  });
+}
+
+/**
+ * worker.index picks the worker's id and ports: the id is worker.id when set
+ * explicitly, else `worker-<index>`; the peer port is peerPortBase + index.
+ */
+export function workerIdentity(config: Config): { id: WorkerId; peerPort: number } {
+  const w = config.worker;
+  const id = w.id !== defaultConfig.worker.id ? w.id : `worker-${w.index}`;
+  const peerPort = w.peerPortBase + w.index;
+  if (peerPort > 65535)
+    throw new UsageError(`worker.peerPortBase + worker.index = ${peerPort} is not a port`);
+  return { id: WorkerId(id), peerPort };
+}
+
+/** Bytes of attention state per token: every layer's K and V rows in f16 pages. */
+export function kvBytesPerToken(model: LoadedModel): number {
+  const s = model.config.spec;
+  return s.nLayers * s.nKvHeads * (s.headDim + s.vHeadDim) * 2;
+}
