@@ -59,6 +59,51 @@ export class CatalogLink {
     if (!ok) throw new Error(`catalog: worker ${workerId} was not registered within ${timeoutMs} ms`);
   }
 
+  /**
+   * A process starts with empty RAM: its RAM replicas from an earlier life are
+   * proposed removed so no one plans on them (a scan of the catalog, once at start).
+   */
+  async forgetRam(): Promise<number> {
+    const db = this.db;
+    const me = db.eidOf("worker/id", this.id.workerId);
+    if (me === undefined) return 0;
+    const ops: CatalogOp[] = [];
+    for (const [, ent] of db.entities()) {
+      if (ent.get("replica/worker") !== me || ent.get("replica/tier") !== "ram") continue;
+      if (ent.get("replica/state") !== "ready") continue;
+      const node = db.get(ent.get("replica/chunk") as number, "chunk/node") as NodeId;
+      ops.push({
+        op: "replica.removed",
+        node,
+        worker: this.id.workerId,
+        tier: "ram",
+        verifiedAt: Date.now(),
+      });
+    }
+    for (let i = 0; i < ops.length; i += 1024) await this.propose(ops.slice(i, i + 1024));
+    return ops.length;
+  }
+
+  /** forgetRam, then waits (bounded) until the replica no longer lists any of them as ready. */
+  async forgetRamApplied(timeoutMs: number): Promise<void> {
+    if ((await this.forgetRam()) === 0) return;
+    const me = this.db.eidOf("worker/id", this.id.workerId);
+    const ok = await this.waitUntil(() => {
+      for (const [, ent] of this.db.entities())
+        if (
+          ent.get("replica/worker") === me &&
+          ent.get("replica/tier") === "ram" &&
+          ent.get("replica/state") === "ready"
+        )
+          return false;
+      return true;
+    }, timeoutMs);
+    if (!ok)
+      throw new Error(
+        `catalog: RAM replicas of ${this.id.workerId} were not withdrawn within ${timeoutMs} ms`,
+      );
+  }
+
   /** Ready replica of `node` on this worker's `tier` in the local replica. */
   holdsReady(node: NodeId, tier: Tier): boolean {
     const c = this.db.eidOf("chunk/node", node);

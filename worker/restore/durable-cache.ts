@@ -87,6 +87,7 @@ export class DurableCache {
         chunkTokens: config.pages.chunkTokens,
       });
       await catalog.register(peer.address, 30_000);
+      await catalog.forgetRamApplied(30_000);
       const cp = o.checkpoint ?? {};
       const checkpointer = new Checkpointer({
         engine,
