@@ -601,7 +601,13 @@ class KafkaWriterLease implements WriterLease {
     return this.runPromise;
   }
 
-  private async onProposals({ batch, heartbeat, isRunning, isStale }: EachBatchPayload): Promise<void> {
+  private async onProposals({
+    batch,
+    heartbeat,
+    isRunning,
+    isStale,
+    resolveOffset,
+  }: EachBatchPayload): Promise<void> {
     // Before run(): hold the batch (heartbeating) until the writer has caught up and calls run().
     while (this.state === "joining" || this.state === "ready") {
       await Promise.race([this.waitState(), new Promise((r) => setTimeout(r, 1_000))]);
@@ -616,6 +622,11 @@ class KafkaWriterLease implements WriterLease {
     try {
       let next = this.proposalsOffset;
       const fresh = batch.messages.filter((m) => Number(m.offset) >= next);
+      // The fetch position advances only through resolved offsets: without
+      // this the consumer re-fetches from the batch's first offset, and once
+      // that range exceeds maxBytesPerPartition the writer sees nothing new.
+      const stale = batch.messages.filter((m) => Number(m.offset) < next);
+      if (stale.length > 0) resolveOffset(stale[stale.length - 1]!.offset);
       for (let i = 0; i < fresh.length; i += this.maxBatch) {
         if (this.state !== "running" || !isRunning() || isStale()) return;
         const part = fresh.slice(i, i + this.maxBatch);
@@ -627,6 +638,7 @@ class KafkaWriterLease implements WriterLease {
         next = records[records.length - 1]!.offset + 1;
         await this.commit(result, next);
         this.proposalsOffset = next;
+        resolveOffset(part[part.length - 1]!.offset);
         await heartbeat();
       }
     } catch (err) {
