@@ -184,6 +184,31 @@ describe("worker runtime (tiny model, real engine)", () => {
     await f.close();
   });
 
+  it("paced prefill tiles (decodePace) change no token: a long prompt beside running decodes", async () => {
+    const reqs = [
+      request("pd0", prompt(31, 20), 40),
+      request("pd1", prompt(32, 25), 40, { temperature: 0.9, topK: 20, seed: 4 }),
+      request("plong", prompt(33, 700), 5),
+    ];
+    const outputs: number[][][] = [];
+    for (const overrides of [{}, { decodePace: 1.5, minPrefillTokens: 1 }]) {
+      const f = await startRuntime(model, { prefillTile: 64, maxBatchTokens: 80, ...overrides });
+      const decodes = reqs.slice(0, 2).map((r) => f.runtime.submit(r));
+      const its = decodes.map((g) => g.events[Symbol.asyncIterator]());
+      const firsts = await Promise.all(its.map((it) => it.next()));
+      // The long prompt arrives while both decode, so its tiles are paced beside them.
+      const long = run(f.runtime, reqs[2]!);
+      const rest = await Promise.all(its.map((it) => collect({ [Symbol.asyncIterator]: () => it })));
+      const out = rest.map((r, i) => [(firsts[i]!.value as { token: number }).token, ...r.tokens]);
+      out.push((await long).tokens);
+      outputs.push(out);
+      expectNoLeak(f);
+      await f.close();
+    }
+    expect(outputs[1]).toEqual(outputs[0]);
+    expect(outputs[0]!.map((o) => o.length)).toEqual([40, 40, 5]);
+  });
+
   it("refuses bad requests with a clear error and queues nothing", async () => {
     const f = await startRuntime(model, { physicalPages: 8 });
     expect(() => f.runtime.submit(request("e1", [], 4))).toThrow(/empty/);

@@ -22,9 +22,10 @@ import {
 } from "../residency/residency.ts";
 import type { PrefixRestorer, RouteCheckpointer } from "../restore/hooks.ts";
 import { type Admission, type Preemption, planIteration } from "../scheduler/plan-iteration.ts";
-import type { Budgets, RequestRecord } from "../scheduler/request.ts";
+import { type Budgets, phaseOf, type RequestRecord } from "../scheduler/request.ts";
 import { buildBatch, type Lane } from "./batch.ts";
 import { EventChannel } from "./event-channel.ts";
+import { PrefillPacer } from "./prefill-pacer.ts";
 import { type RuntimeEvent, Sequence } from "./sequence.ts";
 
 export interface RuntimeOptions {
@@ -38,6 +39,13 @@ export interface RuntimeOptions {
   readonly maxBatchSeqs: number;
   readonly minPrefillTokens: number;
   readonly prefillTile: number;
+  /**
+   * Keeps running decodes at pace: while any decodes, prefill tiles shrink
+   * (to no less than minPrefillTokens) so a mixed step takes at most this
+   * many times a decode-only step, by the measured costs (PrefillPacer).
+   * Absent: tiles are always prefillTile.
+   */
+  readonly decodePace?: number;
   /** Requests admitted or waiting at once; one more is refused (the caller answers 429). */
   readonly maxQueued: number;
   readonly costs: ConfiguredCosts;
@@ -124,6 +132,7 @@ export class WorkerRuntime {
   /** Requests whose restore is loading pages: not runnable, not preemptible, until it settles. */
   private readonly restoring = new Set<RequestId>();
   private readonly calibrator: CostCalibrator;
+  private readonly pacer: PrefillPacer | null;
   private wake: (() => void) | null = null;
   /** A signal arrived since the current iteration began: the loop must not sleep. */
   private signalled = false;
@@ -145,6 +154,14 @@ export class WorkerRuntime {
   ) {
     this.pages = new PageManager({ pageTokens: opts.pageTokens, physicalPages: opts.physicalPages });
     this.calibrator = new CostCalibrator(opts.costs);
+    this.pacer =
+      opts.decodePace === undefined
+        ? null
+        : new PrefillPacer(
+            opts.decodePace,
+            Math.min(opts.minPrefillTokens, opts.prefillTile) || 1,
+            opts.prefillTile,
+          );
   }
 
   /** Starts the device loop. */
@@ -289,7 +306,8 @@ export class WorkerRuntime {
     if (this.seqs.size === 0) return false;
     const now = this.counters.steps;
     const records = [...this.seqs.values()].map((s) => this.record(s));
-    const plan = planIteration(records, this.budgets());
+    const decoding = records.some((r) => r.state === "running" && phaseOf(r).phase === "decode");
+    const plan = planIteration(records, this.budgets(decoding));
     for (const p of plan.preempt) this.preempt(p, now);
     let admitted = 0;
     for (const a of plan.admit) if (this.admit(a, now)) admitted++;
@@ -350,6 +368,7 @@ export class WorkerRuntime {
     }
     this.releaseLease(lease);
     this.recordCosts(stepMs, prefillRows, built.rows);
+    this.pacer?.observe(built.rows - prefillRows, prefillRows, stepMs);
     const vocab = this.opts.vocab;
     for (const [i, seq] of laneSeqs.entries()) {
       const at = built.logitIndex[i]!;
@@ -393,17 +412,19 @@ export class WorkerRuntime {
 
   // ---- scheduler inputs ----------------------------------------------------
 
-  private budgets(): Budgets {
+  /** `decoding`: some running request is in its decode phase (prefill tiles are then paced). */
+  private budgets(decoding: boolean): Budgets {
     const o = this.opts;
     const c = this.calibrator.value;
+    const tile = this.pacer ? this.pacer.tile(decoding) : o.prefillTile;
     return {
       model: o.fingerprint,
       pageTokens: o.pageTokens,
       maxBatchTokens: o.maxBatchTokens,
       maxBatchSeqs: o.maxBatchSeqs,
       minPrefillTokens: o.minPrefillTokens,
-      prefillTile: o.prefillTile,
-      repairTile: o.prefillTile,
+      prefillTile: tile,
+      repairTile: tile,
       // Cached prefixes give their pages back on demand, so they count as available.
       availablePages: (this.pages.availablePages + this.evictableCachePages()) as PageCount,
       repair: { optIn: false, minQuality: null },
