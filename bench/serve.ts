@@ -34,12 +34,40 @@ const MODEL_DIR = join(process.env.CONTINUUM_DATA_DIR ?? ".continuum", "models",
 const PAGE_TOKENS = 16;
 const PHYSICAL_PAGES = 2048;
 /**
- * Scheduler settings under test. A step's time is about its rows' compute
- * plus one pass over the weights, so a prefill tile of T rows beside B decode
- * rows costs (B + T)·c + m against B·c + m for the decodes alone: T must stay
- * near B + m/c for the decodes' inter-token latency to stay within 2×.
+ * Scheduler settings under test. A step costs about one pass over the
+ * weights plus its rows' compute, so a prefill tile of T rows beside B
+ * decode rows stretches their step from B·c + m to (B + T)·c' + m, and c'
+ * grows with a long prompt's context. A fixed tile cannot hold the decodes'
+ * pace over a 4096-token prompt without being tiny for every other prompt;
+ * so tiles are large (prefillTile) when nothing decodes and paced beside
+ * decodes: the runtime's PrefillPacer keeps a mixed step within decodePace ×
+ * a decode-only step from the measured costs, down to minPrefillTokens rows.
  */
-const SCHED = { maxBatchTokens: 64, prefillTile: 32, minPrefillTokens: 16, maxBatchSeqs: 64 } as const;
+const SCHED = {
+  maxBatchTokens: envInt("CONTINUUM_SERVE_MAX_BATCH_TOKENS", 256),
+  prefillTile: envInt("CONTINUUM_SERVE_PREFILL_TILE", 128),
+  minPrefillTokens: envInt("CONTINUUM_SERVE_MIN_PREFILL_TOKENS", 2),
+  maxBatchSeqs: 64,
+  /** 0 = unpaced (fixed tiles). */
+  decodePace: envNumber("CONTINUUM_SERVE_DECODE_PACE", 1.6),
+} as const;
+
+/** A scheduler setting overridden from the environment, to explore the trade-off without editing. */
+function envNumber(name: string, fallback: number): number {
+  const v = process.env[name];
+  if (v === undefined || v === "") return fallback;
+  const n = Number(v);
+  if (!Number.isFinite(n) || n < 0) throw new Error(`${name} must be a number ≥ 0, got '${v}'`);
+  return n;
+}
+
+function envInt(name: string, fallback: number): number {
+  const v = process.env[name];
+  if (v === undefined || v === "") return fallback;
+  const n = Number(v);
+  if (!Number.isSafeInteger(n) || n < 1) throw new Error(`${name} must be a positive integer, got '${v}'`);
+  return n;
+}
 const SAMPLING = { temperature: 0.8, topK: 40, topP: 0.95 } as const;
 const LOAD_FACTOR = 0.7;
 
@@ -104,19 +132,19 @@ class MeteredEngine implements Engine {
     this.inner.free();
   }
 
-  /** Steps, their total device ms, and the mean ms of the steps of exactly `rows` rows. */
-  summary(rows?: number): { steps: number; deviceMs: number; meanMsAtRows: number } {
+  /** Steps, their total device ms, and the count and total ms of the steps of exactly `rows` rows. */
+  summary(rows?: number): { steps: number; deviceMs: number; atRows: number; atRowsMs: number } {
     let deviceMs = 0;
-    let at = 0;
-    let n = 0;
+    let atRowsMs = 0;
+    let atRows = 0;
     for (const [r, ms] of this.steps) {
       deviceMs += ms;
       if (r === rows) {
-        at += ms;
-        n++;
+        atRowsMs += ms;
+        atRows++;
       }
     }
-    return { steps: this.steps.length, deviceMs, meanMsAtRows: n > 0 ? at / n : Number.NaN };
+    return { steps: this.steps.length, deviceMs, atRows, atRowsMs };
   }
 }
 
@@ -150,6 +178,7 @@ function session(engine: Engine, model: LoadedModel, sched: typeof SCHED): Sessi
     maxBatchSeqs: sched.maxBatchSeqs,
     minPrefillTokens: sched.minPrefillTokens,
     prefillTile: sched.prefillTile,
+    ...(sched.decodePace > 0 ? { decodePace: sched.decodePace } : {}),
     maxQueued: 1024,
     costs: {
       prefillPerTokenMs: 1,
@@ -207,21 +236,45 @@ function checkEnds(traces: readonly Trace[], what: string): void {
   if (bad.length > 0) throw new Error(`${what}: ${bad.length} requests ended with ${bad[0]!.end}`);
 }
 
-interface BatchRun {
-  /** Generated tokens / (last token − first submission). */
-  endToEndTokPerS: number;
+/** Totals of closed-loop runs of N requests at once, summed over rounds. */
+class BatchTotals {
+  generated = 0;
+  endToEndMs = 0;
+  decoded = 0;
+  decodeMs = 0;
+  /** Every native step and its time; and the steps of exactly N rows (pure decode). */
+  steps = 0;
+  deviceMs = 0;
+  decodeSteps = 0;
+  decodeStepMs = 0;
+  /** Wall time of the runs, from the first submission to the runtime's stop. */
+  wallMs = 0;
+
+  get endToEndTokPerS(): number {
+    return this.generated / (this.endToEndMs / 1000);
+  }
   /** Tokens after the moment every request had its first, over that window. */
-  decodeTokPerS: number;
+  get decodeTokPerS(): number {
+    return this.decoded / (this.decodeMs / 1000);
+  }
+  get meanDecodeStepMs(): number {
+    return this.decodeStepMs / this.decodeSteps;
+  }
+  /** The runtime's own time per step: wall time not spent in the native step. */
+  get runtimeMsPerStep(): number {
+    return (this.wallMs - this.deviceMs) / this.steps;
+  }
 }
 
-/** N requests at once: `promptLen` unique prompt tokens each, `maxTokens` generated. */
+/** N requests at once: `promptLen` unique prompt tokens each, `maxTokens` generated; adds to `into`. */
 async function concurrent(
   s: Session,
   n: number,
   promptLen: number,
   maxTokens: number,
   vocab: number,
-): Promise<BatchRun> {
+  into: BatchTotals,
+): Promise<void> {
   const rng = new Rng(seedRng(n, "bench-serve-concurrent"));
   const traces = await Promise.all(
     Array.from(
@@ -233,27 +286,12 @@ async function concurrent(
   const start = Math.min(...traces.map((t) => t.submittedAt));
   const allFirst = Math.max(...traces.map((t) => t.tokenAt[0]!));
   const end = Math.max(...traces.map((t) => t.tokenAt[t.tokenAt.length - 1]!));
-  let total = 0;
-  let decoded = 0;
   for (const t of traces) {
-    total += t.tokenAt.length;
-    for (const at of t.tokenAt) if (at > allFirst) decoded++;
+    into.generated += t.tokenAt.length;
+    for (const at of t.tokenAt) if (at > allFirst) into.decoded++;
   }
-  return {
-    endToEndTokPerS: total / ((end - start) / 1000),
-    decodeTokPerS: decoded / ((end - allFirst) / 1000),
-  };
-}
-
-interface Interference {
-  itlP99Ms: number;
-  itlP50Ms: number;
-  samples: number;
-  /** Token indices [from, to) of the decodes that the window covered. */
-  from: number;
-  to: number;
-  longPrefilledTokens: number;
-  longPrefillMs: number;
+  into.endToEndMs += end - start;
+  into.decodeMs += end - allFirst;
 }
 
 const DECODES = 8;
@@ -262,80 +300,76 @@ const DECODE_PROMPT = 32;
 const LONG_PROMPT = 4088;
 const WARM_TOKENS = 4;
 
+interface Interference {
+  /** Inter-token gaps of the decodes that ended while a long prompt was prefilling ("on") or not. */
+  on: number[];
+  off: number[];
+  longPrefilledTokens: number;
+  longPrefillMs: number;
+  phases: string[];
+}
+
 /**
- * Running decodes beside one long prompt. The window opens when every decode
- * has WARM_TOKENS tokens and the long prompt is submitted; it closes when the
- * long prompt's first token arrives (the whole prefill), or after `maxSteps`
- * decode tokens when the long prompt is then cancelled (quick runs).
+ * The same 8 decodes run throughout while phases alternate: "off" (the
+ * decodes alone for `offSteps` steps) and "on" (a long prompt submitted and
+ * prefilled in tiles beside them, until its first token, or for `onSteps`
+ * steps and then cancelled). Alternating within one run exposes both sides
+ * to the same machine conditions, which on a shared machine drift more than
+ * the effect being measured. A gap belongs to the phase its later token
+ * arrived in.
  */
-async function withLongPrompt(
+async function interference(
   s: Session,
   vocab: number,
-  maxSteps: number,
-  maxTokens: number,
+  plan: readonly ("off" | "on")[],
+  offSteps: number,
+  onSteps: number,
+  decodeTokens: number,
 ): Promise<Interference> {
   const rng = new Rng(seedRng(1, "bench-serve-interference"));
   const decodes = Array.from({ length: DECODES }, (_, i) =>
-    s.submit(`d${i}`, tokens(rng, DECODE_PROMPT, vocab), maxTokens),
+    s.submit(`d${i}`, tokens(rng, DECODE_PROMPT, vocab), decodeTokens),
   );
-  await waitFor(() => s.rt.stats().generatedTokens >= DECODES * WARM_TOKENS);
-  const long = s.submit("long", tokens(rng, LONG_PROMPT, vocab), 8);
-  const opened = performance.now();
-  const computedBefore = s.rt.stats().computedPromptTokens;
-  const startCount = s.rt.stats().generatedTokens;
-  await waitFor(
-    () => long.live.tokenAt.length > 0 || s.rt.stats().generatedTokens - startCount >= maxSteps * DECODES,
-  );
-  const closed = performance.now();
-  const prefilled = s.rt.stats().computedPromptTokens - computedBefore;
-  long.cancel();
+  const generated = () => s.rt.stats().generatedTokens;
+  await waitFor(() => generated() >= DECODES * WARM_TOKENS);
+  const windows: { kind: "on" | "off"; from: number; to: number }[] = [];
+  let prefilled = 0;
+  let prefillMs = 0;
+  for (const [i, kind] of plan.entries()) {
+    const from = performance.now();
+    const start = generated();
+    if (kind === "off") {
+      await waitFor(() => generated() - start >= offSteps * DECODES);
+    } else {
+      const computed = s.rt.stats().computedPromptTokens;
+      const long = s.submit(`long${i}`, tokens(rng, LONG_PROMPT, vocab), 8);
+      await waitFor(() => long.live.tokenAt.length > 0 || generated() - start >= onSteps * DECODES);
+      prefilled += s.rt.stats().computedPromptTokens - computed;
+      prefillMs += performance.now() - from;
+      long.cancel();
+      await long.trace;
+    }
+    windows.push({ kind, from, to: performance.now() });
+    if (decodes.some((d) => d.live.end !== "")) throw new Error("the decodes ended before the phases did");
+  }
   for (const d of decodes) d.cancel();
   const traces = await Promise.all(decodes.map((d) => d.trace));
-  await long.trace;
-  // Per decode: the tokens that arrived inside the window.
-  const itl: number[] = [];
-  let from = Number.POSITIVE_INFINITY;
-  let to = 0;
-  for (const t of traces) {
-    const a = t.tokenAt.findIndex((x) => x > opened);
-    let b = t.tokenAt.findIndex((x) => x > closed);
-    if (b < 0) b = t.tokenAt.length;
-    from = Math.min(from, a);
-    to = Math.max(to, b);
-    itl.push(...gaps(t.tokenAt, a, b));
-  }
-  return {
-    itlP99Ms: percentile(itl, 99),
-    itlP50Ms: percentile(itl, 50),
-    samples: itl.length,
-    from,
-    to,
+  const out: Interference = {
+    on: [],
+    off: [],
     longPrefilledTokens: prefilled,
-    longPrefillMs: closed - opened,
+    longPrefillMs: prefillMs,
+    phases: [],
   };
-}
-
-/** The same decodes alone, over the same token indices. */
-async function withoutLongPrompt(s: Session, vocab: number, from: number, to: number): Promise<Interference> {
-  const rng = new Rng(seedRng(1, "bench-serve-interference"));
-  const traces = await Promise.all(
-    Array.from(
-      { length: DECODES },
-      (_, i) => s.submit(`d${i}`, tokens(rng, DECODE_PROMPT, vocab), to + 1).trace,
-    ),
-  );
-  checkEnds(traces, "decodes alone");
-  const itl: number[] = [];
-  for (const t of traces) itl.push(...gaps(t.tokenAt, from, to));
-  return {
-    itlP99Ms: percentile(itl, 99),
-    itlP50Ms: percentile(itl, 50),
-    samples: itl.length,
-    from,
-    to,
-    longPrefilledTokens: 0,
-    longPrefillMs: 0,
-  };
+  for (const t of traces) {
+    for (let k = 1; k < t.tokenAt.length; k++) {
+      const at = t.tokenAt[k]!;
+      const w = windows.find((x) => at > x.from && at <= x.to);
+      if (w) out[w.kind].push(at - t.tokenAt[k - 1]!);
+    }
+  }
+  out.phases = windows.map((w) => `${w.kind} ${round(w.to - w.from)} ms`);
+  return out;
 }
 
 async function waitFor(cond: () => boolean): Promise<void> {
@@ -395,8 +429,10 @@ async function poisson(s: Session, vocab: number, z: Sizes, ratePerS: number): P
 /** Run sizes: the full run follows the issue; quick shrinks every part to fit in a minute. */
 interface Sizes {
   readonly genTokens: number;
+  /** Quick: steps of each interference phase (the long prompt is cancelled after them). */
   readonly windowSteps: number;
-  readonly decodeTokens: number;
+  /** Alternating rounds of the 1- and 16-request runs. */
+  readonly rounds: number;
   readonly prefixes: readonly number[];
   readonly suffix: readonly [number, number];
   readonly gen: readonly [number, number];
@@ -405,7 +441,7 @@ interface Sizes {
 const FULL: Sizes = {
   genTokens: 64,
   windowSteps: Number.POSITIVE_INFINITY,
-  decodeTokens: 1024,
+  rounds: 3,
   prefixes: [256, 512, 768, 1024],
   suffix: [16, 64],
   gen: [32, 64],
@@ -414,7 +450,7 @@ const FULL: Sizes = {
 const QUICK: Sizes = {
   genTokens: 16,
   windowSteps: 16,
-  decodeTokens: 48,
+  rounds: 2,
   prefixes: [64, 128, 192, 256],
   suffix: [8, 24],
   gen: [8, 16],
@@ -451,46 +487,59 @@ const bench: Bench = {
       await part((s) => s.submit("warm", tokens(new Rng(seedRng(9)), 64, vocab), 4).trace);
 
       const batchPrompt = 16;
-      const c: Record<number, BatchRun> = {};
-      for (const n of [1, 16]) {
-        const r = await part((s) => concurrent(s, n, batchPrompt, z.genTokens, vocab));
-        c[n] = r.value;
-        const m = engine.summary(n);
-        // The runtime's own time per step: wall time not spent in the native step.
-        const jsMsPerStep = (r.wallMs - m.deviceMs) / m.steps;
-        figures[`c${n}_gen_tok_per_s`] = round(r.value.endToEndTokPerS);
-        figures[`c${n}_decode_tok_per_s`] = round(r.value.decodeTokPerS);
-        figures[`c${n}_decode_step_ms`] = round(m.meanMsAtRows);
-        figures[`c${n}_runtime_ms_per_step`] = round(jsMsPerStep);
+      // Rounds alternate 1 and 16 so both see the same (shared, drifting) machine; totals are summed.
+      const c = { 1: new BatchTotals(), 16: new BatchTotals() };
+      for (let r = 0; r < z.rounds; r++) {
+        for (const n of [1, 16] as const) {
+          const t = c[n];
+          const run = await part((s) => concurrent(s, n, batchPrompt, z.genTokens, vocab, t));
+          const m = engine.summary(n);
+          t.steps += m.steps;
+          t.deviceMs += m.deviceMs;
+          t.decodeSteps += m.atRows;
+          t.decodeStepMs += m.atRowsMs;
+          t.wallMs += run.wallMs;
+        }
+      }
+      for (const n of [1, 16] as const) {
+        const t = c[n];
+        figures[`c${n}_gen_tok_per_s`] = round(t.endToEndTokPerS);
+        figures[`c${n}_decode_tok_per_s`] = round(t.decodeTokPerS);
+        figures[`c${n}_decode_step_ms`] = round(t.meanDecodeStepMs);
+        figures[`c${n}_runtime_ms_per_step`] = round(t.runtimeMsPerStep);
         log(
-          `concurrency ${n}: ${round(r.value.endToEndTokPerS)} tok/s end to end, ${round(r.value.decodeTokPerS)} tok/s decoding; native decode step ${round(m.meanMsAtRows)} ms, runtime ${round(jsMsPerStep)} ms/step`,
+          `concurrency ${n}: ${round(t.endToEndTokPerS)} tok/s end to end, ${round(t.decodeTokPerS)} tok/s decoding; native decode step ${round(t.meanDecodeStepMs)} ms, runtime ${round(t.runtimeMsPerStep)} ms/step`,
         );
       }
-      ratios.throughput_16_over_1 = round(c[16]!.endToEndTokPerS / c[1]!.endToEndTokPerS);
-      ratios.decode_throughput_16_over_1 = round(c[16]!.decodeTokPerS / c[1]!.decodeTokPerS);
+      ratios.throughput_16_over_1 = round(c[16].endToEndTokPerS / c[1].endToEndTokPerS);
+      ratios.decode_throughput_16_over_1 = round(c[16].decodeTokPerS / c[1].decodeTokPerS);
       // What the engine alone allows: 16 rows per batch-16 step against 1 per batch-1 step.
-      ratios.engine_decode_16_over_1 = round((16 * figures.c1_decode_step_ms!) / figures.c16_decode_step_ms!);
+      ratios.engine_decode_16_over_1 = round((16 * c[1].meanDecodeStepMs) / c[16].meanDecodeStepMs);
 
-      const w = await part((s) => withLongPrompt(s, vocab, z.windowSteps, z.decodeTokens));
+      // Quick: short alternating phases, the long prompt cancelled after each "on".
+      // Full: the decodes alone, then beside the whole long prompt, then alone again.
+      const plan = quick ? (["off", "on", "off", "on", "off"] as const) : (["off", "on", "off"] as const);
+      const offSteps = quick ? z.windowSteps : 100;
+      const w = await part((s) => interference(s, vocab, plan, offSteps, z.windowSteps, 2048));
       const prefillPerTokenMs = w.rt.stats().calibration.prefillPerTokenMs.value;
-      const wo = await part((s) => withoutLongPrompt(s, vocab, w.value.from, w.value.to));
+      const iv = w.value;
+      const ratio = percentile(iv.on, 99) / percentile(iv.off, 99);
       log(
-        `long prompt: ${w.value.longPrefilledTokens} tokens prefilled in ${round(w.value.longPrefillMs)} ms; decode ITL p99 ${round(w.value.itlP99Ms)} ms beside it, ${round(wo.value.itlP99Ms)} ms alone (tokens ${w.value.from}..${w.value.to})`,
+        `long prompt: ${iv.longPrefilledTokens} tokens prefilled in ${round(iv.longPrefillMs)} ms; decode ITL p99 ${round(percentile(iv.on, 99))} ms beside it, ${round(percentile(iv.off, 99))} ms alone (${iv.phases.join(", ")})`,
       );
-      figures.itl_p99_with_long_prompt_ms = round(w.value.itlP99Ms);
-      figures.itl_p50_with_long_prompt_ms = round(w.value.itlP50Ms);
-      figures.itl_p99_without_long_prompt_ms = round(wo.value.itlP99Ms);
-      figures.itl_p50_without_long_prompt_ms = round(wo.value.itlP50Ms);
-      figures.long_prompt_prefilled_tokens = w.value.longPrefilledTokens;
-      figures.long_prompt_prefill_tok_per_s = round(
-        w.value.longPrefilledTokens / (w.value.longPrefillMs / 1000),
-      );
-      ratios.itl_p99_with_long_prompt_over_without = round(w.value.itlP99Ms / wo.value.itlP99Ms);
+      figures.itl_p99_with_long_prompt_ms = round(percentile(iv.on, 99));
+      figures.itl_p50_with_long_prompt_ms = round(percentile(iv.on, 50));
+      figures.itl_p99_without_long_prompt_ms = round(percentile(iv.off, 99));
+      figures.itl_p50_without_long_prompt_ms = round(percentile(iv.off, 50));
+      figures.long_prompt_prefilled_tokens = iv.longPrefilledTokens;
+      figures.long_prompt_prefill_tok_per_s = round(iv.longPrefilledTokens / (iv.longPrefillMs / 1000));
+      ratios.itl_p99_with_long_prompt_over_without = round(ratio);
+      ratios.itl_p50_with_long_prompt_over_without = round(percentile(iv.on, 50) / percentile(iv.off, 50));
 
       // Offered load: LOAD_FACTOR of the capacity the measured costs imply for
       // this run's work (each request's suffix rows and its tokens at the
       // batched decode rate, plus each shared prefix computed once).
-      const perRequestS = (mean(z.suffix) * prefillPerTokenMs) / 1000 + mean(z.gen) / c[16]!.decodeTokPerS;
+      const perRequestS = (mean(z.suffix) * prefillPerTokenMs) / 1000 + mean(z.gen) / c[16].decodeTokPerS;
       const prefixS = (z.prefixes.reduce((a, b) => a + b, 0) * prefillPerTokenMs) / 1000;
       const rate = (LOAD_FACTOR * z.requests) / (z.requests * perRequestS + prefixS);
       log(`poisson: ${z.requests} requests at ${round(rate)} req/s`);
@@ -525,8 +574,8 @@ const bench: Bench = {
             decodes: DECODES,
             decode_prompt_tokens: DECODE_PROMPT,
             long_prompt_tokens: LONG_PROMPT,
-            window_token_indices: [w.value.from, w.value.to],
-            itl_samples: w.value.samples,
+            phases: iv.phases,
+            itl_samples: { on: iv.on.length, off: iv.off.length },
           },
           poisson: {
             requests: z.requests,
