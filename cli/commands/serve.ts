@@ -1,6 +1,7 @@
 import { Effect } from "effect";
 import { ApiServer } from "../../controller/api/server.ts";
 import { createLogger } from "../../schema/log.ts";
+import { openEmbeddedCache } from "../../worker/restore/embedded.ts";
 import { loadEngine } from "../../worker/runtime/engine-load.ts";
 import { WorkerRuntime } from "../../worker/runtime/runtime.ts";
 import { type Command, UsageError } from "../command.ts";
@@ -39,6 +40,11 @@ const command: Command = {
           () => loadEngine(model, config.pages, config.worker.threads || undefined),
           (e) => e.free(),
         );
+        // Durable prefixes (embedded catalog log + local chunk files): released after the runtime stops.
+        const durable = yield* resource(
+          () => openEmbeddedCache({ engine, model, modelName: id, config, logger: log }),
+          (c) => c.close(),
+        );
         const runtime = yield* resource(
           () => {
             const rt = new WorkerRuntime(engine, {
@@ -59,6 +65,7 @@ const command: Command = {
                 restorePerByteMs: { ram: 1e-6, ssd: 1e-5, peer: 2e-5, s3: 1e-4 },
               },
               logger: log,
+              ...durable.hooks,
             });
             rt.start();
             return rt;
