@@ -194,6 +194,8 @@ export class WorkerHub {
     const server = this.server;
     this.server = null;
     if (!server) return;
+    // Closing is not a loss the owner must act on: nothing is reported from here on.
+    this.listener = null;
     for (const c of this.conns) c.socket.close(CLOSE_GOING_AWAY, "controller stopping");
     // Sockets that do not finish the closing handshake promptly are cut.
     const cut = setTimeout(() => {
