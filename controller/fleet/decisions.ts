@@ -79,7 +79,7 @@ export function decisionOps(
 export class DecisionRecorder {
   private buffer: CatalogOp[][] = [];
   private timer: NodeJS.Timeout | null = null;
-  private inFlight: Promise<void> | null = null;
+  private draining: Promise<void> | null = null;
   private proposals = 0;
   private readonly startedAt = Date.now();
   private readonly maxBatch: number;
@@ -111,38 +111,39 @@ export class DecisionRecorder {
     if (this.buffer.length >= this.maxBatch) void this.flush();
   }
 
-  /** Proposes what is buffered (one proposal in flight at a time). */
-  async flush(): Promise<void> {
-    while (this.inFlight) await this.inFlight;
-    if (this.buffer.length === 0) return;
-    const batch = this.buffer.splice(0, this.maxBatch);
-    const id = `${this.opts.clientId}/${this.startedAt}/${++this.proposals}`;
-    const bytes = encodeMessage(ProposalMsg, { id, clientId: this.opts.clientId, ops: batch.flat() });
-    this.inFlight = this.sink.propose(bytes).then(
-      () => {
+  /**
+   * Proposes everything buffered, a batch at a time; concurrent calls share
+   * one drain, so exactly one proposal is in flight at a time.
+   */
+  flush(): Promise<void> {
+    this.draining ??= this.drain().finally(() => {
+      this.draining = null;
+    });
+    return this.draining;
+  }
+
+  private async drain(): Promise<void> {
+    while (this.buffer.length > 0) {
+      const batch = this.buffer.splice(0, this.maxBatch);
+      const id = `${this.opts.clientId}/${this.startedAt}/${++this.proposals}`;
+      const bytes = encodeMessage(ProposalMsg, { id, clientId: this.opts.clientId, ops: batch.flat() });
+      try {
+        await this.sink.propose(bytes);
         this.counters.proposed += batch.length;
-      },
-      (err: unknown) => {
+      } catch (err) {
         this.counters.failedProposals++;
         this.opts.log.log("warn", "decisions.propose_failed", {
           decisions: batch.length,
           message: (err as Error).message,
         });
-      },
-    );
-    try {
-      await this.inFlight;
-    } finally {
-      this.inFlight = null;
+      }
     }
-    if (this.buffer.length >= this.maxBatch) await this.flush();
   }
 
   /** Stops the timer and proposes what is left. */
   async close(): Promise<void> {
     if (this.timer) clearInterval(this.timer);
     this.timer = null;
-    while (this.buffer.length > 0) await this.flush();
-    while (this.inFlight) await this.inFlight;
+    await this.flush();
   }
 }
