@@ -1,7 +1,9 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { EmbeddedLog } from "../../catalog/log-embedded.ts";
+import { RequestId } from "../../schema/ids.ts";
 import type { RestoreTier } from "../../worker/calibration/calibration.ts";
 import type { LoadedModel } from "../../worker/model/model-dir.ts";
+import type { RuntimeEvent } from "../../worker/runtime/sequence.ts";
 import { tinyModel } from "../runtime/fixture.ts";
 import {
   bitEqual,
@@ -114,6 +116,30 @@ describe("restore from each source tier is bit-exact", () => {
     const out = await generate(b.runtime, prompt, 4);
     expect(out.cachedTokens).toBe(390);
     expect(out.tokens).toEqual(aTokens);
+  });
+
+  it("a request cancelled while its restore may be in flight ends cleanly; the next is unchanged", async () => {
+    const gen = c.runtime.submit({
+      requestId: RequestId("cancel-during-restore"),
+      salt: undefined,
+      prompt,
+      maxTokens: 4,
+      temperature: 0,
+      topP: 1,
+      topK: 0,
+      seed: 1,
+      stopTokenIds: [],
+    });
+    await new Promise((r) => setImmediate(r));
+    gen.cancel();
+    let last: RuntimeEvent | undefined;
+    for await (const e of gen.events) last = e;
+    expect(last?.type).toBe("end");
+    await c.cache.idle();
+    expect(c.runtime.pages.snapshot().loadingPages).toBe(0);
+    const out = await generate(c.runtime, prompt, 4);
+    expect(out.tokens).toEqual(aTokens);
+    c.runtime.pages.checkInvariants();
   });
 
   it("a chunk fetched from a peer or S3 becomes a verified local replica of the reader", async () => {
