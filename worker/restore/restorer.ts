@@ -147,7 +147,18 @@ export class Restorer implements PrefixRestorer {
   }
 
   begin(req: RestoreRequest): RestoreTicket | null {
-    const { plan, contents } = this.plan(req);
+    let planned: ReturnType<Restorer["plan"]>;
+    try {
+      planned = this.plan(req);
+    } catch (err) {
+      // A planning bug must not fail the loop: the request recomputes.
+      this.opts.logger.log("error", "restore.plan_failed", {
+        route: req.route,
+        message: (err as Error).message,
+      });
+      return null;
+    }
+    const { plan, contents } = planned;
     if (plan.restoreTo <= req.residentTokens || plan.chunks.length === 0) return null;
     const P = this.opts.pageTokens;
     const sealed = new PageHashChain(P, req.salt)
