@@ -20,7 +20,8 @@ export interface LoggerOptions {
 }
 
 export function createLogger(opts: LoggerOptions = {}): Logger {
-  const min = ORDER[opts.level ?? (process.env.CONTINUUM_LOG_LEVEL as LogLevel | undefined) ?? "info"] ?? ORDER.info;
+  const min =
+    ORDER[opts.level ?? (process.env.CONTINUUM_LOG_LEVEL as LogLevel | undefined) ?? "info"] ?? ORDER.info;
   const write = opts.write ?? ((line: string) => process.stderr.write(`${line}\n`));
   const base = opts.fields ?? {};
   return {

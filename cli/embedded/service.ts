@@ -42,7 +42,7 @@ export class EmbeddedService implements InferenceService {
     private readonly runtime: WorkerRuntime,
     model: LoadedModel,
     readonly modelId: string,
-    private readonly catalog?: InferenceService["catalogQuery"],
+    catalog?: InferenceService["catalogQuery"],
   ) {
     this.info = {
       id: modelId,
