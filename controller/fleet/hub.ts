@@ -3,10 +3,11 @@ import type { IncomingMessage } from "node:http";
 import { type RawData, WebSocket, WebSocketServer } from "ws";
 import {
   type Accept,
+  type Cancel,
   CancelMessage,
-  type ControllerToWorker,
   type Decline,
   type Heartbeat,
+  type Offer,
   OfferMessage,
   type Result,
   type Tokens,
@@ -205,12 +206,22 @@ export class WorkerHub {
     clearTimeout(cut);
   }
 
+  /** Offers an assignment; false when the worker cannot be reached (see `sendTo`). */
+  sendOffer(workerId: WorkerId, offer: Offer): boolean {
+    return this.sendTo(workerId, () => encodeMessage(OfferMessage, offer));
+  }
+
+  /** Cancels (fences) an attempt on a worker; false when the worker cannot be reached. */
+  sendCancel(workerId: WorkerId, cancel: Cancel): boolean {
+    return this.sendTo(workerId, () => encodeMessage(CancelMessage, cancel));
+  }
+
   /**
    * Sends one message to a worker's current connection. False when the worker
    * has no open connection or its send queue is over the bound (it is then
    * closed and reported lost).
    */
-  send(workerId: WorkerId, message: ControllerToWorker, kind: "offer" | "cancel"): boolean {
+  private sendTo(workerId: WorkerId, encode: () => Uint8Array): boolean {
     const conn = this.byWorker.get(workerId);
     if (!conn || conn.socket.readyState !== WebSocket.OPEN) {
       this.counters.sendsRefused++;
@@ -221,11 +232,7 @@ export class WorkerHub {
       this.drop(conn, CLOSE_TRY_AGAIN, `send queue over ${this.maxQueuedBytes} bytes`);
       return false;
     }
-    const bytes =
-      kind === "offer"
-        ? encodeMessage(OfferMessage, message as never)
-        : encodeMessage(CancelMessage, message as never);
-    conn.socket.send(bytes, { binary: true });
+    conn.socket.send(encode(), { binary: true });
     return true;
   }
 

@@ -282,11 +282,11 @@ export class FleetService implements InferenceService {
           this.offer(f, cmd);
           break;
         case "cancel":
-          this.hub.send(
-            cmd.workerId,
-            { requestId: f.req.requestId, attempt: cmd.attempt, reason: cmd.reason },
-            "cancel",
-          );
+          this.hub.sendCancel(cmd.workerId, {
+            requestId: f.req.requestId,
+            attempt: cmd.attempt,
+            reason: cmd.reason,
+          });
           break;
         case "deliver":
           if (f.firstTokenAtMs === null) {
@@ -337,30 +337,26 @@ export class FleetService implements InferenceService {
     this.counters.attempts++;
     f.offeredAtMs = this.hub.nowMs();
     const s = f.req.sampling;
-    const sent = this.hub.send(
-      cmd.workerId,
-      {
-        requestId: f.req.requestId,
-        attempt: cmd.attempt,
-        workerId: cmd.workerId,
-        modelFingerprint: this.opts.model.fingerprint,
-        prompt: f.req.prompt,
-        maxTokens: f.req.maxTokens as TokenCount,
-        cacheSalt: f.salt,
-        sampling: {
-          temperature: s.temperature,
-          topP: s.topP,
-          topK: s.topK,
-          ...(s.seed === undefined ? {} : { seed: s.seed }),
-        },
-        plan: {
-          source: cmd.choice.source,
-          cachedTokens: cmd.choice.cachedTokens,
-          predictedTtftMs: cmd.choice.predictedTtftMs,
-        },
+    const sent = this.hub.sendOffer(cmd.workerId, {
+      requestId: f.req.requestId,
+      attempt: cmd.attempt,
+      workerId: cmd.workerId,
+      modelFingerprint: this.opts.model.fingerprint,
+      prompt: f.req.prompt,
+      maxTokens: f.req.maxTokens as TokenCount,
+      cacheSalt: f.salt,
+      sampling: {
+        temperature: s.temperature,
+        topP: s.topP,
+        topK: s.topK,
+        ...(s.seed === undefined ? {} : { seed: s.seed }),
       },
-      "offer",
-    );
+      plan: {
+        source: cmd.choice.source,
+        cachedTokens: cmd.choice.cachedTokens,
+        predictedTtftMs: cmd.choice.predictedTtftMs,
+      },
+    });
     this.opts.log.log("info", "assignment.offered", {
       requestId: f.req.requestId,
       attempt: cmd.attempt,
@@ -433,11 +429,11 @@ export class FleetService implements InferenceService {
         kind: m.type,
       });
       if (m.type === "accept" || m.type === "tokens") {
-        this.hub.send(
-          m.msg.workerId,
-          { requestId: m.msg.requestId, attempt: m.msg.attempt, reason: "fenced: the request has ended" },
-          "cancel",
-        );
+        this.hub.sendCancel(m.msg.workerId, {
+          requestId: m.msg.requestId,
+          attempt: m.msg.attempt,
+          reason: "fenced: the request has ended",
+        });
       }
       return;
     }

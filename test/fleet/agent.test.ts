@@ -146,7 +146,7 @@ describe("the worker agent", () => {
 
   it("accepts an offer, streams its tokens in order and ends with a result; the prefix then shows as resident chunks", async () => {
     const prompt = tokens(300, 77);
-    expect(hub.send(WORKER, offer("r-ok", 1, prompt, 12), "offer")).toBe(true);
+    expect(hub.sendOffer(WORKER, offer("r-ok", 1, prompt, 12))).toBe(true);
     await until("the result", () => of("r-ok").some((m) => m.type === "result"));
     const got = of("r-ok");
     expect(got[0]).toMatchObject({ type: "accept", msg: { attempt: 1, workerId: WORKER } });
@@ -178,13 +178,12 @@ describe("the worker agent", () => {
 
   it("re-runs admission against its real pages and declines what does not fit, the wrong model or too long a context", async () => {
     // 90 prompt + 1500 generated tokens need 100 pages; the pool has 96.
-    hub.send(WORKER, offer("r-big", 1, tokens(90, 5), 1500), "offer");
-    hub.send(
+    hub.sendOffer(WORKER, offer("r-big", 1, tokens(90, 5), 1500));
+    hub.sendOffer(
       WORKER,
       offer("r-model", 1, tokens(10, 5), 4, { modelFingerprint: "ab".repeat(32) as ModelFingerprint }),
-      "offer",
     );
-    hub.send(WORKER, offer("r-ctx", 1, tokens(10, 5), 4000), "offer");
+    hub.sendOffer(WORKER, offer("r-ctx", 1, tokens(10, 5), 4000));
     await until("three declines", () => messages.filter((m) => m.type === "decline").length >= 3);
     expect(of("r-big")).toEqual([
       expect.objectContaining({ type: "decline", msg: expect.objectContaining({ reason: "pages_short" }) }),
@@ -195,9 +194,9 @@ describe("the worker agent", () => {
   });
 
   it("a cancel fences the attempt: nothing more of it is sent and its pages come back", async () => {
-    hub.send(WORKER, offer("r-cancel", 1, longPrompt, 400), "offer");
+    hub.sendOffer(WORKER, offer("r-cancel", 1, longPrompt, 400));
     await until("tokens", () => of("r-cancel").some((m) => m.type === "tokens"));
-    hub.send(WORKER, { requestId: RequestId("r-cancel"), attempt: 1, reason: "test" }, "cancel");
+    hub.sendCancel(WORKER, { requestId: RequestId("r-cancel"), attempt: 1, reason: "test" });
     const failedBefore = agent.counters.failed;
     await until("the attempt to stop", () => agent.counters.failed > failedBefore);
     const seen = of("r-cancel").length;
@@ -217,14 +216,14 @@ describe("the worker agent", () => {
   });
 
   it("a newer attempt supersedes the older one on the same worker, and the old attempt is then declined as stale", async () => {
-    hub.send(WORKER, offer("r-sup", 1, longPrompt, 400), "offer");
+    hub.sendOffer(WORKER, offer("r-sup", 1, longPrompt, 400));
     await until("attempt 1 streaming", () => of("r-sup", 1).some((m) => m.type === "tokens"));
-    hub.send(WORKER, offer("r-sup", 2, longPrompt, 20), "offer");
+    hub.sendOffer(WORKER, offer("r-sup", 2, longPrompt, 20));
     await until("attempt 2's result", () => of("r-sup", 2).some((m) => m.type === "result"));
     expect((of("r-sup", 2).at(-1)!.msg as Result).outcome).toBe("completed");
     await until("attempt 1 to stop", () => rt.runtime.stats().running + rt.runtime.stats().waiting === 0);
     expect(of("r-sup", 1).some((m) => m.type === "result")).toBe(false);
-    hub.send(WORKER, offer("r-sup", 1, longPrompt, 20), "offer");
+    hub.sendOffer(WORKER, offer("r-sup", 1, longPrompt, 20));
     await until("the stale decline", () => of("r-sup", 1).some((m) => m.type === "decline"));
     expect(of("r-sup", 1).find((m) => m.type === "decline")!.msg).toMatchObject({ reason: "stale_attempt" });
   });

@@ -1,5 +1,6 @@
 import { randomBytes } from "node:crypto";
 import { mkdtemp, rm } from "node:fs/promises";
+import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import OpenAI from "openai";
@@ -431,5 +432,23 @@ describe("a controller and two worker processes", () => {
     expect(await completedOn(r.id)).toEqual({ workerId: otherWorker(dead), attempt: 1 });
     const routed = await controller.waitFor("assignment.routed", { requestId: r.id });
     expect(routed.dropped).toContain(`${dead}:recompute:offline`);
+  });
+
+  it("stops on Ctrl-C, releasing its sockets: worker, controller and writer exit 0", async () => {
+    const survivor = [...workers.values()].find((w) => !w.exited)!;
+    const survivorId = [...workers.entries()].find(([, w]) => w === survivor)![0];
+    expect(await survivor.stop()).toBe(0);
+    const lostLine = await controller.waitFor("hub.worker_lost", { workerId: survivorId });
+    expect(lostLine.reason).toMatch(/1001/);
+    expect(await controller.stop()).toBe(0);
+    expect(await writer.stop()).toBe(0);
+    // Both of the controller's ports are free again.
+    for (const port of [workerPort, Number(new URL(httpUrl).port)]) {
+      await new Promise<void>((resolve, reject) => {
+        const s = createServer();
+        s.once("error", reject);
+        s.listen(port, "127.0.0.1", () => s.close(() => resolve()));
+      });
+    }
   });
 });

@@ -103,7 +103,7 @@ describe("the heartbeat hub", () => {
     expect(await closed).toBe(1013);
     expect(hub.view.entries.get(wid("w1"))!.heartbeat).toBeNull();
     expect(lost).toEqual([{ workerId: "w1", reason: "heartbeat expired" }]);
-    expect(hub.send(wid("w1"), { requestId: rid("r"), attempt: 1, reason: "x" }, "cancel")).toBe(false);
+    expect(hub.sendCancel(wid("w1"), { requestId: rid("r"), attempt: 1, reason: "x" })).toBe(false);
   });
 
   it("drops a worker's observation at once when its connection closes", async () => {
@@ -198,7 +198,7 @@ describe("the heartbeat hub", () => {
     expect(hub.connectedWorkers()).toEqual(["w1"]);
     expect(hub.view.entries.get(wid("w1"))!.heartbeat?.sequence).toBe(2);
     const got = new Promise<Buffer>((resolve) => b.once("message", (d) => resolve(d as Buffer)));
-    expect(hub.send(wid("w1"), { requestId: rid("r9"), attempt: 3, reason: "why" }, "cancel")).toBe(true);
+    expect(hub.sendCancel(wid("w1"), { requestId: rid("r9"), attempt: 3, reason: "why" })).toBe(true);
     expect(controllerToWorker.decode(await got)).toMatchObject({
       kind: "control.cancel",
       message: { requestId: "r9", attempt: 3 },

@@ -25,8 +25,14 @@ import {
   type StoreTier,
   TokensMessage,
 } from "../../schema/control.ts";
-import type { PrefixHash } from "../../schema/ids.ts";
-import { type ModelFingerprint, RequestId, type WorkerId } from "../../schema/ids.ts";
+import {
+  type ModelFingerprint,
+  PageCount,
+  type PrefixHash,
+  RequestId,
+  TokenCount,
+  type WorkerId,
+} from "../../schema/ids.ts";
 import type { Logger } from "../../schema/log.ts";
 import { encodeMessage, MAX_MESSAGE_BYTES, type MessageKind, WireError } from "../../schema/wire.ts";
 import { PageHashChain } from "../runtime/page-hashes.ts";
@@ -150,7 +156,7 @@ export class WorkerAgent {
     this.limits = {
       workerId: opts.workerId,
       modelFingerprint: opts.fingerprint,
-      maxContext: opts.maxContext as never,
+      maxContext: TokenCount(opts.maxContext),
       pageTokens: opts.pageTokens,
       fenceMemory: opts.fenceMemory,
     };
@@ -294,15 +300,15 @@ export class WorkerAgent {
       epoch: this.epoch,
       sequence: ++this.sequence,
       modelFingerprint: this.opts.fingerprint,
-      maxContext: this.opts.maxContext as never,
+      maxContext: TokenCount(this.opts.maxContext),
       pageTokens: this.opts.pageTokens,
       kvBytesPerToken: this.opts.kvBytesPerToken,
-      freePages: pool.freePages as never,
-      evictablePages: pool.evictablePages as never,
+      freePages: PageCount(pool.freePages),
+      evictablePages: PageCount(pool.evictablePages),
       residentPrefixes: this.ledger.resident(resident, MAX_RESIDENT_PREFIXES),
       durableTiers: [...this.opts.durableTiers],
       queue: {
-        queuedTokens: queuedTokens as never,
+        queuedTokens: TokenCount(queuedTokens),
         queuedRequests: stats.waiting,
         runningRequests: stats.running,
       },
