@@ -434,11 +434,41 @@ describe("a controller and two worker processes", () => {
     expect(routed.dropped).toContain(`${dead}:recompute:offline`);
   });
 
+  it("re-routes a request whose worker dies before its first token; a restarted worker rejoins", async () => {
+    const dead = [...workers.entries()].find(([, w]) => w.exited)![0];
+    const joinedFrom = controller.mark();
+    const restarted = startWorker(Number(dead.slice("worker-".length)));
+    await controller.waitFor("hub.worker_connected", { workerId: dead }, 90_000, joinedFrom);
+    expect(controller.events("hub.worker_connected", { workerId: dead })).toHaveLength(2);
+    expect(restarted.exited).toBe(false);
+
+    const prefix = tokens(700, 11);
+    const warm = await client.completions.create({ model: "tiny", prompt: [...prefix, 1], max_tokens: 1 });
+    const victimId = (await completedOn(warm.id)).workerId;
+    const victim = workers.get(victimId)!;
+    // Stopped, the victim can produce no token; killed once offered, it drops the connection mid-attempt.
+    process.kill(victim.pid, "SIGSTOP");
+    const before = controller.mark();
+    const pending = client.completions.create({ model: "tiny", prompt: [...prefix, 2], max_tokens: 3 });
+    const offered = await controller.waitFor(
+      "assignment.offered",
+      { workerId: victimId, attempt: 1, sent: true },
+      30_000,
+      before,
+    );
+    await victim.kill9();
+    const r = await pending;
+    expect(r.id).toBe(offered.requestId);
+    expect(await completedOn(r.id)).toEqual({ workerId: otherWorker(victimId), attempt: 2 });
+    await controller.waitFor("hub.worker_lost", { workerId: victimId }, 30_000, before);
+  });
+
   it("stops on Ctrl-C, releasing its sockets: worker, controller and writer exit 0", async () => {
     const survivor = [...workers.values()].find((w) => !w.exited)!;
     const survivorId = [...workers.entries()].find(([, w]) => w === survivor)![0];
+    const from = controller.mark();
     expect(await survivor.stop()).toBe(0);
-    const lostLine = await controller.waitFor("hub.worker_lost", { workerId: survivorId });
+    const lostLine = await controller.waitFor("hub.worker_lost", { workerId: survivorId }, 30_000, from);
     expect(lostLine.reason).toMatch(/1001/);
     expect(await controller.stop()).toBe(0);
     expect(await writer.stop()).toBe(0);

@@ -58,16 +58,28 @@ export class RoleProcess {
     for (const w of [...this.waiters]) w();
   }
 
-  /** Log lines of one event, optionally filtered by fields. */
-  events(event: string, match: Record<string, unknown> = {}): LogLine[] {
-    return this.lines.filter((l) => l.event === event && Object.entries(match).every(([k, v]) => l[k] === v));
+  /** The number of log lines so far (pass to `waitFor` to see only later ones). */
+  mark(): number {
+    return this.lines.length;
+  }
+
+  /** Log lines of one event, optionally filtered by fields, from line `from` on. */
+  events(event: string, match: Record<string, unknown> = {}, from = 0): LogLine[] {
+    return this.lines
+      .slice(from)
+      .filter((l) => l.event === event && Object.entries(match).every(([k, v]) => l[k] === v));
   }
 
   /** Waits (bounded) for a log line of `event` matching `match`; returns it. */
-  async waitFor(event: string, match: Record<string, unknown> = {}, timeoutMs = 60_000): Promise<LogLine> {
+  async waitFor(
+    event: string,
+    match: Record<string, unknown> = {},
+    timeoutMs = 60_000,
+    from = 0,
+  ): Promise<LogLine> {
     const deadline = Date.now() + timeoutMs;
     for (;;) {
-      const hit = this.events(event, match)[0];
+      const hit = this.events(event, match, from)[0];
       if (hit) return hit;
       if (this.exited) throw new Error(`${this.name} exited while waiting for ${event}:\n${this.tail()}`);
       const left = deadline - Date.now();
