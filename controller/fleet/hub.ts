@@ -185,6 +185,11 @@ export class WorkerHub {
     const every = Math.max(10, Math.floor(this.opts.ttlMs / 4));
     this.sweep = setInterval(() => this.expireNow(), every);
     this.opts.log.log("info", "hub.listening", { host: this.opts.host, port: this.boundPort });
+    if (this.opts.clusterSecret === "") {
+      this.opts.log.log("warn", "hub.unauthenticated", {
+        message: "auth.clusterSecret is empty: any process that reaches this port can join as a worker",
+      });
+    }
     return this.boundPort;
   }
 
