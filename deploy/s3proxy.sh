@@ -67,6 +67,19 @@ answers() {
   [ -n "$code" ] && [ "$code" != "000" ]
 }
 
+# True when the listening socket on $port belongs to the recorded pid. A port
+# picked as free can be taken by another server before ours binds it; then
+# "answers" alone would report someone else's server as ours.
+owns_port() {
+  local pid hex inode
+  pid="$(cat "$pidfile" 2>/dev/null)" || return 1
+  hex="$(printf '%04X' "$port")"
+  for inode in $(awk -v p=":$hex" '$2 ~ (p "$") && $4 == "0A" { print $10 }' /proc/net/tcp /proc/net/tcp6 2>/dev/null); do
+    if ls -l "/proc/$pid/fd" 2>/dev/null | grep -q "socket:\[$inode\]"; then return 0; fi
+  done
+  return 1
+}
+
 start() {
   if alive && answers; then
     echo "running pid=$(cat "$pidfile") port=$port data=$(served_data)"
@@ -98,7 +111,7 @@ EOF
   echo "$data" >"$run/$port.data"
   # Poll readiness: up to 120 s (a cold JVM on a busy 2-core machine).
   for _ in $(seq 1 600); do
-    if answers; then
+    if answers && owns_port; then
       echo "running pid=$(cat "$pidfile") port=$port data=$data"
       return 0
     fi

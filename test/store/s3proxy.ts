@@ -37,10 +37,22 @@ export interface RunningS3Proxy {
  * deploy/s3proxy.sh, which fetches the jars on first use and polls readiness.
  */
 export async function startS3Proxy(dataDir: string): Promise<RunningS3Proxy> {
-  const port = await freePort();
-  const { stdout } = await run("bash", [script, "start", "--port", String(port), "--data", dataDir], {
-    timeout: 600_000,
-  });
+  // A port found free may be taken by a parallel suite's server before ours
+  // binds it; the script then fails (it checks who owns the port), and a
+  // fresh port is tried. Bounded: 3 attempts.
+  let port = 0;
+  let stdout = "";
+  for (let attempt = 1; ; attempt++) {
+    port = await freePort();
+    try {
+      ({ stdout } = await run("bash", [script, "start", "--port", String(port), "--data", dataDir], {
+        timeout: 600_000,
+      }));
+      break;
+    } catch (err) {
+      if (attempt >= 3) throw err;
+    }
+  }
   const m = /running pid=(\d+)/.exec(stdout);
   if (!m) throw new Error(`deploy/s3proxy.sh start printed no pid: ${stdout}`);
   const pid = Number(m[1]);
