@@ -143,7 +143,7 @@ export function describeAttributes(): string {
 // ------------------------------------------------------------ where the log is
 
 /** The embedded log file of the single-process default. */
-export function embeddedLogPath(cfg: Config): string {
+export function embeddedLogPath(cfg: Pick<Config, "store">): string {
   return join(cfg.store.dataDir, "catalog", "embedded.log");
 }
 

@@ -1,4 +1,6 @@
 import { Effect } from "effect";
+import { ConsoleError, runQuery } from "../../catalog/console.ts";
+import { badRequest } from "../../controller/api/errors.ts";
 import { ApiServer } from "../../controller/api/server.ts";
 import { createLogger } from "../../schema/log.ts";
 import { openEmbeddedCache } from "../../worker/restore/embedded.ts";
@@ -72,7 +74,15 @@ const command: Command = {
           },
           (rt) => rt.stop(),
         );
-        const service = new EmbeddedService(runtime, model, id);
+        const catalog = durable.cache.catalog;
+        const service = new EmbeddedService(runtime, model, id, async (query, _args, rules) => {
+          try {
+            return runQuery(catalog.db.datalog(), query, rules);
+          } catch (err) {
+            if (err instanceof ConsoleError) throw badRequest(err.message, "query");
+            throw err;
+          }
+        });
         const server = new ApiServer(service, {
           host: config.controller.host,
           port: config.controller.httpPort,

@@ -1,5 +1,6 @@
 import { mkdir } from "node:fs/promises";
-import { join } from "node:path";
+import { dirname } from "node:path";
+import { embeddedLogPath } from "../../catalog/console.ts";
 import { CatalogDb } from "../../catalog/db.ts";
 import { EmbeddedLog } from "../../catalog/log-embedded.ts";
 import { CatalogWriter } from "../../catalog/writer.ts";
@@ -12,7 +13,8 @@ import type { PrefixRestorer, RouteCheckpointer } from "./hooks.ts";
 
 /**
  * The durable prefix cache of the embedded default (one process): the
- * embedded catalog log on disk (<dataDir>/catalog/catalog.log) with its
+ * embedded catalog log on disk (<dataDir>/catalog/embedded.log, where
+ * `continuum console` and `continuum tail` read it) with its
  * writer in this process, and the worker's DurableCache over the configured
  * store (local files; S3 only when store.s3.enabled). Prefixes computed in an
  * earlier run are restored from SSD after a restart.
@@ -34,9 +36,9 @@ export async function openEmbeddedCache(o: {
   readonly config: Pick<Config, "pages" | "store" | "worker" | "auth">;
   readonly logger: Logger;
 }): Promise<EmbeddedCache> {
-  const dir = join(o.config.store.dataDir, "catalog");
-  await mkdir(dir, { recursive: true });
-  const log = await EmbeddedLog.open({ path: join(dir, "catalog.log") });
+  const path = embeddedLogPath(o.config);
+  await mkdir(dirname(path), { recursive: true });
+  const log = await EmbeddedLog.open({ path });
   const writer = new CatalogWriter({ log, newDb: () => CatalogDb.empty(), logger: o.logger });
   const writing = writer.run().catch((err) => {
     o.logger.log("error", "catalog.writer_stopped", { message: (err as Error).message });
