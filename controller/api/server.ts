@@ -37,6 +37,8 @@ interface ChoiceRun {
   cachedTokens: number;
   text: string;
   finish: FinishReason | null;
+  /** Why the choice failed, when it ended with an error instead of a finish reason. */
+  error: string | null;
 }
 
 type ChoiceChunk = { index: number; text: string; finish: FinishReason | null };
@@ -253,6 +255,7 @@ export class ApiServer {
             cachedTokens: 0,
             text: "",
             finish: null,
+            error: null,
           });
         }
       });
@@ -333,7 +336,8 @@ export class ApiServer {
       await Promise.all(runs.map((r) => this.drive(r, onToken, () => {})));
       if (closed) return;
       const failed = runs.find((r) => r.finish === null);
-      if (failed) throw new ApiError(500, "generation failed", "server_error");
+      if (failed)
+        throw new ApiError(500, `generation failed: ${failed.error ?? "no result"}`, "server_error");
       this.json(
         res,
         200,
@@ -368,6 +372,16 @@ export class ApiServer {
         ]);
     }
     await Promise.all(runs.map((r) => this.drive(r, onToken, (c) => frame([choiceJson(c, true)]))));
+    const failed = runs.find((r) => r.finish === null);
+    if (failed && !closed) {
+      // A choice failed mid-stream: say so in OpenAI's stream error shape (the
+      // client raises it) instead of ending as if the text were complete.
+      const err = new ApiError(500, `generation failed: ${failed.error ?? "no result"}`, "server_error");
+      res.end(`data: ${JSON.stringify(err.body())}\n\n`);
+      this.requests.inc({ route, status: "500" });
+      this.log({ event: "request.failed", requestId, message: err.message });
+      return;
+    }
     if (parsed.includeUsageInStream) frame([], { usage: usage() });
     if (!closed) res.end("data: [DONE]\n\n");
     this.requests.inc({ route, status: "200" });
@@ -402,6 +416,7 @@ export class ApiServer {
       } else {
         this.log({ event: "choice.error", index: r.index, message: ev.message });
         r.finish = null;
+        r.error = ev.message;
         return;
       }
     }

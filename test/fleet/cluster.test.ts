@@ -170,20 +170,29 @@ describe("a controller and two worker processes", () => {
     const other = otherWorker(holder);
 
     // A durable copy of the first 1024 tokens on the other worker's SSD, as catalog facts.
+    // The holder checkpoints the prefix it computed, so those chunks are (or
+    // soon will be) published with their real content: the same publication is
+    // a no-op, and a different content id would be rejected.
     const b = [...prefix, 21, 22, 23, 24];
     const nodes = prefixChain(b.slice(0, -1), 128).slice(0, 8);
     const ops: CatalogOp[] = [];
     for (const n of nodes) {
+      const node = planChain(fingerprint, b, 128)[n.start / 128]!.nodeId;
+      const [[content, bytes]] = (await catalogUntil(
+        `[:find ?c ?b :where [?e :chunk/node "${node}"] [?e :chunk/content ?c] [?e :chunk/bytes ?b]]`,
+        (r) => r.length === 1,
+        60_000,
+      )) as [[string, number]];
       ops.push({
         op: "chunk.published",
-        node: planChain(fingerprint, b, 128)[n.start / 128]!.nodeId,
+        node,
         prefix: n.hash,
         parent: n.start === 0 ? chainRoot() : n.parent,
         model: fingerprint,
         start: n.start,
         tokens: n.count,
-        content: randomBytes(32).toString("hex"),
-        bytes: n.count * 256,
+        content,
+        bytes,
         layout: KV_LAYOUT,
         created: Date.now(),
       });
@@ -211,7 +220,10 @@ describe("a controller and two worker processes", () => {
     } finally {
       await log.close();
     }
-    await catalogUntil('[:find (count ?r) . :where [?r :replica/tier "ssd"]]', (rows) => Number(rows) === 8);
+    await catalogUntil(
+      `[:find (count ?r) . :where [?r :replica/tier "ssd"] [?r :replica/worker ?w] [?w :worker/id "${other}"]]`,
+      (rows) => Number(rows) === 8,
+    );
 
     const second = await client.completions.create({
       model: "tiny",
@@ -413,9 +425,9 @@ describe("a controller and two worker processes", () => {
       error = err as Error;
     }
     expect(id).not.toBe("");
-    // The stream is cut short: no choice finishes (and an error event, if the front door sends one, names the loss).
+    // The stream is cut short: no choice finishes, and the front door's stream error names the loss.
     expect(finish).toBeNull();
-    if (error) expect(error.message).toMatch(/lost/);
+    expect(error?.message).toMatch(/lost_mid_stream/);
     const failed = await controller.waitFor("assignment.failed", { requestId: id });
     const dead = failed.workerId as string;
     expect(failed.reason).toBe("lost_mid_stream");
