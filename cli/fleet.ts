@@ -1,5 +1,7 @@
+import { join } from "node:path";
 import { KafkaLog } from "../catalog/log-kafka.ts";
 import { type Config, defaultConfig } from "../schema/config.ts";
+import type { StoreTier } from "../schema/control.ts";
 import { WorkerId } from "../schema/ids.ts";
 import type { LoadedModel } from "../worker/model/model-dir.ts";
 import { UsageError } from "./command.ts";
@@ -44,4 +46,33 @@ export function workerIdentity(config: Config): { id: WorkerId; peerPort: number
 export function kvBytesPerToken(model: LoadedModel): number {
   const s = model.config.spec;
   return s.nLayers * s.nKvHeads * (s.headDim + s.vHeadDim) * 2;
+}
+
+/**
+ * The slice of the config a worker's DurableCache reads, for one worker id:
+ * worker.id is the fleet identity (the catalog names replicas by it), and the
+ * chunk files default to <dataDir>/workers/<id>/store, so workers sharing a
+ * data dir (one machine, `continuum cluster up`) never share a local store.
+ * An explicit store.dir.path is the operator's choice for this one worker.
+ */
+export function workerCacheConfig(
+  config: Config,
+  id: WorkerId,
+): Pick<Config, "pages" | "store" | "worker" | "auth"> {
+  const dir = config.store.dir.path || join(config.store.dataDir, "workers", id, "store");
+  return {
+    pages: config.pages,
+    auth: config.auth,
+    worker: { ...config.worker, id },
+    store: { ...config.store, dir: { ...config.store.dir, path: dir } },
+  };
+}
+
+/** The durable tiers a worker's heartbeats advertise: the ones its store has. */
+export function durableTiers(store: Config["store"]): StoreTier[] {
+  const tiers: StoreTier[] = [];
+  if (store.ram.maxBytes > 0) tiers.push("ram");
+  tiers.push("ssd");
+  if (store.s3.enabled) tiers.push("s3");
+  return tiers;
 }

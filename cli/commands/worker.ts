@@ -1,15 +1,19 @@
 import { Effect } from "effect";
-import { replicaResource } from "../../catalog/replica.ts";
-import { ProposalMsg } from "../../schema/catalog.ts";
 import { createLogger } from "../../schema/log.ts";
-import { encodeMessage } from "../../schema/wire.ts";
 import { WorkerAgent } from "../../worker/agent/agent.ts";
-import { KV_LAYOUT } from "../../worker/model/fingerprint.ts";
+import { DurableCache } from "../../worker/restore/durable-cache.ts";
 import { loadEngine } from "../../worker/runtime/engine-load.ts";
 import { WorkerRuntime } from "../../worker/runtime/runtime.ts";
 import type { Command } from "../command.ts";
 import { ensureModel } from "../embedded/model.ts";
-import { kvBytesPerToken, openCatalogLog, requireKafka, workerIdentity } from "../fleet.ts";
+import {
+  durableTiers,
+  kvBytesPerToken,
+  openCatalogLog,
+  requireKafka,
+  workerCacheConfig,
+  workerIdentity,
+} from "../fleet.ts";
 import { parseRoleArgs } from "../options.ts";
 import { resource, runScoped } from "../run-scoped.ts";
 
@@ -17,13 +21,15 @@ const usage = [
   "Usage: continuum worker [--config FILE]",
   "",
   "One inference worker of a fleet: the worker runtime on the native engine, its agent",
-  "(a WebSocket to worker.controllerUrl: heartbeats, offers, tokens) and a catalog replica.",
+  "(a WebSocket to worker.controllerUrl: heartbeats, offers, tokens) and its durable prefix",
+  "cache (RAM, local files, S3 when store.s3.enabled) on the shared catalog.",
   "",
   "  worker.index          picks the worker id (worker-<index>, unless worker.id is set)",
   "                        and the peer port (worker.peerPortBase + index)",
   "  worker.controllerUrl  ws://HOST:PORT of the controller's worker socket (controller.workerPort)",
   "  auth.clusterSecret    the controller's shared secret (sent as a bearer token)",
   "  catalog.log           must be kafka (catalog.brokers, catalog.topics)",
+  "  store.dir.path        this worker's chunk files (default <store.dataDir>/workers/<id>/store)",
   "",
   "Environment overrides: CONTINUUM_WORKER_INDEX, CONTINUUM_WORKER_CONTROLLER_URL,",
   "CONTINUUM_AUTH_CLUSTER_SECRET, CONTINUUM_CATALOG_BROKERS, ... Ctrl-C stops it cleanly.",
@@ -43,6 +49,30 @@ const command: Command = {
         const engine = yield* resource(
           () => loadEngine(model, config.pages, config.worker.threads || undefined),
           (e) => e.free(),
+        );
+        // This worker's durable prefixes: RAM and local files of its own (one
+        // directory per worker id, so workers sharing a data dir never share a
+        // store), S3 when store.s3.enabled, on the fleet's shared Kafka catalog.
+        // It registers the model and the worker (with its peer address) and
+        // is released after the runtime stops.
+        const catalogLog = yield* resource(
+          () => openCatalogLog(config, workerId),
+          (l) => l.close(),
+        );
+        const cacheConfig = workerCacheConfig(config, workerId);
+        const durable = yield* resource(
+          () =>
+            DurableCache.open({
+              engine,
+              fingerprint: model.fingerprint,
+              modelName: modelId,
+              layout: model.manifest.layout,
+              config: cacheConfig,
+              log: catalogLog,
+              logger: log,
+              peerPort,
+            }),
+          (c) => c.close(),
         );
         const runtime = yield* resource(
           () => {
@@ -64,45 +94,13 @@ const command: Command = {
                 restorePerByteMs: { ram: 1e-6, ssd: 1e-5, peer: 2e-5, s3: 1e-4 },
               },
               logger: log,
+              ...durable.hooks,
             });
             rt.start();
             return rt;
           },
           (rt) => rt.stop(),
         );
-        const catalogLog = yield* resource(
-          () => openCatalogLog(config, workerId),
-          (l) => l.close(),
-        );
-        // The model and this worker must be catalog facts before any chunk or
-        // decision names them (re-registering the same values is a no-op).
-        yield* Effect.tryPromise(() =>
-          catalogLog.propose(
-            encodeMessage(ProposalMsg, {
-              id: `${workerId}/register/${Date.now()}`,
-              clientId: workerId,
-              ops: [
-                {
-                  op: "model.registered",
-                  fingerprint: model.fingerprint,
-                  name: modelId,
-                  layout: KV_LAYOUT,
-                  chunkTokens: config.pages.chunkTokens,
-                },
-                {
-                  op: "worker.registered",
-                  worker: workerId,
-                  model: model.fingerprint,
-                  address: `${config.controller.host}:${peerPort}`,
-                },
-              ],
-            }),
-          ),
-        );
-        yield* replicaResource({
-          log: catalogLog,
-          warn: (message) => log.log("warn", "catalog.replica", { message }),
-        });
         const agent = yield* resource(
           () => {
             const a = new WorkerAgent(runtime, {
@@ -114,8 +112,7 @@ const command: Command = {
               pageTokens: config.pages.pageTokens,
               chunkTokens: config.pages.chunkTokens,
               kvBytesPerToken: kvBytesPerToken(model),
-              // No chunk store is attached to the runtime yet: nothing durable to offer.
-              durableTiers: [],
+              durableTiers: durableTiers(cacheConfig.store),
               stopTokenIds: model.eosTokenIds,
               heartbeatIntervalMs: config.worker.heartbeatIntervalMs,
               reconnectBaseMs: 100,
