@@ -1,4 +1,5 @@
 import type { CatalogDb } from "../../catalog/db.ts";
+import { StreamQueue } from "../../schema/channel.ts";
 import type { DecisionRecord } from "../../schema/control.ts";
 import type { ModelFingerprint, TokenCount, WorkerId } from "../../schema/ids.ts";
 import type { Logger } from "../../schema/log.ts";
@@ -28,7 +29,6 @@ import { liveWorkers } from "../heartbeat-view.ts";
 import { type RouterPolicy, route } from "../router.ts";
 import { type DecisionRecorder, decisionOps } from "./decisions.ts";
 import type { AssignmentMessage, WorkerHub } from "./hub.ts";
-import { StreamQueue } from "./stream-queue.ts";
 
 /**
  * The fleet's inference service: the HTTP front door's requests routed to

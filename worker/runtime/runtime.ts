@@ -1,5 +1,6 @@
 import { randomInt } from "node:crypto";
 import type { Engine } from "../../native/index.ts";
+import { StreamQueue } from "../../schema/channel.ts";
 import {
   ContinuationId,
   type ModelFingerprint,
@@ -24,7 +25,6 @@ import type { PrefixRestorer, RouteCheckpointer } from "../restore/hooks.ts";
 import { type Admission, type Preemption, planIteration } from "../scheduler/plan-iteration.ts";
 import { type Budgets, phaseOf, type RequestRecord } from "../scheduler/request.ts";
 import { buildBatch, type Lane } from "./batch.ts";
-import { EventChannel } from "./event-channel.ts";
 import { PrefillPacer } from "./prefill-pacer.ts";
 import { type RuntimeEvent, Sequence } from "./sequence.ts";
 
@@ -101,6 +101,16 @@ export interface RuntimeStats {
   readonly preemptions: number;
   readonly evictedRoutes: number;
   readonly calibration: Calibration;
+}
+
+/**
+ * Pushes one event to a request's consumer. The channel holds the request's
+ * whole output, so a refusal means the runtime emitted more than it promised:
+ * a bug, asserted here.
+ */
+function emit(seq: Sequence, ev: RuntimeEvent): void {
+  if (!seq.events.push(ev))
+    throw new Error(`request ${seq.id}: event channel refused ${ev.type} (full or closed)`);
 }
 
 /** A finished request's full pages, kept as a recomputable prefix cache until evicted. */
@@ -217,7 +227,7 @@ export class WorkerRuntime {
     } catch (err) {
       throw new SubmitError(400, (err as Error).message);
     }
-    const events = new EventChannel<RuntimeEvent>(req.maxTokens + 1);
+    const events = new StreamQueue<RuntimeEvent>(req.maxTokens + 1);
     const seq = new Sequence(
       req.requestId,
       [...req.prompt],
@@ -378,7 +388,7 @@ export class WorkerRuntime {
       seq.sampler = next.state;
       seq.tokens.push(next.token);
       this.counters.generatedTokens++;
-      seq.events.push({ type: "token", token: next.token });
+      emit(seq, { type: "token", token: next.token });
       if (first) {
         this.calibrator.record({
           kind: "first-token",
@@ -554,7 +564,7 @@ export class WorkerRuntime {
   private finish(seq: Sequence, reason: "stop" | "length", now: number): void {
     this.retire(seq, now);
     this.seqs.delete(seq.id);
-    seq.events.push({ type: "end", reason, cachedTokens: Math.max(0, seq.cachedTokens) });
+    emit(seq, { type: "end", reason, cachedTokens: Math.max(0, seq.cachedTokens) });
     seq.events.close();
   }
 
@@ -629,7 +639,7 @@ export class WorkerRuntime {
       if (!seq.cancelled) continue;
       if (this.pages.hasRoute(seq.route)) this.pages.cancelRoute(seq.route);
       this.seqs.delete(seq.id);
-      seq.events.push({ type: "end", reason: "cancelled", cachedTokens: Math.max(0, seq.cachedTokens) });
+      emit(seq, { type: "end", reason: "cancelled", cachedTokens: Math.max(0, seq.cachedTokens) });
       seq.events.close();
     }
   }
@@ -638,7 +648,7 @@ export class WorkerRuntime {
     if (this.pages.hasRoute(seq.route)) this.pages.cancelRoute(seq.route);
     this.seqs.delete(seq.id);
     if (!seq.events.isClosed) {
-      seq.events.push({ type: "error", message });
+      emit(seq, { type: "error", message });
       seq.events.close();
     }
     this.opts.logger.log("warn", "request.failed", { requestId: seq.id, message });

@@ -1,7 +1,7 @@
+import type { StreamQueue } from "../../schema/channel.ts";
 import { ContinuationId, type RequestId } from "../../schema/ids.ts";
 import type { SamplerState } from "../model/sampling.ts";
 import type { PreemptDisposition } from "../scheduler/request.ts";
-import type { EventChannel } from "./event-channel.ts";
 import { PageHashChain } from "./page-hashes.ts";
 
 /** What a request's consumer receives: its tokens in order, then exactly one end or error. */
@@ -44,7 +44,7 @@ export class Sequence {
     public sampler: SamplerState,
     readonly priority: number,
     readonly arrival: number,
-    readonly events: EventChannel<RuntimeEvent>,
+    readonly events: StreamQueue<RuntimeEvent>,
     pageTokens: number,
     /** The tenant's cache salt (the chain root of its prefixes, page and chunk alike). */
     readonly salt: string | undefined,

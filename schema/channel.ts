@@ -1,11 +1,12 @@
 /**
- * A single-consumer async channel with a hard capacity. The runtime pushes a
- * request's events (tokens, then one end); the front door iterates them.
- * Capacity is the request's whole output (max tokens + its end event), so a
- * push never has to wait and a slow client never stalls the device loop; a
- * push beyond capacity is a bug and throws.
+ * A single-consumer async queue with a hard capacity, for one request's
+ * events (tokens, then one end or error): the worker runtime pushes them as
+ * it samples, the fleet service as frames arrive from a worker, and the
+ * front door iterates them. The capacity is the request's whole output (max
+ * tokens + its end), so a slow client never makes anyone buffer more than
+ * that; a push beyond it, or after close, is refused and returns false.
  */
-export class EventChannel<T> implements AsyncIterable<T> {
+export class StreamQueue<T> implements AsyncIterable<T> {
   private readonly buffer: T[] = [];
   private head = 0;
   private closed = false;
@@ -13,28 +14,26 @@ export class EventChannel<T> implements AsyncIterable<T> {
 
   constructor(readonly capacity: number) {
     if (!Number.isSafeInteger(capacity) || capacity < 1)
-      throw new RangeError(`channel capacity must be ≥ 1, got ${capacity}`);
+      throw new RangeError(`queue capacity must be ≥ 1, got ${capacity}`);
+  }
+
+  push(value: T): boolean {
+    if (this.closed) return false;
+    if (this.waiter) {
+      const w = this.waiter;
+      this.waiter = null;
+      w({ value, done: false });
+      return true;
+    }
+    if (this.buffer.length - this.head >= this.capacity) return false;
+    this.buffer.push(value);
+    return true;
   }
 
   get isClosed(): boolean {
     return this.closed;
   }
 
-  push(value: T): void {
-    if (this.closed) throw new Error("push to a closed channel");
-    if (this.waiter) {
-      const w = this.waiter;
-      this.waiter = null;
-      w({ value, done: false });
-      return;
-    }
-    if (this.buffer.length - this.head >= this.capacity) {
-      throw new Error(`event channel over its capacity of ${this.capacity}`);
-    }
-    this.buffer.push(value);
-  }
-
-  /** No more values; the consumer sees the buffered ones, then the end. */
   close(): void {
     this.closed = true;
     if (this.waiter && this.head >= this.buffer.length) {
@@ -56,7 +55,7 @@ export class EventChannel<T> implements AsyncIterable<T> {
           return Promise.resolve({ value, done: false });
         }
         if (this.closed) return Promise.resolve({ value: undefined, done: true });
-        if (this.waiter) return Promise.reject(new Error("channel has one consumer"));
+        if (this.waiter) return Promise.reject(new Error("the queue has one consumer"));
         return new Promise((resolve) => {
           this.waiter = resolve;
         });
