@@ -1,0 +1,389 @@
+import { execFile, spawn } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { closeSync, existsSync, openSync, readFileSync } from "node:fs";
+import { mkdir, readFile, rm, writeFile } from "node:fs/promises";
+import { join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
+import type { Config } from "../schema/config.ts";
+
+/**
+ * A local fleet on 127.0.0.1 as separate, detached processes: the Kafka
+ * broker and the S3 server (through their deploy scripts), two catalog
+ * writers (one active, one standby), the controller and N workers. Every
+ * process runs `continuum <role> --config <dir>/fleet.json` with its log in
+ * <dir>/logs/<name>.log; the state file <dir>/state.json records pids, ports
+ * and paths so `status` and `down` work from another shell.
+ *
+ * Layout under dir (default <store.dataDir>/cluster):
+ *   fleet.json   the generated fleet config (the user's config, resolved
+ *                with CONTINUUM_* overrides, plus the cluster's endpoints)
+ *   state.json   ClusterState
+ *   logs/        one log file per process
+ *   data/        the shared store.dataDir (the model; workers/<id>/store per worker)
+ *   kafka/ s3/   the services' data
+ */
+
+const exec = promisify(execFile);
+const ROOT = resolve(fileURLToPath(new URL("..", import.meta.url)));
+const BIN = join(ROOT, "bin", "continuum.mjs");
+const KAFKA_SH = join(ROOT, "deploy", "kafka.sh");
+const S3_SH = join(ROOT, "deploy", "s3proxy.sh");
+
+export type Role = "writer" | "controller" | "worker";
+
+export interface ClusterProcess {
+  readonly name: string;
+  readonly role: Role;
+  readonly pid: number;
+  readonly log: string;
+  /** Extra environment of this process (the worker index). */
+  readonly env: Readonly<Record<string, string>>;
+}
+
+export interface ClusterState {
+  readonly dir: string;
+  readonly startedAt: string;
+  readonly configPath: string;
+  readonly kafka: { readonly port: number; readonly dir: string; readonly brokers: string };
+  readonly s3: { readonly port: number; readonly data: string; readonly endpoint: string };
+  readonly api: string;
+  readonly workerSocket: string;
+  /** In start order; `down` stops them in reverse. */
+  readonly processes: readonly ClusterProcess[];
+}
+
+export interface UpOptions {
+  readonly dir: string;
+  readonly workers: number;
+  /** The user's resolved config (file + CONTINUUM_* overrides). */
+  readonly config: Config;
+  readonly kafkaPort: number;
+  readonly s3Port: number;
+  /** Bound on each readiness wait. */
+  readonly readyTimeoutMs: number;
+  readonly progress: (line: string) => void;
+}
+
+export const MAX_WORKERS = 16;
+
+/**
+ * The fleet config every process reads: the user's config with the catalog on
+ * the cluster's broker, the store's S3 tier on the cluster's server, one data
+ * dir for the cluster and a cluster secret (generated unless one is set).
+ * Pure: values in, value out.
+ */
+export function fleetConfig(
+  config: Config,
+  o: { dir: string; brokers: string; s3Endpoint: string; secret: string },
+): Config {
+  const c = config.controller;
+  return {
+    ...config,
+    catalog: { ...config.catalog, log: "kafka", brokers: [o.brokers] },
+    store: {
+      ...config.store,
+      dataDir: join(o.dir, "data"),
+      // Per-worker chunk files: workerCacheConfig derives <dataDir>/workers/<id>/store.
+      dir: { ...config.store.dir, path: "" },
+      s3: { ...config.store.s3, enabled: true, endpoint: o.s3Endpoint, createBucket: true },
+    },
+    auth: { ...config.auth, clusterSecret: config.auth.clusterSecret || o.secret },
+    worker: { ...config.worker, controllerUrl: `ws://${c.host}:${c.workerPort}` },
+  };
+}
+
+export function statePath(dir: string): string {
+  return join(dir, "state.json");
+}
+
+export async function readState(dir: string): Promise<ClusterState | undefined> {
+  const p = statePath(dir);
+  if (!existsSync(p)) return undefined;
+  return JSON.parse(await readFile(p, "utf8")) as ClusterState;
+}
+
+export function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === "EPERM";
+  }
+}
+
+/** Starts one role detached (its own process group), stdout and stderr appended to its log. */
+export function spawnRole(
+  name: string,
+  role: Role,
+  configPath: string,
+  logDir: string,
+  env: Record<string, string>,
+): ClusterProcess {
+  const log = join(logDir, `${name}.log`);
+  const fd = openSync(log, "a");
+  try {
+    const child = spawn(process.execPath, [BIN, role, "--config", configPath], {
+      cwd: ROOT,
+      detached: true,
+      stdio: ["ignore", fd, fd],
+      env: { ...process.env, ...env },
+    });
+    if (child.pid === undefined) throw new Error(`could not start ${name}`);
+    child.unref();
+    return { name, role, pid: child.pid, log, env };
+  } finally {
+    closeSync(fd);
+  }
+}
+
+/** The structured log lines of a process's log file (non-JSON lines skipped). */
+export function logEvents(path: string): Record<string, unknown>[] {
+  let text: string;
+  try {
+    text = readFileSync(path, "utf8");
+  } catch {
+    return [];
+  }
+  const out: Record<string, unknown>[] = [];
+  for (const line of text.split("\n")) {
+    if (!line.startsWith("{")) continue;
+    try {
+      out.push(JSON.parse(line) as Record<string, unknown>);
+    } catch {
+      // a partial last line
+    }
+  }
+  return out;
+}
+
+/** Polls a process's log (every 200 ms, bounded) until `ok` holds of some line. */
+export async function waitForLog(
+  p: ClusterProcess,
+  ok: (line: Record<string, unknown>) => boolean,
+  what: string,
+  timeoutMs: number,
+): Promise<Record<string, unknown>> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const hit = logEvents(p.log).find(ok);
+    if (hit) return hit;
+    if (!alive(p.pid)) throw new Error(`${p.name} exited before ${what}; see ${p.log}:\n${tail(p.log)}`);
+    if (Date.now() > deadline)
+      throw new Error(`${p.name}: no ${what} within ${timeoutMs} ms; see ${p.log}:\n${tail(p.log)}`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+function tail(path: string, n = 15): string {
+  try {
+    return readFileSync(path, "utf8").split("\n").slice(-n).join("\n");
+  } catch {
+    return "";
+  }
+}
+
+async function script(path: string, args: string[], timeoutMs: number): Promise<string> {
+  const { stdout } = await exec("bash", [path, ...args], { timeout: timeoutMs, cwd: ROOT });
+  return stdout;
+}
+
+/**
+ * Brings the cluster up; on any failure stops what it started (and removes
+ * the state file) before rethrowing, so a failed `up` leaves nothing running.
+ */
+export async function clusterUp(o: UpOptions): Promise<ClusterState> {
+  if (!Number.isInteger(o.workers) || o.workers < 1 || o.workers > MAX_WORKERS)
+    throw new Error(`--workers must be an integer in [1, ${MAX_WORKERS}], got ${o.workers}`);
+  const existing = await readState(o.dir);
+  if (existing?.processes.some((p) => alive(p.pid)))
+    throw new Error(`a cluster is already running from ${o.dir} (\`continuum cluster down\` first)`);
+  const logs = join(o.dir, "logs");
+  await mkdir(logs, { recursive: true });
+  const kafkaDir = join(o.dir, "kafka");
+  const s3Data = join(o.dir, "s3");
+  const brokers = `127.0.0.1:${o.kafkaPort}`;
+  const s3Endpoint = `http://127.0.0.1:${o.s3Port}`;
+  const config = fleetConfig(o.config, {
+    dir: o.dir,
+    brokers,
+    s3Endpoint,
+    secret: randomBytes(16).toString("hex"),
+  });
+  const configPath = join(o.dir, "fleet.json");
+  await writeFile(configPath, `${JSON.stringify(config, null, 2)}\n`);
+  const c = config.controller;
+  const processes: ClusterProcess[] = [];
+  const state = (): ClusterState => ({
+    dir: o.dir,
+    startedAt: new Date().toISOString(),
+    configPath,
+    kafka: { port: o.kafkaPort, dir: kafkaDir, brokers },
+    s3: { port: o.s3Port, data: s3Data, endpoint: s3Endpoint },
+    api: `http://${c.host}:${c.httpPort}`,
+    workerSocket: `ws://${c.host}:${c.workerPort}`,
+    processes: [...processes],
+  });
+  const save = () => writeFile(statePath(o.dir), `${JSON.stringify(state(), null, 2)}\n`);
+  try {
+    o.progress(`kafka: starting on ${brokers} (data ${kafkaDir})`);
+    await save();
+    await script(KAFKA_SH, ["start", "--port", String(o.kafkaPort), "--dir", kafkaDir], 600_000);
+    o.progress(`s3: starting on ${s3Endpoint} (data ${s3Data})`);
+    await script(S3_SH, ["start", "--port", String(o.s3Port), "--data", s3Data], 600_000);
+    const add = (name: string, role: Role, env: Record<string, string> = {}) => {
+      const p = spawnRole(name, role, configPath, logs, env);
+      processes.push(p);
+      return p;
+    };
+    const writers = [add("writer-a", "writer"), add("writer-b", "writer")];
+    await save();
+    o.progress("writers: starting writer-a and writer-b (one active, one standby)");
+    await Promise.all(
+      writers.map((w) =>
+        waitForLog(
+          w,
+          (l) => l.event === "writer.active" || l.event === "writer.standby",
+          "writer.active or writer.standby",
+          o.readyTimeoutMs,
+        ),
+      ),
+    );
+    o.progress("controller: starting (the first start generates the model)");
+    const controller = add("controller", "controller");
+    await save();
+    await waitForLog(controller, (l) => l.event === "controller.ready", "controller.ready", o.readyTimeoutMs);
+    o.progress(`controller: ready at http://${c.host}:${c.httpPort}`);
+    const workers: ClusterProcess[] = [];
+    for (let i = 0; i < o.workers; i++)
+      workers.push(add(`worker-${i}`, "worker", { CONTINUUM_WORKER_INDEX: String(i) }));
+    await save();
+    for (const w of workers) {
+      await waitForLog(
+        controller,
+        (l) => l.event === "hub.worker_connected" && l.workerId === w.name,
+        `hub.worker_connected for ${w.name}`,
+        o.readyTimeoutMs,
+      );
+      o.progress(`${w.name}: connected`);
+    }
+    await save();
+    return state();
+  } catch (err) {
+    o.progress(`up failed: ${(err as Error).message.split("\n")[0]}; stopping what started`);
+    await clusterDown(state(), o.progress);
+    throw err;
+  }
+}
+
+/** SIGTERM, a bounded wait, then SIGKILL. */
+export async function stopProcess(pid: number, graceMs: number): Promise<"stopped" | "killed" | "gone"> {
+  if (!alive(pid)) return "gone";
+  try {
+    process.kill(pid, "SIGTERM");
+  } catch {
+    return "gone";
+  }
+  const deadline = Date.now() + graceMs;
+  while (Date.now() < deadline) {
+    if (!alive(pid)) return "stopped";
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  try {
+    process.kill(pid, "SIGKILL");
+  } catch {
+    return "stopped";
+  }
+  return "killed";
+}
+
+/** Stops every process in reverse start order, then S3 and Kafka through their scripts; removes the state file. */
+export async function clusterDown(state: ClusterState, progress: (line: string) => void): Promise<void> {
+  for (const p of [...state.processes].reverse()) {
+    const how = await stopProcess(p.pid, 15_000);
+    progress(`${p.name}: ${how}`);
+  }
+  try {
+    await script(S3_SH, ["stop", "--port", String(state.s3.port)], 60_000);
+    progress("s3: stopped");
+  } catch (err) {
+    progress(`s3: stop failed: ${(err as Error).message.split("\n")[0]}`);
+  }
+  try {
+    await script(KAFKA_SH, ["stop", "--dir", state.kafka.dir], 60_000);
+    progress("kafka: stopped");
+  } catch (err) {
+    progress(`kafka: stop failed: ${(err as Error).message.split("\n")[0]}`);
+  }
+  await rm(statePath(state.dir), { force: true });
+}
+
+export interface ClusterStatus {
+  readonly processes: readonly { name: string; pid: number; alive: boolean; log: string }[];
+  readonly kafka: boolean;
+  readonly s3: boolean;
+  readonly controllerHealthy: boolean;
+  /** Per worker id, from the controller's log: connected, or the last loss reason. */
+  readonly workers: Readonly<Record<string, string>>;
+  /** The controller's gauges (/metrics): pages free and total over connected workers, catalog lag, cache tokens by source. */
+  readonly metrics: Readonly<Record<string, number>>;
+}
+
+/** Reads a Prometheus text page into name{labels} → value. */
+export function parseMetrics(text: string): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const line of text.split("\n")) {
+    if (line === "" || line.startsWith("#")) continue;
+    const i = line.lastIndexOf(" ");
+    const v = Number(line.slice(i + 1));
+    if (Number.isFinite(v)) out[line.slice(0, i)] = v;
+  }
+  return out;
+}
+
+/** Worker connection state from the controller's hub events: the last event per worker wins. */
+export function workersFromLog(lines: readonly Record<string, unknown>[]): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const l of lines) {
+    const id = l.workerId;
+    if (typeof id !== "string") continue;
+    if (l.event === "hub.worker_connected") out[id] = "connected";
+    else if (l.event === "hub.worker_lost") out[id] = `lost (${String(l.reason)})`;
+    else if (l.event === "hub.heartbeat_expired") out[id] = "heartbeat expired";
+  }
+  return out;
+}
+
+export async function clusterStatus(state: ClusterState): Promise<ClusterStatus> {
+  const ok = (p: Promise<unknown>) =>
+    p.then(
+      () => true,
+      () => false,
+    );
+  const [kafka, s3] = await Promise.all([
+    ok(script(KAFKA_SH, ["status", "--port", String(state.kafka.port), "--dir", state.kafka.dir], 30_000)),
+    ok(script(S3_SH, ["status", "--port", String(state.s3.port)], 30_000)),
+  ]);
+  let controllerHealthy = false;
+  let metrics: Record<string, number> = {};
+  try {
+    const h = await fetch(`${state.api}/health`, { signal: AbortSignal.timeout(5_000) });
+    controllerHealthy = h.status === 200;
+    const m = await fetch(`${state.api}/metrics`, { signal: AbortSignal.timeout(5_000) });
+    const all = parseMetrics(await m.text());
+    metrics = Object.fromEntries(
+      Object.entries(all).filter(([k]) => /^continuum_(pages_|catalog_lag|cache_tokens|queue_depth)/.test(k)),
+    );
+  } catch {
+    controllerHealthy = false;
+  }
+  const controller = state.processes.find((p) => p.role === "controller");
+  return {
+    processes: state.processes.map((p) => ({ name: p.name, pid: p.pid, alive: alive(p.pid), log: p.log })),
+    kafka,
+    s3,
+    controllerHealthy,
+    workers: controller ? workersFromLog(logEvents(controller.log)) : {},
+    metrics,
+  };
+}
