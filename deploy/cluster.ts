@@ -157,16 +157,17 @@ export function logEvents(path: string): Record<string, unknown>[] {
   return out;
 }
 
-/** Polls a process's log (every 200 ms, bounded) until `ok` holds of some line. */
+/** Polls a process's log (every 200 ms, bounded) until `ok` holds of some line from line `from` on. */
 export async function waitForLog(
   p: ClusterProcess,
   ok: (line: Record<string, unknown>) => boolean,
   what: string,
   timeoutMs: number,
+  from = 0,
 ): Promise<Record<string, unknown>> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
-    const hit = logEvents(p.log).find(ok);
+    const hit = logEvents(p.log).slice(from).find(ok);
     if (hit) return hit;
     if (!alive(p.pid)) throw new Error(`${p.name} exited before ${what}; see ${p.log}:\n${tail(p.log)}`);
     if (Date.now() > deadline)
