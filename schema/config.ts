@@ -36,6 +36,12 @@ export interface Config {
     minPrefillTokens: number;
     /** Rows per prefill tile of one long prompt. */
     prefillTile: number;
+    /**
+     * While requests decode, a step with prefill rows may take at most this
+     * many times a decode-only step (prefill tiles shrink to fit); 0 turns
+     * pacing off and tiles are always prefillTile.
+     */
+    decodePace: number;
   };
   store: {
     /** Root for local data: store files, embedded log, generated models. */
@@ -109,7 +115,13 @@ export interface Config {
 export const defaultConfig: Config = {
   model: { dir: "", preset: "tiny" },
   pages: { pageTokens: 16, physicalPages: 4096, chunkTokens: 256 },
-  scheduler: { maxBatchTokens: 512, maxBatchSeqs: 64, minPrefillTokens: 64, prefillTile: 256 },
+  scheduler: {
+    maxBatchTokens: 512,
+    maxBatchSeqs: 64,
+    minPrefillTokens: 64,
+    prefillTile: 256,
+    decodePace: 1.6,
+  },
   store: {
     dataDir: ".continuum",
     ram: { maxBytes: 1 << 30 },
@@ -164,6 +176,7 @@ export const defaultConfig: Config = {
 
 type Rule =
   | { kind: "int"; min: number; max: number }
+  | { kind: "number"; min: number; max: number }
   | { kind: "string"; allowEmpty?: boolean }
   | { kind: "enum"; values: readonly string[] }
   | { kind: "bool" }
@@ -185,6 +198,7 @@ const rules: Record<string, Rule> = {
   "scheduler.maxBatchSeqs": int(1, 4096),
   "scheduler.minPrefillTokens": int(0, 1 << 20),
   "scheduler.prefillTile": int(1, 1 << 20),
+  "scheduler.decodePace": { kind: "number", min: 0, max: 100 },
   "store.dataDir": str,
   "store.ram.maxBytes": int(0),
   "store.dir.path": optStr,
@@ -257,6 +271,13 @@ function coerce(
       const n = fromEnv && typeof raw === "string" && raw.trim() !== "" ? Number(raw) : raw;
       if (typeof n !== "number" || !Number.isInteger(n))
         return { error: `${path}: expected an integer, got ${JSON.stringify(raw)}` };
+      if (n < rule.min || n > rule.max) return { error: `${path}: ${n} is outside ${rule.min}..${rule.max}` };
+      return { ok: n };
+    }
+    case "number": {
+      const n = fromEnv && typeof raw === "string" && raw.trim() !== "" ? Number(raw) : raw;
+      if (typeof n !== "number" || !Number.isFinite(n))
+        return { error: `${path}: expected a number, got ${JSON.stringify(raw)}` };
       if (n < rule.min || n > rule.max) return { error: `${path}: ${n} is outside ${rule.min}..${rule.max}` };
       return { ok: n };
     }
