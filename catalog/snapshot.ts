@@ -11,9 +11,9 @@ import { CatalogDb } from "./db.ts";
  * its key sorts by offset. The object is `sha256(db bytes) ‖ db bytes`, so a
  * torn or corrupted object is detected and the next older one is used.
  *
- * Stores implement the minimal `SnapshotStore`. `DirSnapshotStore` is the
- * local-directory one; an adapter onto the chunk store's S3 tier
- * (worker/store/) is not written yet — it needs only these four calls.
+ * Stores implement the minimal `SnapshotStore`: `DirSnapshotStore` here (a
+ * local directory) and `S3SnapshotStore` in snapshot-s3.ts (the object
+ * store, so a replica on any machine starts from the newest snapshot).
  */
 export interface SnapshotStore {
   put(key: string, bytes: Uint8Array): Promise<void>;
