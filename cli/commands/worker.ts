@@ -16,6 +16,7 @@ import {
 } from "../fleet.ts";
 import { parseRoleArgs } from "../options.ts";
 import { resource, runScoped } from "../run-scoped.ts";
+import { runtimeOptions } from "../runtime-options.ts";
 
 const usage = [
   "Usage: continuum worker [--config FILE]",
@@ -76,26 +77,7 @@ const command: Command = {
         );
         const runtime = yield* resource(
           () => {
-            const rt = new WorkerRuntime(engine, {
-              fingerprint: model.fingerprint,
-              vocab: model.config.spec.vocab,
-              maxContext: model.config.spec.maxPosition,
-              pageTokens: config.pages.pageTokens,
-              physicalPages: config.pages.physicalPages,
-              maxBatchTokens: config.scheduler.maxBatchTokens,
-              maxBatchSeqs: config.scheduler.maxBatchSeqs,
-              minPrefillTokens: config.scheduler.minPrefillTokens,
-              prefillTile: config.scheduler.prefillTile,
-              maxQueued: 4 * config.scheduler.maxBatchSeqs,
-              costs: {
-                prefillPerTokenMs: 0.5,
-                firstTokenMs: 5,
-                decodeStepMs: 5,
-                restorePerByteMs: { ram: 1e-6, ssd: 1e-5, peer: 2e-5, s3: 1e-4 },
-              },
-              logger: log,
-              ...durable.hooks,
-            });
+            const rt = new WorkerRuntime(engine, { ...runtimeOptions(config, model, log), ...durable.hooks });
             rt.start();
             return rt;
           },
