@@ -1,5 +1,6 @@
 import { join } from "node:path";
 import { KafkaLog } from "../catalog/log-kafka.ts";
+import { S3SnapshotStore } from "../catalog/snapshot-s3.ts";
 import { type Config, defaultConfig } from "../schema/config.ts";
 import type { StoreTier } from "../schema/control.ts";
 import { WorkerId } from "../schema/ids.ts";
@@ -75,4 +76,23 @@ export function durableTiers(store: Config["store"]): StoreTier[] {
   tiers.push("ssd");
   if (store.s3.enabled) tiers.push("s3");
   return tiers;
+}
+
+/**
+ * The fleet's catalog snapshots in the object store, when S3 is configured:
+ * the controller writes one every catalog.snapshotEvery txs; every replica
+ * (controller, workers, a restarted process) starts from the newest.
+ */
+export async function fleetSnapshots(config: Config): Promise<S3SnapshotStore | undefined> {
+  const s3 = config.store.s3;
+  if (!s3.enabled) return undefined;
+  return S3SnapshotStore.open({
+    endpoint: s3.endpoint,
+    region: s3.region,
+    accessKeyId: s3.accessKeyId,
+    secretAccessKey: s3.secretAccessKey,
+    bucket: s3.bucket,
+    prefix: "catalog/snapshots/",
+    requestTimeoutMs: s3.requestTimeoutMs,
+  });
 }

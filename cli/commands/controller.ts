@@ -11,7 +11,7 @@ import { createLogger } from "../../schema/log.ts";
 import type { Command } from "../command.ts";
 import { ensureModel } from "../embedded/model.ts";
 import { textCodec } from "../embedded/service.ts";
-import { openCatalogLog, requireKafka } from "../fleet.ts";
+import { fleetSnapshots, openCatalogLog, requireKafka } from "../fleet.ts";
 import { parseRoleArgs } from "../options.ts";
 import { resource, runScoped } from "../run-scoped.ts";
 
@@ -48,9 +48,15 @@ const command: Command = {
           () => openCatalogLog(config, "controller"),
           (l) => l.close(),
         );
+        const snapshots = yield* resource(
+          () => fleetSnapshots(config),
+          (st) => st?.close(),
+        );
+        // The controller is the fleet's snapshot writer; every replica reads them.
         const replica = yield* replicaResource({
           log: catalogLog,
           warn: (message) => log.log("warn", "catalog.replica", { message }),
+          ...(snapshots ? { snapshots, snapshotEvery: config.catalog.snapshotEvery } : {}),
         });
         // Catalog lag = the log's end − the replica's offset; the end is polled, not asked per scrape.
         let logEnd = 0;

@@ -8,6 +8,7 @@ import type { Command } from "../command.ts";
 import { ensureModel } from "../embedded/model.ts";
 import {
   durableTiers,
+  fleetSnapshots,
   kvBytesPerToken,
   openCatalogLog,
   requireKafka,
@@ -61,6 +62,10 @@ const command: Command = {
           (l) => l.close(),
         );
         const cacheConfig = workerCacheConfig(config, workerId);
+        const snapshots = yield* resource(
+          () => fleetSnapshots(config),
+          (st) => st?.close(),
+        );
         const durable = yield* resource(
           () =>
             DurableCache.open({
@@ -72,6 +77,7 @@ const command: Command = {
               log: catalogLog,
               logger: log,
               peerPort,
+              ...(snapshots ? { snapshots } : {}),
             }),
           (c) => c.close(),
         );

@@ -1,5 +1,6 @@
 import type { CatalogLog } from "../../catalog/log.ts";
 import { Replica } from "../../catalog/replica.ts";
+import type { SnapshotStore } from "../../catalog/snapshot.ts";
 import type { Engine } from "../../native/index.ts";
 import type { Config } from "../../schema/config.ts";
 import type { ModelFingerprint, NodeId } from "../../schema/ids.ts";
@@ -34,6 +35,8 @@ export interface DurableCacheOptions {
   };
   readonly fetchTimeoutMs?: number;
   readonly storeReport?: StoreReporter;
+  /** Catalog snapshots to start the replica from (read only: the fleet's controller writes them). */
+  readonly snapshots?: SnapshotStore;
 }
 
 /**
@@ -69,6 +72,7 @@ export class DurableCache {
     try {
       const replica = await Replica.start({
         log: o.log,
+        ...(o.snapshots ? { snapshots: o.snapshots } : {}),
         warn: (m) => o.logger.log("warn", "catalog.replica", { message: m }),
       });
       undo.unshift(() => replica.stop());
