@@ -37,6 +37,8 @@ export interface ClusterProcess {
   readonly role: Role;
   readonly pid: number;
   readonly log: string;
+  /** Structured lines already in the log when this process started (an earlier run's): its own begin here. */
+  readonly logFrom: number;
   /** Extra environment of this process (the worker index). */
   readonly env: Readonly<Record<string, string>>;
 }
@@ -121,6 +123,7 @@ export function spawnRole(
   env: Record<string, string>,
 ): ClusterProcess {
   const log = join(logDir, `${name}.log`);
+  const logFrom = logEvents(log).length;
   const fd = openSync(log, "a");
   try {
     const child = spawn(process.execPath, [BIN, role, "--config", configPath], {
@@ -131,7 +134,7 @@ export function spawnRole(
     });
     if (child.pid === undefined) throw new Error(`could not start ${name}`);
     child.unref();
-    return { name, role, pid: child.pid, log, env };
+    return { name, role, pid: child.pid, log, logFrom, env };
   } finally {
     closeSync(fd);
   }
@@ -157,13 +160,16 @@ export function logEvents(path: string): Record<string, unknown>[] {
   return out;
 }
 
-/** Polls a process's log (every 200 ms, bounded) until `ok` holds of some line from line `from` on. */
+/**
+ * Polls a process's log (every 200 ms, bounded) until `ok` holds of some line
+ * from line `from` on (default: the first line this process wrote).
+ */
 export async function waitForLog(
   p: ClusterProcess,
   ok: (line: Record<string, unknown>) => boolean,
   what: string,
   timeoutMs: number,
-  from = 0,
+  from = p.logFrom,
 ): Promise<Record<string, unknown>> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
@@ -384,7 +390,7 @@ export async function clusterStatus(state: ClusterState): Promise<ClusterStatus>
     kafka,
     s3,
     controllerHealthy,
-    workers: controller ? workersFromLog(logEvents(controller.log)) : {},
+    workers: controller ? workersFromLog(logEvents(controller.log).slice(controller.logFrom)) : {},
     metrics,
   };
 }

@@ -1,11 +1,11 @@
 import { execFile } from "node:child_process";
 import { existsSync } from "node:fs";
-import { mkdtemp, rm } from "node:fs/promises";
+import { appendFile, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { fleetConfig, parseMetrics, workersFromLog } from "../../deploy/cluster.ts";
+import { fleetConfig, parseMetrics, waitForLog, workersFromLog } from "../../deploy/cluster.ts";
 import { resolveConfig } from "../../schema/config.ts";
 
 /**
@@ -84,6 +84,18 @@ describe("continuum cluster", () => {
         '# HELP continuum_pages_free Free KV pages.\ncontinuum_pages_free 280\ncontinuum_cache_tokens{source="s3"} 1280\nbad line x\n',
       ),
     ).toEqual({ continuum_pages_free: 280, 'continuum_cache_tokens{source="s3"}': 1280 });
+  });
+
+  it("waits only on a process's own log lines, not an earlier run's in the same file", async () => {
+    const log = join(dir, "controller.log");
+    await writeFile(log, `${JSON.stringify({ event: "controller.ready", run: 1 })}\nnot json\n`);
+    const p = { name: "controller", role: "controller" as const, pid: process.pid, log, logFrom: 1, env: {} };
+    await expect(
+      waitForLog(p, (l) => l.event === "controller.ready", "controller.ready", 300),
+    ).rejects.toThrow(/no controller.ready within 300 ms/);
+    await appendFile(log, `${JSON.stringify({ event: "controller.ready", run: 2 })}\n`);
+    const line = await waitForLog(p, (l) => l.event === "controller.ready", "controller.ready", 5_000);
+    expect(line.run).toBe(2);
   });
 
   it("refuses bad input clearly and starts nothing", async () => {

@@ -300,7 +300,11 @@ describe("fleet faults (cluster up: real Kafka, real S3, real processes)", () =>
 
   it("kill -9 of the active writer: the standby takes over, every acknowledged proposal is in catalog.tx exactly once, replicas converge", async () => {
     const writers = [proc("writer-a"), proc("writer-b")];
-    const active = writers.find((w) => logEvents(w.log).some((l) => l.event === "writer.active"))!;
+    const active = writers.find((w) =>
+      logEvents(w.log)
+        .slice(w.logFrom)
+        .some((l) => l.event === "writer.active"),
+    )!;
     const standby = writers.find((w) => w !== active)!;
     expect(active).toBeDefined();
     const mark = logEvents(standby.log).length;
