@@ -1,3 +1,12 @@
+import {
+  type AdmissionLimits,
+  type AdmissionState,
+  admit,
+  cancel,
+  checkAdmission,
+  complete,
+  freshAdmission,
+} from "../../schema/admission.ts";
 import type {
   Accept,
   Cancel,
@@ -16,15 +25,6 @@ import {
   deriveCandidates,
 } from "../candidates.ts";
 import { predictTerms } from "../router.ts";
-import {
-  type AdmissionLimits,
-  type AdmissionState,
-  admit,
-  cancel,
-  checkAdmission,
-  complete,
-  freshAdmission,
-} from "../../schema/admission.ts";
 
 /**
  * A simulated worker: the real worker admission machine over a modelled page

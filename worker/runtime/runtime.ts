@@ -499,7 +499,7 @@ export class WorkerRuntime {
 
   private admit(a: Admission, now: number): boolean {
     const seq = this.seqs.get(a.id);
-    if (!seq || seq.state !== "waiting" || seq.cancelled) return false;
+    if (seq?.state !== "waiting" || seq.cancelled) return false;
     const tryOnce = (): void => {
       if (this.pages.hasRoute(seq.route)) {
         this.pages.reserve(seq.route, TokenCount(seq.totalRows));
@@ -541,7 +541,7 @@ export class WorkerRuntime {
 
   private preempt(p: Preemption, now: number): void {
     const seq = this.seqs.get(p.id);
-    if (!seq || seq.state !== "running" || this.restoring.has(seq.id)) return;
+    if (seq?.state !== "running" || this.restoring.has(seq.id)) return;
     this.counters.preemptions++;
     if (p.disposition === "keep-resident") {
       this.pages.reserve(seq.route, TokenCount(seq.processed));
