@@ -136,7 +136,11 @@ interface ChunkSources {
   readonly s3: boolean;
 }
 
-function indexReplicas(answer: CatalogAnswer, nodes: number): ChunkSources[] {
+function indexReplicas(
+  answer: CatalogAnswer,
+  nodes: number,
+  liveHolders: ReadonlySet<WorkerId> | undefined,
+): ChunkSources[] {
   const out: ChunkSources[] = [];
   const n = Math.min(nodes, answer.replicas.length);
   for (let i = 0; i < n; i++) {
@@ -147,7 +151,7 @@ function indexReplicas(answer: CatalogAnswer, nodes: number): ChunkSources[] {
         s3 = true;
         continue;
       }
-      if (r.workerId === null) continue;
+      if (r.workerId === null || (liveHolders !== undefined && !liveHolders.has(r.workerId))) continue;
       const prev = local.get(r.workerId);
       if (prev === undefined || (prev === "ssd" && r.tier === "ram")) local.set(r.workerId, r.tier);
     }
@@ -214,6 +218,13 @@ function durableClasses(
 export interface DeriveOptions {
   /** Resident prefixes reported longer ago than this are not trusted (their durable alternatives stay). */
   readonly residentFreshMs: number;
+  /**
+   * Workers that can serve their RAM/SSD chunks right now. A replica on any
+   * other worker (offline, expired) is no source at all: counting it as a
+   * peer would route to a fetch that can only fail over to S3. Absent: every
+   * worker in the catalog answer counts.
+   */
+  readonly liveHolders?: ReadonlySet<WorkerId>;
 }
 
 /**
@@ -233,7 +244,7 @@ export function deriveCandidates(
   options: DeriveOptions,
 ): Candidates {
   const chain = request.chain;
-  const sources = indexReplicas(catalog, chain.length);
+  const sources = indexReplicas(catalog, chain.length, options.liveHolders);
   const holders = new Set<WorkerId>();
   for (const c of sources) for (const w of c.local.keys()) holders.add(w);
   const generic = new Map<string, readonly DurableClass[]>();

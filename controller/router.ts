@@ -185,6 +185,7 @@ export function route(input: RouteInput): DecisionRecord {
   });
   const derived = deriveCandidates(request, eligible, input.catalog, {
     residentFreshMs: policy.residentFreshMs,
+    liveHolders: liveIds,
   });
   dropped.push(...derived.dropped);
 

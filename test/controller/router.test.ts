@@ -64,6 +64,29 @@ describe("candidate derivation", () => {
     expect(bySource.recompute!.cachedTokens).toBe(0);
   });
 
+  it("a replica on a worker that is not live is no peer source", () => {
+    const a = heartbeat("a");
+    const catalog = {
+      replicas: c8.map(() => [
+        { tier: "s3" as const, workerId: null },
+        { tier: "ram" as const, workerId: wid("dead") },
+      ]),
+    };
+    const withDead = deriveCandidates(request(c8, 2200), [{ heartbeat: a, ageMs: 0 }], catalog, {
+      residentFreshMs: 500,
+    });
+    expect(withDead.candidates.map((c) => c.source)).toContain("peer");
+    const liveOnly = deriveCandidates(request(c8, 2200), [{ heartbeat: a, ageMs: 0 }], catalog, {
+      residentFreshMs: 500,
+      liveHolders: new Set([wid("a")]),
+    });
+    expect(liveOnly.candidates.map((c) => c.source)).toEqual(["s3", "recompute"]);
+    // route() passes the live set itself: a worker whose heartbeat expired holds nothing it can serve.
+    const view = viewOf(a);
+    const decision = routeWith(view, { catalog });
+    expect(decision.ranked.some((c) => c.source === "peer")).toBe(false);
+  });
+
   it("a stale resident entry falls back to the same worker's durable prefix, not to recompute", () => {
     const a = heartbeat("a", { residentPrefixes: resident(8) });
     const catalog = { replicas: c8.map(() => [{ tier: "ram" as const, workerId: wid("a") }]) };
