@@ -1,11 +1,11 @@
-import { join } from "node:path";
 import type { Config } from "../../schema/config.ts";
 import type { ContentId } from "../../schema/ids.ts";
 import type { StoreReporter, VerifiedChunk } from "../store/chunk.ts";
-import { FileTier } from "../store/file.ts";
-import { RamTier } from "../store/ram.ts";
-import { S3Tier } from "../store/s3.ts";
-import { TieredChunkStore } from "../store/tiered.ts";
+import type { FileTier } from "../store/file.ts";
+import { openConfiguredTiers } from "../store/index.ts";
+import type { RamTier } from "../store/ram.ts";
+import type { S3Tier } from "../store/s3.ts";
+import type { TieredChunkStore } from "../store/tiered.ts";
 
 /**
  * The worker's chunk store with its tiers in reach: checkpoint writes through
@@ -23,55 +23,8 @@ export class ChunkTiers {
   ) {}
 
   static async open(store: Config["store"], report?: StoreReporter): Promise<ChunkTiers> {
-    const maxObjectBytes = store.dir.maxObjectBytes;
-    const ram =
-      store.ram.maxBytes > 0
-        ? new RamTier({ maxBytes: store.ram.maxBytes, maxObjectBytes, ...(report && { report }) })
-        : undefined;
-    const file = await FileTier.open({
-      dir: store.dir.path || join(store.dataDir, "store"),
-      maxObjectBytes,
-      ...(report && { report }),
-    });
-    const s = store.s3;
-    let s3: S3Tier | undefined;
-    try {
-      s3 = s.enabled
-        ? await S3Tier.open({
-            endpoint: s.endpoint,
-            bucket: s.bucket,
-            region: s.region,
-            accessKeyId: s.accessKeyId,
-            secretAccessKey: s.secretAccessKey,
-            maxObjectBytes,
-            multipartThresholdBytes: s.multipartThresholdBytes,
-            partBytes: s.partBytes,
-            partConcurrency: s.partConcurrency,
-            maxAttempts: s.maxAttempts,
-            retryBaseMs: s.retryBaseMs,
-            requestTimeoutMs: s.requestTimeoutMs,
-            createBucket: s.createBucket,
-            ...(report && { report }),
-          })
-        : undefined;
-    } catch (err) {
-      await file.close();
-      throw err;
-    }
-    const tiered = new TieredChunkStore({
-      ...(ram && { ram }),
-      file,
-      ...(s3 && { s3 }),
-      maxObjectBytes,
-      writeBehind: {
-        capacity: s.writeBehindQueue,
-        maxBytes: s.writeBehindBytes,
-        concurrency: s.writeBehindConcurrency,
-        requiredWaitMs: s.requiredWaitMs,
-      },
-      ...(report && { report }),
-    });
-    return new ChunkTiers(tiered, file, ram, s3);
+    const t = await openConfiguredTiers(store, report);
+    return new ChunkTiers(t.store, t.file, t.ram, t.s3);
   }
 
   /** A verified local copy (RAM first, then SSD); corrupt or absent copies read as undefined. */

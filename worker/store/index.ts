@@ -33,6 +33,22 @@ export async function openChunkStore(
   store: Config["store"],
   report?: StoreReporter,
 ): Promise<TieredChunkStore> {
+  return (await openConfiguredTiers(store, report)).store;
+}
+
+/** The configured store and its individual tiers (restore reads one named tier at a time). */
+export interface ConfiguredTiers {
+  readonly store: TieredChunkStore;
+  readonly ram: RamTier | undefined;
+  readonly file: FileTier;
+  readonly s3: S3Tier | undefined;
+}
+
+/** Opens the tiers the configuration describes and the tiered store over them. */
+export async function openConfiguredTiers(
+  store: Config["store"],
+  report?: StoreReporter,
+): Promise<ConfiguredTiers> {
   const maxObjectBytes = store.dir.maxObjectBytes;
   const ram =
     store.ram.maxBytes > 0
@@ -68,7 +84,7 @@ export async function openChunkStore(
     await file.close();
     throw err;
   }
-  return new TieredChunkStore({
+  const tiered = new TieredChunkStore({
     ...(ram && { ram }),
     file,
     ...(s3 && { s3 }),
@@ -81,4 +97,5 @@ export async function openChunkStore(
     },
     ...(report && { report }),
   });
+  return { store: tiered, ram, file, s3 };
 }
