@@ -410,6 +410,25 @@ function orderWeights(spec: ModelSpec, weights: Weights): { dtype: WeightDType; 
   });
 }
 
+/**
+ * Engines not yet freed. A process that ends with one still allocated would
+ * free it from the addon's finalizer during environment teardown, after Node
+ * has already torn down the engine's thread-safe functions — which aborts
+ * the process (exit 134). So every live engine is freed on "exit", while
+ * the environment is still whole.
+ */
+const liveEngines = new Set<CpuEngine>();
+let exitHookInstalled = false;
+
+function trackEngine(e: CpuEngine): void {
+  liveEngines.add(e);
+  if (exitHookInstalled) return;
+  exitHookInstalled = true;
+  process.once("exit", () => {
+    for (const engine of liveEngines) engine.free();
+  });
+}
+
 class CpuEngine implements Engine {
   readonly backend = "cpu" as const;
   #native: NativeEngine | null;
@@ -420,6 +439,7 @@ class CpuEngine implements Engine {
     native: NativeEngine,
   ) {
     this.#native = native;
+    trackEngine(this);
   }
 
   #live(): NativeEngine {
@@ -463,6 +483,7 @@ class CpuEngine implements Engine {
   free(): void {
     const n = this.#native;
     this.#native = null;
+    liveEngines.delete(this);
     n?.free();
   }
 }
