@@ -27,6 +27,7 @@ import { contentId } from "../../schema/identity.ts";
 import { decodeMessage, encodeMessage } from "../../schema/wire.ts";
 import { S3Tier } from "../../worker/store/s3.ts";
 import { collect, leaseProposal } from "../catalog-log/helpers.ts";
+import { tokens } from "../fleet/fleet-process.ts";
 import { freePort } from "../integration/serve-process.ts";
 import { freePortPair } from "../setup/kafka.ts";
 
@@ -57,19 +58,6 @@ function proc(name: string): ClusterProcess {
 
 function controller(): ClusterProcess {
   return proc("controller");
-}
-
-/** Deterministic token ids in [10, 500) (clear of the tiny model's special tokens). */
-function tokens(n: number, seed: number): number[] {
-  let s = seed >>> 0;
-  const out: number[] = [];
-  for (let i = 0; i < n; i++) {
-    s = (s + 0x6d2b79f5) >>> 0;
-    let t = Math.imul(s ^ (s >>> 15), 1 | s);
-    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
-    out.push(10 + (((t ^ (t >>> 14)) >>> 0) % 490));
-  }
-  return out;
 }
 
 async function catalogQuery(query: string): Promise<unknown> {

@@ -16,7 +16,7 @@ import { encodeMessage } from "../../schema/wire.ts";
 import { KV_LAYOUT } from "../../worker/model/fingerprint.ts";
 import { freePort } from "../integration/serve-process.ts";
 import { freePortPair, startBroker } from "../setup/kafka.ts";
-import { RoleProcess } from "./fleet-process.ts";
+import { RoleProcess, tokens } from "./fleet-process.ts";
 
 /**
  * The fleet as real processes on 127.0.0.1: a catalog writer, a controller
@@ -43,19 +43,6 @@ let fingerprint: ModelFingerprint;
 let env: Record<string, string>;
 let workerPort: number;
 let httpUrl: string;
-
-/** Deterministic token ids in [10, 500) (clear of the tiny model's special tokens). */
-function tokens(n: number, seed: number): number[] {
-  let s = seed >>> 0;
-  const out: number[] = [];
-  for (let i = 0; i < n; i++) {
-    s = (s + 0x6d2b79f5) >>> 0;
-    let t = Math.imul(s ^ (s >>> 15), 1 | s);
-    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
-    out.push(10 + (((t ^ (t >>> 14)) >>> 0) % 490));
-  }
-  return out;
-}
 
 function otherWorker(id: string): string {
   return [...workers.keys()].find((w) => w !== id)!;

@@ -121,3 +121,16 @@ export class RoleProcess {
     await exited;
   }
 }
+
+/** Deterministic token ids in [10, 500) (clear of the tiny model's special tokens). */
+export function tokens(n: number, seed: number): number[] {
+  let s = seed >>> 0;
+  const out: number[] = [];
+  for (let i = 0; i < n; i++) {
+    s = (s + 0x6d2b79f5) >>> 0;
+    let t = Math.imul(s ^ (s >>> 15), 1 | s);
+    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
+    out.push(10 + (((t ^ (t >>> 14)) >>> 0) % 490));
+  }
+  return out;
+}
