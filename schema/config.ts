@@ -93,6 +93,12 @@ export interface Config {
     progressTimeoutMs: number;
     /** A worker's resident prefixes are trusted for this long after its heartbeat. */
     residentFreshMs: number;
+    /**
+     * Worker id → that worker's own token for the worker socket (besides
+     * auth.clusterSecret). A worker listed here must present its token; the
+     * shared secret then admits only workers not listed.
+     */
+    workerTokens: Record<string, string>;
   };
   worker: {
     index: number;
@@ -103,6 +109,8 @@ export interface Config {
     heartbeatIntervalMs: number;
     threads: number;
     backend: "auto" | "cpu" | "cuda";
+    /** This worker's token for the controller's socket (controller.workerTokens); empty: auth.clusterSecret. */
+    token: string;
   };
   auth: {
     /** Bearer token → tenant. Empty: no auth, every request is tenant "default". */
@@ -161,6 +169,7 @@ export const defaultConfig: Config = {
     offerTimeoutMs: 5_000,
     progressTimeoutMs: 10_000,
     residentFreshMs: 1_500,
+    workerTokens: {},
   },
   worker: {
     index: 0,
@@ -170,6 +179,7 @@ export const defaultConfig: Config = {
     heartbeatIntervalMs: 500,
     threads: 0,
     backend: "auto",
+    token: "",
   },
   auth: { tokens: {}, clusterSecret: "" },
 };
@@ -234,6 +244,7 @@ const rules: Record<string, Rule> = {
   "controller.offerTimeoutMs": int(1),
   "controller.progressTimeoutMs": int(1),
   "controller.residentFreshMs": int(1),
+  "controller.workerTokens": { kind: "record" },
   "worker.index": int(0, 4096),
   "worker.id": str,
   "worker.controllerUrl": str,
@@ -241,6 +252,7 @@ const rules: Record<string, Rule> = {
   "worker.heartbeatIntervalMs": int(10, 600_000),
   "worker.threads": int(0, 1024),
   "worker.backend": { kind: "enum", values: ["auto", "cpu", "cuda"] },
+  "worker.token": optStr,
   "auth.tokens": { kind: "record" },
   "auth.clusterSecret": optStr,
 };

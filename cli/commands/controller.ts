@@ -27,6 +27,8 @@ const usage = [
   "  controller.progressTimeoutMs  accept → first token, and between tokens",
   "  controller.residentFreshMs    resident prefixes are trusted this long after a heartbeat",
   "  auth.clusterSecret            workers must present it as a bearer token",
+  "  controller.workerTokens       worker id → that worker's own token; a listed worker must",
+  "                                present it (the shared secret then admits only the others)",
   "  auth.tokens                   API bearer tokens → tenants",
   "",
   "The model (model.dir or the generated model.preset) must be the one the workers serve:",
@@ -80,6 +82,7 @@ const command: Command = {
               host: c.host,
               port: c.workerPort,
               clusterSecret: config.auth.clusterSecret,
+              workerTokens: c.workerTokens,
               ttlMs: c.heartbeatTtlMs,
               log,
             });

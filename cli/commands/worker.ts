@@ -30,6 +30,8 @@ const usage = [
   "                        and the peer port (worker.peerPortBase + index)",
   "  worker.controllerUrl  ws://HOST:PORT of the controller's worker socket (controller.workerPort)",
   "  auth.clusterSecret    the controller's shared secret (sent as a bearer token)",
+  "  worker.token          this worker's own token (default: controller.workerTokens[id]),",
+  "                        sent instead of the shared secret",
   "  catalog.log           must be kafka (catalog.brokers, catalog.topics)",
   "  store.dir.path        this worker's chunk files (default <store.dataDir>/workers/<id>/store)",
   "",
@@ -94,7 +96,9 @@ const command: Command = {
             const a = new WorkerAgent(runtime, {
               workerId,
               controllerUrl: config.worker.controllerUrl,
-              clusterSecret: config.auth.clusterSecret,
+              // Its own token (set, or found in a config shared with the controller), else the shared secret.
+              clusterSecret:
+                config.worker.token || config.controller.workerTokens[workerId] || config.auth.clusterSecret,
               fingerprint: model.fingerprint,
               maxContext: model.config.spec.maxPosition,
               pageTokens: config.pages.pageTokens,

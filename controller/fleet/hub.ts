@@ -1,4 +1,4 @@
-import { timingSafeEqual } from "node:crypto";
+import { createHash, timingSafeEqual } from "node:crypto";
 import type { IncomingMessage } from "node:http";
 import { type RawData, WebSocket, WebSocketServer } from "ws";
 import {
@@ -13,7 +13,7 @@ import {
   type Tokens,
   workerToController,
 } from "../../schema/control.ts";
-import type { WorkerId } from "../../schema/ids.ts";
+import { WorkerId } from "../../schema/ids.ts";
 import type { Logger } from "../../schema/log.ts";
 import { encodeMessage, WireError } from "../../schema/wire.ts";
 import { disconnect, emptyView, expire, type HeartbeatView, observe } from "../heartbeat-view.ts";
@@ -21,9 +21,18 @@ import { disconnect, emptyView, expire, type HeartbeatView, observe } from "../h
 /**
  * The heartbeat hub: the controller's WebSocket server for workers.
  *
- * One connection per worker. The upgrade request must carry the cluster
- * secret as a bearer token (`Authorization: Bearer <secret>`); otherwise it is
- * refused with 401 before a socket exists. Every frame must be one binary
+ * One connection per worker. The upgrade request must carry a bearer token
+ * (`Authorization: Bearer <token>`): a worker's own token (`workerTokens`,
+ * worker id → token) or the shared cluster secret; otherwise it is refused
+ * with 401 before a socket exists. A worker's own token pins the connection
+ * to that worker: its first heartbeat must name it, and an upgrade whose
+ * `x-continuum-worker` header names another worker is refused. The shared
+ * secret admits only workers that have no token of their own, so a worker
+ * holding the secret cannot speak for one that has a token. A refused upgrade
+ * or a heartbeat naming a worker the credential does not admit changes
+ * nothing (the real worker's connection and view entry stay as they were).
+ *
+ * Every frame must be one binary
  * wire message a worker may send (schema/control.ts); a text frame, a frame
  * that does not decode, a frame over `maxFrameBytes`, or a message naming
  * another worker than the one the connection is bound to closes the
@@ -47,8 +56,10 @@ export interface HubOptions {
   readonly host: string;
   /** 0 picks a free port (see `port` after start). */
   readonly port: number;
-  /** The cluster secret; empty: no authentication (a local, single-user setup). */
+  /** The cluster secret; empty (and no workerTokens): no authentication (a local, single-user setup). */
   readonly clusterSecret: string;
+  /** Worker id → that worker's own token (controller.workerTokens). Tokens must be distinct and non-empty. */
+  readonly workerTokens?: Readonly<Record<string, string>>;
   readonly ttlMs: number;
   /** Largest frame a worker may send (default 1 MiB: a full heartbeat is ≈ 330 KiB). */
   readonly maxFrameBytes?: number;
@@ -97,10 +108,26 @@ const KIND_TO_TYPE: Readonly<Record<string, AssignmentMessage["type"]>> = {
   "control.result": "result",
 };
 
+/** The header a worker names itself in on the upgrade (checked against its token before a socket exists). */
+export const WORKER_ID_HEADER = "x-continuum-worker";
+
+/** What an accepted upgrade's credential admits. */
+type Credential =
+  /** A worker's own token: the connection may only ever speak for this worker. */
+  | { readonly kind: "worker"; readonly workerId: WorkerId }
+  /** The shared secret (or no authentication): any worker without a token of its own. */
+  | { readonly kind: "shared" };
+
 interface Conn {
   readonly socket: WebSocket;
   readonly remote: string;
+  readonly credential: Credential;
   workerId: WorkerId | null;
+}
+
+/** sha256 of a token: lookups by digest, so the time a lookup takes says nothing about the token. */
+function tokenDigest(token: string): string {
+  return createHash("sha256").update(token, "utf8").digest("hex");
 }
 
 export class WorkerHub {
@@ -114,6 +141,12 @@ export class WorkerHub {
   private readonly maxFrameBytes: number;
   private readonly maxQueuedBytes: number;
   private readonly maxConnections: number;
+  /** Digest of each worker's own token → that worker. */
+  private readonly tokenOwners = new Map<string, WorkerId>();
+  /** Workers that have a token of their own (the shared secret does not admit them). */
+  private readonly tokenHolders = new Set<WorkerId>();
+  /** Credentials of upgrades accepted by verifyClient, read once by accept(). */
+  private readonly credentials = new WeakMap<IncomingMessage, Credential>();
   readonly counters: HubCounters = {
     connections: 0,
     refusedUpgrades: 0,
@@ -131,6 +164,24 @@ export class WorkerHub {
     this.maxFrameBytes = opts.maxFrameBytes ?? 1 << 20;
     this.maxQueuedBytes = opts.maxQueuedBytes ?? 8 << 20;
     this.maxConnections = opts.maxConnections ?? 4096;
+    const secretDigest = opts.clusterSecret === "" ? null : tokenDigest(opts.clusterSecret);
+    for (const [id, token] of Object.entries(opts.workerTokens ?? {})) {
+      if (id === "") throw new RangeError("controller.workerTokens: a worker id is empty");
+      if (token === "") throw new RangeError(`controller.workerTokens.${id}: the token is empty`);
+      const digest = tokenDigest(token);
+      const other = this.tokenOwners.get(digest);
+      if (other !== undefined)
+        throw new RangeError(`controller.workerTokens: ${other} and ${id} have the same token`);
+      if (digest === secretDigest)
+        throw new RangeError(`controller.workerTokens.${id}: the token equals auth.clusterSecret`);
+      this.tokenOwners.set(digest, WorkerId(id));
+      this.tokenHolders.add(WorkerId(id));
+    }
+  }
+
+  /** True when no credential is asked for: no cluster secret and no worker tokens. */
+  private get open(): boolean {
+    return this.opts.clusterSecret === "" && this.tokenOwners.size === 0;
   }
 
   /** The heartbeat view now (expired observations already swept at the last sweep). */
@@ -185,7 +236,7 @@ export class WorkerHub {
     const every = Math.max(10, Math.floor(this.opts.ttlMs / 4));
     this.sweep = setInterval(() => this.expireNow(), every);
     this.opts.log.log("info", "hub.listening", { host: this.opts.host, port: this.boundPort });
-    if (this.opts.clusterSecret === "") {
+    if (this.open) {
       this.opts.log.log("warn", "hub.unauthenticated", {
         message: "auth.clusterSecret is empty: any process that reaches this port can join as a worker",
       });
@@ -258,28 +309,63 @@ export class WorkerHub {
 
   // ---- connections -----------------------------------------------------------
 
+  /** Null when the upgrade may proceed (its credential is then remembered for accept()). */
   private refuse(req: IncomingMessage): { status: number; reason: string } | null {
     if (this.conns.size >= this.maxConnections) {
       return { status: 503, reason: `at most ${this.maxConnections} worker connections` };
     }
-    const secret = this.opts.clusterSecret;
-    if (secret === "") return null;
-    const header = req.headers.authorization;
-    if (typeof header !== "string" || !header.startsWith("Bearer ")) {
-      return { status: 401, reason: "missing bearer token" };
+    const header = req.headers[WORKER_ID_HEADER];
+    let named: WorkerId | undefined;
+    try {
+      named = header === undefined ? undefined : WorkerId(header);
+    } catch {
+      return { status: 400, reason: `${WORKER_ID_HEADER} must name one worker` };
     }
-    const given = Buffer.from(header.slice("Bearer ".length), "utf8");
-    const want = Buffer.from(secret, "utf8");
-    if (given.length !== want.length || !timingSafeEqual(given, want)) {
-      return { status: 401, reason: "wrong cluster secret" };
+    const credential = this.credentialOf(req);
+    if (credential === null) return { status: 401, reason: "missing or unknown bearer token" };
+    if (named !== undefined) {
+      const wrong = this.admits(credential, named);
+      if (wrong !== null) return { status: 401, reason: wrong };
     }
+    this.credentials.set(req, credential);
     return null;
   }
 
+  /** The credential a request's bearer token is; null when it is missing or matches nothing. */
+  private credentialOf(req: IncomingMessage): Credential | null {
+    if (this.open) return { kind: "shared" };
+    const header = req.headers.authorization;
+    if (typeof header !== "string" || !header.startsWith("Bearer ")) return null;
+    const token = header.slice("Bearer ".length);
+    const owner = this.tokenOwners.get(tokenDigest(token));
+    if (owner !== undefined) return { kind: "worker", workerId: owner };
+    const secret = this.opts.clusterSecret;
+    if (secret === "") return null;
+    const given = Buffer.from(tokenDigest(token), "hex");
+    return timingSafeEqual(given, Buffer.from(tokenDigest(secret), "hex")) ? { kind: "shared" } : null;
+  }
+
+  /** Null when the credential may speak for `workerId`; otherwise why not. */
+  private admits(credential: Credential, workerId: WorkerId): string | null {
+    if (credential.kind === "worker") {
+      return credential.workerId === workerId ? null : `the token is not ${workerId}'s`;
+    }
+    return this.tokenHolders.has(workerId) ? `${workerId} must present its own token` : null;
+  }
+
   private accept(socket: WebSocket, req: IncomingMessage): void {
+    const credential = this.credentials.get(req);
+    this.credentials.delete(req);
+    if (credential === undefined) {
+      // verifyClient runs before every accepted upgrade; a socket without a credential is a bug.
+      this.opts.log.log("error", "hub.bug", { message: "an upgrade was accepted without a credential" });
+      socket.terminate();
+      return;
+    }
     const conn: Conn = {
       socket,
       remote: `${req.socket.remoteAddress}:${req.socket.remotePort}`,
+      credential,
       workerId: null,
     };
     this.conns.add(conn);
@@ -340,6 +426,11 @@ export class WorkerHub {
       return;
     }
     if (conn.workerId === null) {
+      const refused = this.admits(conn.credential, hb.workerId);
+      if (refused !== null) {
+        this.badFrame(conn, CLOSE_POLICY, `heartbeat names ${hb.workerId}: ${refused}`);
+        return;
+      }
       const prev = this.byWorker.get(hb.workerId);
       conn.workerId = hb.workerId;
       this.byWorker.set(hb.workerId, conn);

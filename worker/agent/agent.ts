@@ -63,7 +63,10 @@ export interface AgentOptions {
   readonly workerId: WorkerId;
   /** ws://host:port of the controller's worker socket. */
   readonly controllerUrl: string;
-  /** Sent as a bearer token on the upgrade request (empty: none). */
+  /**
+   * Sent as a bearer token on the upgrade request (empty: none): this worker's
+   * own token (worker.token) or else the shared cluster secret.
+   */
   readonly clusterSecret: string;
   readonly fingerprint: ModelFingerprint;
   readonly maxContext: number;
@@ -202,7 +205,8 @@ export class WorkerAgent {
 
   private connect(): void {
     if (this.stopped) return;
-    const headers: Record<string, string> = {};
+    // The worker names itself on the upgrade so a token of another worker is refused before a socket exists.
+    const headers: Record<string, string> = { "x-continuum-worker": this.opts.workerId };
     if (this.opts.clusterSecret !== "") headers.authorization = `Bearer ${this.opts.clusterSecret}`;
     const socket = new WebSocket(this.opts.controllerUrl, {
       headers,
