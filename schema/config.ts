@@ -94,6 +94,12 @@ export interface Config {
     /** A worker's resident prefixes are trusted for this long after its heartbeat. */
     residentFreshMs: number;
     /**
+     * How a request picks its worker: "ttft" ranks every worker's candidates by
+     * predicted time to first token (cache-aware); "round_robin" takes the live
+     * workers in turn, ignoring where prefixes are (a baseline to compare with).
+     */
+    routing: "ttft" | "round_robin";
+    /**
      * Worker id → that worker's own token for the worker socket (besides
      * auth.clusterSecret). A worker listed here must present its token; the
      * shared secret then admits only workers not listed.
@@ -109,6 +115,14 @@ export interface Config {
     heartbeatIntervalMs: number;
     threads: number;
     backend: "auto" | "cpu" | "cuda";
+    /**
+     * Durable prefix reuse: checkpoints (capture finished prefixes into RAM,
+     * chunk files and S3, publish them in the catalog) and restores (load a
+     * published prefix from any tier or peer instead of recomputing it).
+     * false: neither; the worker reuses only prefixes still resident in its own
+     * page pool and advertises no durable tiers (a baseline to compare with).
+     */
+    durableReuse: boolean;
     /** This worker's token for the controller's socket (controller.workerTokens); empty: auth.clusterSecret. */
     token: string;
   };
@@ -169,6 +183,7 @@ export const defaultConfig: Config = {
     offerTimeoutMs: 5_000,
     progressTimeoutMs: 10_000,
     residentFreshMs: 1_500,
+    routing: "ttft",
     workerTokens: {},
   },
   worker: {
@@ -179,6 +194,7 @@ export const defaultConfig: Config = {
     heartbeatIntervalMs: 500,
     threads: 0,
     backend: "auto",
+    durableReuse: true,
     token: "",
   },
   auth: { tokens: {}, clusterSecret: "" },
@@ -244,6 +260,7 @@ const rules: Record<string, Rule> = {
   "controller.offerTimeoutMs": int(1),
   "controller.progressTimeoutMs": int(1),
   "controller.residentFreshMs": int(1),
+  "controller.routing": { kind: "enum", values: ["ttft", "round_robin"] },
   "controller.workerTokens": { kind: "record" },
   "worker.index": int(0, 4096),
   "worker.id": str,
@@ -252,6 +269,7 @@ const rules: Record<string, Rule> = {
   "worker.heartbeatIntervalMs": int(10, 600_000),
   "worker.threads": int(0, 1024),
   "worker.backend": { kind: "enum", values: ["auto", "cpu", "cuda"] },
+  "worker.durableReuse": { kind: "bool" },
   "worker.token": optStr,
   "auth.tokens": { kind: "record" },
   "auth.clusterSecret": optStr,
