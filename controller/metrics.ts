@@ -41,6 +41,29 @@ export class Counter extends Metric {
   }
 }
 
+/**
+ * A counter whose values its owner keeps (plain counters of a hub, a service,
+ * a restorer) and the registry reads at each scrape. The owner's values only
+ * grow; label sets come from a fixed enum the owner defines.
+ */
+export class CounterView extends Metric {
+  constructor(
+    name: string,
+    help: string,
+    private readonly read: () => ReadonlyArray<readonly [Labels, number]>,
+  ) {
+    super(name, help);
+  }
+  render(): string[] {
+    const out = [`# HELP ${this.name} ${this.help}`, `# TYPE ${this.name} counter`];
+    for (const [labels, v] of this.read().slice(0, MAX_LABEL_SETS)) {
+      const k = labelKey(labels);
+      out.push(`${this.name}${k ? `{${k}}` : ""} ${v}`);
+    }
+    return out;
+  }
+}
+
 export class Gauge extends Metric {
   constructor(
     name: string,

@@ -5,6 +5,7 @@ import { ApiServer } from "../../controller/api/server.ts";
 import { defaultAssignmentLimits } from "../../controller/assignments.ts";
 import { DecisionRecorder } from "../../controller/fleet/decisions.ts";
 import { WorkerHub } from "../../controller/fleet/hub.ts";
+import { registerFleetMetrics } from "../../controller/fleet/metrics.ts";
 import { FleetService } from "../../controller/fleet/service.ts";
 import { defaultRouterPolicy } from "../../controller/router.ts";
 import { createLogger } from "../../schema/log.ts";
@@ -135,6 +136,12 @@ const command: Command = {
           port: c.httpPort,
           tokens: config.auth.tokens,
           log: ({ event, ...fields }) => log.log("info", String(event), fields),
+        });
+        registerFleetMetrics(server.metrics, {
+          hub,
+          service,
+          heartbeatTtlMs: c.heartbeatTtlMs,
+          catalogOffset: () => replica.offset(),
         });
         const port = yield* resource(
           () => server.start(),
