@@ -26,8 +26,9 @@ export interface RuntimeFixture {
 export async function startRuntime(
   model: LoadedModel,
   overrides: Partial<RuntimeOptions> = {},
+  wrap?: (engine: Engine) => Engine,
 ): Promise<RuntimeFixture> {
-  const f = await openRuntime(model, overrides);
+  const f = await openRuntime(model, overrides, wrap);
   f.runtime.start();
   return f;
 }
@@ -36,6 +37,8 @@ export async function startRuntime(
 export async function openRuntime(
   model: LoadedModel,
   overrides: Partial<RuntimeOptions> = {},
+  /** Wraps the engine the runtime steps (to observe or gate its steps); the fixture frees the real one. */
+  wrap?: (engine: Engine) => Engine,
 ): Promise<RuntimeFixture> {
   const opts: RuntimeOptions = {
     fingerprint: model.fingerprint,
@@ -58,7 +61,7 @@ export async function openRuntime(
     ...overrides,
   };
   const engine = await loadEngine(model, opts, 2);
-  const runtime = new WorkerRuntime(engine, opts);
+  const runtime = new WorkerRuntime(wrap ? wrap(engine) : engine, opts);
   return {
     runtime,
     engine,

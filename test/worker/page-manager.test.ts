@@ -48,10 +48,11 @@ interface ModelRoute {
   pins: number;
 }
 
-// Kinds 0–17 name operations; forks (2) and commits (5) are drawn more often so
-// copy-on-write of shared partial tails happens often enough to be tested.
+// Kinds 0–18 name operations; forks (2), commits (5) and adoptions (18) are
+// drawn more often so copy-on-write of shared partial tails and adoption of
+// pages sealed by another route happen often enough to be tested.
 const op = fc.record({
-  kind: fc.integer({ min: 0, max: 23 }).map((k) => (k < 18 ? k : k < 21 ? 2 : 5)),
+  kind: fc.integer({ min: 0, max: 27 }).map((k) => (k < 19 ? k : k < 22 ? 2 : k < 25 ? 5 : 18)),
   a: fc.nat(1000),
   b: fc.nat(1000),
   c: fc.nat(1000),
@@ -68,6 +69,7 @@ describe("PageManager under random operation sequences", () => {
       loadsDone: 0,
       deferredCancels: 0,
       adopted: 0,
+      adoptedLater: 0,
     };
     fc.assert(
       fc.property(
@@ -226,6 +228,33 @@ describe("PageManager under random operation sequences", () => {
                   m!.cancelled = true;
                 }
                 return;
+              case 18: {
+                // In-flight prefix sharing: a route continues with pages another route sealed
+                // since, when its rows are a prefix of that route's.
+                if (!id) return;
+                const mine = m!.rows;
+                const ids = live();
+                const longer = ids.filter(
+                  (x) =>
+                    model.get(x)!.rows.length >= mine.length + P &&
+                    mine.every((v, i) => model.get(x)!.rows[i] === v),
+                );
+                // Mostly a route that continues this one; sometimes any route (a foreign chain).
+                const src = o.c % 4 && longer.length ? longer[o.b % longer.length] : pick(o.b);
+                const s = src ? model.get(src)! : undefined;
+                const continues = s && mine.every((v, i) => s.rows[i] === v);
+                const chain = continues
+                  ? sealedHashes(s!.rows, 0, Math.floor(pm.route(src!).tokens / P))
+                  : sealedHashes(mine, 0, Math.floor(mine.length / P));
+                const expected = Math.max(0, pm.matchPrefix(chain) - pm.route(id).pages.length);
+                const adopted = pm.adoptPrefix(id, chain);
+                expect(adopted).toBe(expected);
+                if (adopted > 0) {
+                  seen.adoptedLater++;
+                  m!.rows = s!.rows.slice(0, mine.length + adopted * P);
+                }
+                return;
+              }
             }
           };
 
@@ -296,7 +325,7 @@ describe("PageManager under random operation sequences", () => {
           pm.checkInvariants();
         },
       ),
-      { numRuns: 150 },
+      { numRuns: 220 },
     );
     for (const [k, v] of Object.entries(seen)) expect(v, k).toBeGreaterThan(10);
   });
@@ -406,5 +435,33 @@ describe("PageManager operations", () => {
     expect(pm.route(b).reservedPages).toBe(1);
     expect(pm.snapshot().prefixes.map((x) => x.tokens)).toEqual([4, 8]);
     expect(() => pm.openRoute(cid("c"), { prefix: [hashOf([42])] })).toThrow(/not resident/);
+  });
+
+  it("a route at a page boundary adopts the pages another route sealed since, returning their reservation", () => {
+    const pm = new PageManager({ pageTokens: P, physicalPages: 8, debugInvariants: true });
+    const rows = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12];
+    const h = seal(rows, 0, 3);
+    const producer = cid("producer");
+    pm.openRoute(producer, { reserveTokens: TokenCount(13) });
+    const waiter = cid("waiter");
+    pm.openRoute(waiter, { reserveTokens: TokenCount(13) });
+    expect(pm.adoptPrefix(waiter, h)).toBe(0);
+    pm.beginAppend(producer, TokenCount(8));
+    pm.commitAppend(producer, h.slice(0, 2));
+    const available = pm.availablePages;
+    expect(pm.adoptPrefix(waiter, h)).toBe(2);
+    expect(pm.route(waiter)).toMatchObject({ tokens: 8, pages: pm.route(producer).pages, reservedPages: 2 });
+    expect(pm.availablePages).toBe(available + 2);
+    // A chain that does not continue the route is refused and changes nothing.
+    const before = pm.snapshot();
+    expect(() => pm.adoptPrefix(waiter, seal([9, 9, 9, 9, 9, 9, 9, 9], 0, 2))).toThrow(/does not continue/);
+    expect(pm.snapshot()).toEqual(before);
+    // Mid-page, a route cannot adopt.
+    pm.beginAppend(waiter, TokenCount(1));
+    pm.commitAppend(waiter, []);
+    expect(() => pm.adoptPrefix(waiter, h)).toThrow(/page boundary/);
+    pm.releaseRoute(producer);
+    pm.releaseRoute(waiter);
+    expect(pm.snapshot().freePages).toBe(8);
   });
 });

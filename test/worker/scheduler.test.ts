@@ -1,6 +1,12 @@
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
-import { ModelFingerprint, type PageCount, RequestId, TokenCount } from "../../schema/ids.ts";
+import {
+  ModelFingerprint,
+  type PageCount,
+  type PrefixHash,
+  RequestId,
+  TokenCount,
+} from "../../schema/ids.ts";
 import { chooseCacheSource } from "../../worker/scheduler/cache-source.ts";
 import { planIteration } from "../../worker/scheduler/plan-iteration.ts";
 import { type Budgets, type RequestRecord, SchedulerInputError } from "../../worker/scheduler/request.ts";
@@ -47,6 +53,7 @@ function request(
     reservedPages: 0 as PageCount,
     releasablePages: 0 as PageCount,
     preempted: null,
+    nextPageHash: null,
     ...over,
   };
 }
@@ -330,5 +337,163 @@ describe("chooseCacheSource", () => {
     expect(() => chooseCacheSource([candidates[0]!], { optIn: false, minQuality: null })).toThrow(
       /no eligible/,
     );
+  });
+});
+
+describe("planIteration: in-flight prefix sharing", () => {
+  const P = 4;
+  /** Requests whose next pages may share hashes: `group` picks one of three shared prefixes. */
+  const arbSharing = fc
+    .array(
+      fc.record({
+        group: fc.integer({ min: 0, max: 2 }),
+        pages: fc.integer({ min: 1, max: 6 }),
+        page: fc.integer({ min: 0, max: 5 }),
+        offset: fc.integer({ min: 0, max: P - 1 }),
+        aligned: fc.boolean(),
+        arrival: fc.integer({ min: 0, max: 20 }),
+        priority: fc.integer({ min: 0, max: 2 }),
+        runnable: fc.boolean(),
+      }),
+      { maxLength: 24 },
+    )
+    .map((rs) =>
+      rs.map((r, i) => {
+        const page = Math.min(r.page, r.pages - 1);
+        const done = page * P + (r.aligned ? 0 : r.offset);
+        return request(`w${i}`, {
+          prompt: r.pages * P + 2,
+          done,
+          arrival: r.arrival,
+          priority: r.priority,
+          runnable: r.runnable,
+          nextPageHash: `g${r.group}:${page}` as PrefixHash,
+        });
+      }),
+    );
+
+  it("defers a waiter only behind a lane of the same page that this plan schedules, and computes no page twice from its start", () => {
+    fc.assert(
+      fc.property(arbSharing, arbBudgets, (reqs, b0) => {
+        const b = { ...b0, pageTokens: P };
+        const plan = planIteration(reqs, b);
+        const byId = new Map(reqs.map((r) => [r.id, r]));
+        const lanes = new Map(plan.scheduled.map((w) => [w.id, w]));
+        for (const d of plan.deferred) {
+          if (d.reason !== "awaiting-prefix") continue;
+          const waiter = byId.get(d.id)!;
+          const producer = byId.get(d.producer!)!;
+          // The producer computes the very page the waiter needs, in this plan: each
+          // iteration a request waits, that page gains ≥ 1 row (the wait is bounded).
+          expect(lanes.get(producer.id)?.phase).toBe("prefill");
+          expect(producer.nextPageHash).toBe(waiter.nextPageHash);
+          expect(waiter.processed % P).toBe(0);
+          expect(waiter.runnable).toBe(true);
+        }
+        // No page is started twice: per page hash, at most one scheduled lane starts at its boundary.
+        const starts = new Map<string, number>();
+        for (const w of plan.scheduled) {
+          const r = byId.get(w.id)!;
+          if (w.phase !== "prefill" || r.processed % P !== 0) continue;
+          starts.set(r.nextPageHash!, (starts.get(r.nextPageHash!) ?? 0) + 1);
+        }
+        for (const n of starts.values()) expect(n).toBe(1);
+        // Waiting costs no budget: the totals still hold.
+        expect(plan.scheduled.reduce((s, w) => s + w.tokens, 0)).toBeLessThanOrEqual(b.maxBatchTokens);
+        expect(new Set([...plan.scheduled, ...plan.deferred].map((x) => x.id)).size).toBe(reqs.length);
+      }),
+      { numRuns: 400 },
+    );
+  });
+
+  it("requests sharing a prefix, joining at random and with a producer cancelled at random, each compute only what nobody has and all finish", () => {
+    fc.assert(
+      fc.property(
+        fc.integer({ min: 1, max: 6 }),
+        fc.array(fc.record({ own: fc.integer({ min: 1, max: 9 }), joins: fc.integer({ min: 0, max: 6 }) }), {
+          minLength: 1,
+          maxLength: 8,
+        }),
+        fc.record({
+          maxBatchTokens: fc.integer({ min: 1, max: 24 }),
+          maxBatchSeqs: fc.integer({ min: 1, max: 8 }),
+          prefillTile: fc.integer({ min: 1, max: 12 }),
+          minPrefillTokens: fc.integer({ min: 0, max: 8 }),
+        }),
+        fc.option(fc.record({ at: fc.integer({ min: 0, max: 20 }), who: fc.nat() }), { nil: null }),
+        (shared, members, sizes, cancel) => {
+          const b = budgets({ ...sizes, pageTokens: P });
+          // Rows to prefill: `shared` identical pages, then the request's own rows.
+          const reqs = members.map((m, i) => ({
+            id: `m${i}`,
+            rows: shared * P + m.own,
+            joins: m.joins,
+            done: -1,
+            cancelled: false,
+          }));
+          const sealed = new Set<number>();
+          /** Rows of each shared page computed, summed over every request. */
+          const computed = new Array<number>(shared).fill(0);
+          const hashOf = (r: (typeof reqs)[number], page: number) =>
+            ((page + 1) * P > r.rows
+              ? null
+              : page < shared
+                ? `s:${page}`
+                : `${r.id}:${page}`) as PrefixHash | null;
+          /** Shares sealed pages with a request at a page boundary (what the runtime's adoption does). */
+          const adopt = (r: (typeof reqs)[number]) => {
+            while (r.done % P === 0 && r.done / P < shared && sealed.has(r.done / P)) r.done += P;
+          };
+          const totalRows = shared * P + members.reduce((s, m) => s + m.own, 0);
+          let it = 0;
+          const live = () => reqs.filter((r) => !r.cancelled && r.done < r.rows);
+          for (; it < 6 + 2 * totalRows && live().length > 0; it++) {
+            for (const r of reqs) {
+              if (r.done < 0 && r.joins <= it) r.done = 0;
+              if (r.done >= 0 && !r.cancelled) adopt(r);
+            }
+            const active = live().filter((r) => r.done >= 0);
+            if (cancel && cancel.at === it && active.length > 0) {
+              active[cancel.who % active.length]!.cancelled = true;
+              continue;
+            }
+            const records = active.map((r, i) =>
+              request(r.id, {
+                prompt: r.rows + 1,
+                done: r.done,
+                arrival: i,
+                nextPageHash: hashOf(r, Math.floor(r.done / P)),
+              }),
+            );
+            const plan = planIteration(records, b);
+            for (const w of plan.scheduled) {
+              const r = reqs.find((x) => x.id === w.id)!;
+              expect(w.firstRow).toBe(r.done);
+              for (let row = r.done; row < r.done + w.tokens; row++) {
+                const page = Math.floor(row / P);
+                if (page < shared) computed[page]!++;
+              }
+              r.done += w.tokens;
+              for (let page = 0; page < shared; page++) if (r.done >= (page + 1) * P) sealed.add(page);
+            }
+          }
+          // Everyone not cancelled finished, within a bound: each iteration computes ≥ 1
+          // row of the distinct work (plus a cancelled producer's lost partial page).
+          for (const r of reqs) if (!r.cancelled) expect(r.done, r.id).toBe(r.rows);
+          expect(it).toBeLessThanOrEqual(6 + totalRows + P + 1);
+          // Each shared page was computed once (a cancelled producer's unsealed page at most twice).
+          for (const [page, rows] of computed.entries()) {
+            if (cancel) expect(rows, `page ${page}`).toBeLessThanOrEqual(2 * P);
+            else expect(rows, `page ${page}`).toBe(P);
+          }
+        },
+      ),
+      { numRuns: 300 },
+    );
+  });
+
+  it("rejects a nextPageHash on a page that is not a full page of the prompt", () => {
+    const r = request("x", { prompt: 10, done: 8, nextPageHash: "h" as PrefixHash });
+    expect(() => planIteration([r], budgets({ pageTokens: 4 }))).toThrow(/not a full page/);
   });
 });

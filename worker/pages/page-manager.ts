@@ -213,6 +213,14 @@ export class PageManager {
     return n;
   }
 
+  /** The index holds a resident page sealed with `hash` at `tokens` rows (a cheap one-page match). */
+  hasSealed(hash: PrefixHash, tokens: number): boolean {
+    const page = this.prefixIndex.get(hash);
+    if (page === undefined) return false;
+    const s = this.states[page]!;
+    return s.kind === "resident" && s.identity?.tokens === tokens;
+  }
+
   /**
    * Pages a route needs reserved to grow to `totalTokens` rows: the pages it
    * lacks (its resident pages are credited) plus one for a copy-on-write of a
@@ -281,6 +289,48 @@ export class PageManager {
     this.routes.set(id, route);
     this.afterMutation();
     return this.routeSnapshot(route);
+  }
+
+  /**
+   * Extend an idle route that ends at a page boundary with the sealed
+   * resident pages that continue it: `prefix` is the route's own page-hash
+   * chain (its first pages must be the route's pages); pages
+   * [route.pages, matched) are shared (refcount++) instead of computed. Each
+   * adopted page is one the route's reservation held for its growth, so the
+   * reservation shrinks by as many. Returns the pages adopted (0: none sealed
+   * yet).
+   */
+  adoptPrefix(id: ContinuationId, prefix: readonly PrefixHash[]): number {
+    const r = this.getRoute(id);
+    this.checkAcceptsWork(r);
+    if (r.pending || r.load)
+      throw new PageError("busy", `route ${id}: cannot adopt during an append or load`);
+    const P = this.pageTokens;
+    if (r.startPosition !== 0 || r.tokens % P !== 0)
+      throw new PageError(
+        "invalid",
+        `route ${id}: adopts only from position 0 at a page boundary (start ${r.startPosition}, ${r.tokens} rows)`,
+      );
+    const have = r.pages.length;
+    if (have > 0) {
+      const tail = this.states[r.pages[have - 1]!]!;
+      if (tail.kind !== "resident" || tail.identity?.hash !== prefix[have - 1])
+        throw new PageError("invalid", `route ${id}: the prefix does not continue the route's ${have} pages`);
+    }
+    const matched = this.matchPrefix(prefix);
+    if (matched <= have) return 0;
+    for (let i = have; i < matched; i++) {
+      const page = this.prefixIndex.get(prefix[i]!)!;
+      this.addReference(page);
+      r.pages.push(page);
+    }
+    const adopted = matched - have;
+    r.tokens += adopted * P;
+    const returned = Math.min(r.reserved, adopted);
+    r.reserved -= returned;
+    this.reservedTotal -= returned;
+    this.afterMutation();
+    return adopted;
   }
 
   /** Set the route's reservation to cover growth to `totalTokens` rows. May shrink it. */

@@ -21,11 +21,22 @@ export class PageHashChain {
 
   /** Hashes of the full pages within tokens[0, rows), computing the missing ones. */
   extend(tokens: readonly number[], rows: number): readonly PrefixHash[] {
+    const full = this.fill(tokens, rows);
+    return full === this.hashes.length ? this.hashes : this.hashes.slice(0, full);
+  }
+
+  /** Hash of page `index` when it is a full page within tokens[0, rows); else null. */
+  at(tokens: readonly number[], rows: number, index: number): PrefixHash | null {
+    return index < this.fill(tokens, rows) ? this.hashes[index]! : null;
+  }
+
+  /** Computes the missing hashes of the full pages within tokens[0, rows); returns their count. */
+  private fill(tokens: readonly number[], rows: number): number {
     const full = Math.floor(rows / this.pageTokens);
     for (let i = this.hashes.length; i < full; i++) {
       const parent = i === 0 ? chainRoot(this.salt) : this.hashes[i - 1]!;
       this.hashes.push(chainHash(parent, tokens.slice(i * this.pageTokens, (i + 1) * this.pageTokens)));
     }
-    return this.hashes.slice(0, full);
+    return full;
   }
 }

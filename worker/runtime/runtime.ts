@@ -100,6 +100,8 @@ export interface RuntimeStats {
   readonly steps: number;
   readonly preemptions: number;
   readonly evictedRoutes: number;
+  /** Prompt tokens adopted from pages another running request computed (a subset of cachedPromptTokens). */
+  readonly sharedInFlightTokens: number;
   readonly calibration: Calibration;
 }
 
@@ -156,6 +158,7 @@ export class WorkerRuntime {
     steps: 0,
     preemptions: 0,
     evictedRoutes: 0,
+    sharedInFlightTokens: 0,
   };
 
   constructor(
@@ -312,6 +315,9 @@ export class WorkerRuntime {
 
   /** One iteration; false when there was nothing to do. */
   private async iterate(): Promise<boolean> {
+    // Before cancelled routes release their pages: a waiter adopts the pages
+    // a cancelled producer sealed in its last step.
+    this.adoptInFlightPrefixes();
     this.fenceCancelled();
     if (this.seqs.size === 0) return false;
     const now = this.counters.steps;
@@ -482,6 +488,10 @@ export class WorkerRuntime {
         s.cachedTokens > 0 ? { kind: "resident", tokens: TokenCount(s.cachedTokens) } : { kind: "recompute" },
       repairTokens: TokenCount(0),
       state: s.state,
+      nextPageHash:
+        processed < s.tokens.length - 1
+          ? s.chain.at(s.tokens, s.tokens.length - 1, Math.floor(processed / this.opts.pageTokens))
+          : null,
       runnable: !this.restoring.has(s.id),
       admitPages: admitPages as PageCount,
       reservedPages: (route?.reservedPages ?? 0) as PageCount,
@@ -624,6 +634,30 @@ export class WorkerRuntime {
       }
       this.signal();
     });
+  }
+
+  /**
+   * In-flight prefix sharing, the runtime's half (the scheduler decides who
+   * waits): a running prompt standing at a page boundary adopts the pages
+   * that another request sealed since, continuing its own hash chain, so it
+   * computes only what nobody has. Cheap when nothing is new: one index
+   * lookup per prefilling request.
+   */
+  private adoptInFlightPrefixes(): void {
+    const P = this.opts.pageTokens;
+    for (const seq of this.seqs.values()) {
+      if (seq.state !== "running" || seq.cancelled || this.restoring.has(seq.id)) continue;
+      const rows = seq.tokens.length - 1;
+      if (seq.processed >= rows || seq.processed % P !== 0) continue;
+      const page = seq.processed / P;
+      const next = seq.chain.at(seq.tokens, rows, page);
+      if (next === null || !this.pages.hasSealed(next, (page + 1) * P)) continue;
+      const adopted = this.pages.adoptPrefix(seq.route, seq.chain.extend(seq.tokens, rows));
+      seq.processed += adopted * P;
+      seq.cachedTokens += adopted * P;
+      this.counters.cachedPromptTokens += adopted * P;
+      this.counters.sharedInFlightTokens += adopted * P;
+    }
   }
 
   private noteHit(lastHash: PrefixHash, now: number): void {

@@ -1,4 +1,4 @@
-import { type PageCount, type RequestId, TokenCount } from "../../schema/ids.ts";
+import { type PageCount, type PrefixHash, type RequestId, TokenCount } from "../../schema/ids.ts";
 import {
   type Budgets,
   type CacheSource,
@@ -24,7 +24,16 @@ export type DeferReason =
   | "sequence-budget"
   | "awaiting-pages"
   | "not-admitted"
-  | "preempted";
+  | "preempted"
+  /** Its next page is being computed, in this same plan, by the request named `producer`. */
+  | "awaiting-prefix";
+
+export interface Deferral {
+  readonly id: RequestId;
+  readonly reason: DeferReason;
+  /** For "awaiting-prefix": the request computing the page it waits for. */
+  readonly producer?: RequestId;
+}
 
 export interface Preemption {
   readonly id: RequestId;
@@ -46,7 +55,7 @@ export interface Admission {
 export interface IterationPlan {
   /** Decode lanes first, then repair and prefill tiles. */
   readonly scheduled: readonly ScheduledWork[];
-  readonly deferred: readonly { readonly id: RequestId; readonly reason: DeferReason }[];
+  readonly deferred: readonly Deferral[];
   /** Waiting requests to admit (reserve pages for), in order; resumptions included. */
   readonly admit: readonly Admission[];
   readonly preempt: readonly Preemption[];
@@ -128,6 +137,13 @@ function validate(requests: readonly RequestRecord[], b: Budgets): void {
       throw new SchedulerInputError(
         `${at}: repair source is ineligible (opt-in ${b.repair.optIn}, minimum quality ${b.repair.minQuality}, quality ${r.source.quality})`,
       );
+    if (
+      r.nextPageHash !== null &&
+      (Math.floor(r.processed / b.pageTokens) + 1) * b.pageTokens > r.tokens.length - 1
+    )
+      throw new SchedulerInputError(
+        `${at}: nextPageHash given, but page ${Math.floor(r.processed / b.pageTokens)} is not a full page of its ${r.tokens.length - 1} rows`,
+      );
     positiveInt(`${at}: admitPages`, r.admitPages, true);
     positiveInt(`${at}: reservedPages`, r.reservedPages, true);
     positiveInt(`${at}: releasablePages`, r.releasablePages, true);
@@ -171,6 +187,27 @@ function disposition(
 }
 
 /**
+ * In-flight prefix sharing: among prefill requests whose next page has the
+ * same prefix hash (so the same tokens from position 0), the one furthest
+ * into that page, then the oldest, computes it. The others that hold none of
+ * its rows yet (they stand at a page boundary) are waiters: they would
+ * compute exactly the same rows. One already part-way into the page keeps
+ * computing, since dropping its rows would waste them.
+ */
+function prefixWaiters(others: readonly RequestRecord[], pageTokens: number): Set<RequestRecord> {
+  const sharable = others.filter((r) => r.nextPageHash !== null && phaseOf(r).phase === "prefill");
+  const producer = new Map<PrefixHash, RequestRecord>();
+  for (const r of sharable) {
+    const p = producer.get(r.nextPageHash!);
+    if (!p || r.processed > p.processed || (r.processed === p.processed && ageOrder(r, p) < 0))
+      producer.set(r.nextPageHash!, r);
+  }
+  return new Set(
+    sharable.filter((r) => producer.get(r.nextPageHash!) !== r && r.processed % pageTokens === 0),
+  );
+}
+
+/**
  * Plan one continuous-batching iteration. Pure: the same requests and budgets
  * give a deep-equal plan.
  *
@@ -184,6 +221,11 @@ function disposition(
  *    under any decode load it advances ≥ min(minPrefillTokens, tile) rows per
  *    iteration: every prompt finishes within a bounded number of iterations.
  * 4. Other prefill/repair tiles share what is left in service order.
+ * 5. Prefix waiters (see prefixWaiters) come last: one whose next page a
+ *    scheduled lane is computing is deferred ("awaiting-prefix") and spends
+ *    no budget; the caller shares that page with it once sealed. If no lane
+ *    computes it (its producer is deferred, cancelled or preempted), the
+ *    waiter computes it itself, and later waiters of that page wait on it.
  */
 export function planIteration(requests: readonly RequestRecord[], budgets: Budgets): IterationPlan {
   validate(requests, budgets);
@@ -229,7 +271,7 @@ export function planIteration(requests: readonly RequestRecord[], budgets: Budge
     admitted.add(w.id);
   }
 
-  const deferred: { id: RequestId; reason: DeferReason }[] = [];
+  const deferred: Deferral[] = [];
   const candidates: RequestRecord[] = [];
   for (const r of [...requests].sort(serviceOrder)) {
     if (preempted.has(r.id)) deferred.push({ id: r.id, reason: "preempted" });
@@ -263,12 +305,11 @@ export function planIteration(requests: readonly RequestRecord[], budgets: Budge
     }
   }
 
-  const oldest = [...others].sort(ageOrder)[0];
-  const order = oldest ? [oldest, ...others.filter((r) => r !== oldest)] : [];
-  for (const r of order) {
+  /** Schedules r's next tile if the budgets allow; true when scheduled. */
+  const tile = (r: RequestRecord): boolean => {
     const { phase, remaining } = phaseOf(r);
-    const tile = phase === "repair" ? budgets.repairTile : budgets.prefillTile;
-    const n = Math.min(remaining, tile, tokens);
+    const size = phase === "repair" ? budgets.repairTile : budgets.prefillTile;
+    const n = Math.min(remaining, size, tokens);
     if (seqs < 1) deferred.push({ id: r.id, reason: "sequence-budget" });
     else if (n < 1) deferred.push({ id: r.id, reason: "token-budget" });
     else {
@@ -283,8 +324,29 @@ export function planIteration(requests: readonly RequestRecord[], budgets: Budge
       });
       tokens -= n;
       seqs--;
+      return true;
     }
-  }
+    return false;
+  };
 
+  const waiters = prefixWaiters(others, budgets.pageTokens);
+  /** Page hash → the request this plan has computing that page. */
+  const computing = new Map<PrefixHash, RequestId>();
+  const computes = (r: RequestRecord) => {
+    if (r.nextPageHash !== null && phaseOf(r).phase === "prefill") computing.set(r.nextPageHash, r.id);
+  };
+  const ahead = others.filter((r) => !waiters.has(r));
+  const oldest = [...ahead].sort(ageOrder)[0];
+  const order = oldest ? [oldest, ...ahead.filter((r) => r !== oldest)] : [];
+  for (const r of order) if (tile(r)) computes(r);
+  // A waiter whose page some scheduled lane computes waits for it (bounded:
+  // each iteration it waits, that page gains ≥ 1 row, so it waits at most
+  // pageTokens iterations per page it then shares); otherwise it takes over.
+  for (const r of others) {
+    if (!waiters.has(r)) continue;
+    const producer = computing.get(r.nextPageHash!);
+    if (producer !== undefined) deferred.push({ id: r.id, reason: "awaiting-prefix", producer });
+    else if (tile(r)) computes(r);
+  }
   return { scheduled, deferred, admit, preempt, unusedTokens: tokens, unusedSeqs: seqs };
 }

@@ -1,4 +1,11 @@
-import type { ModelFingerprint, PageCount, PageId, RequestId, TokenCount } from "../../schema/ids.ts";
+import type {
+  ModelFingerprint,
+  PageCount,
+  PageId,
+  PrefixHash,
+  RequestId,
+  TokenCount,
+} from "../../schema/ids.ts";
 
 /** What a request's next rows are: one pending token, prompt rows, or approximate rows to repair. */
 export type Phase = "decode" | "prefill" | "repair";
@@ -54,6 +61,14 @@ export interface RequestRecord {
   readonly releasablePages: PageCount;
   /** Waiting only: set when the request was preempted, so its admission is a resumption. */
   readonly preempted: PreemptDisposition | null;
+  /**
+   * The prefix-chain hash of the page that holds this request's next prompt
+   * row (page ⌊processed / pageTokens⌋) when that page is a full page of its
+   * prompt; null otherwise (a partial tail page, a decode, or no identity).
+   * Two requests with the same value need the same page computed: one
+   * computes it, the other waits and shares it (in-flight prefix sharing).
+   */
+  readonly nextPageHash: PrefixHash | null;
 }
 
 export interface RepairPolicy {
