@@ -11,6 +11,8 @@ import { captureDecision } from "./admission.ts";
 import type { CatalogLink } from "./catalog-link.ts";
 import { describeChunk, type KvGeometry, packChunk } from "./chunk-format.ts";
 
+const DEFAULT_PROBE_EVERY = 8;
+
 export interface CheckpointerOptions {
   readonly engine: Pick<Engine, "downloadPages">;
   readonly geometry: KvGeometry;
@@ -22,8 +24,10 @@ export interface CheckpointerOptions {
   readonly maxQueued: number;
   /** Host staging for one chunk; an offer whose chunk is larger is refused before it queues. */
   readonly maxStagingBytes: number;
-  /** Capture cost per byte before the first measurement (download + re-pack + store write). */
+  /** Capture cost per byte before the first measurement (download + re-pack + local store writes). */
   readonly capturePerByteMs: number;
+  /** Offers declined on value in a row before one is captured as a probe (default 8; see admission.ts). */
+  readonly probeEvery?: number;
   /** How long a publication may take to reach this worker's replica before the route stays non-durable. */
   readonly publishTimeoutMs: number;
   readonly logger: Logger;
@@ -44,7 +48,12 @@ export interface CheckpointStats {
   readonly chunksPublished: number;
   readonly failed: number;
   readonly durableRoutes: number;
+  /** Captures taken as probes (EV ≤ 0) to re-measure the capture cost. */
+  readonly probes: number;
+  /** Capture cost per byte: download, re-pack and the local tiers' writes (what admission charges). */
   readonly capturePerByteMs: Estimate;
+  /** Per chunk, from the local writes to the most durable tier's confirmation (the S3 upload when configured). */
+  readonly confirmWaitMs: Estimate;
 }
 
 interface CaptureJob {
@@ -83,6 +92,9 @@ export class Checkpointer implements RouteCheckpointer {
   private running: Promise<void> | null = null;
   private closed = false;
   private capturePerByte: Estimate;
+  private confirmWait: Estimate = { value: 0, samples: 0 };
+  /** Offers declined on value since capturePerByte was last measured (admission's re-probe). */
+  private declinedSinceSample = 0;
   private counters = {
     queued: 0,
     skippedFull: 0,
@@ -92,16 +104,19 @@ export class Checkpointer implements RouteCheckpointer {
     chunksPublished: 0,
     failed: 0,
     durableRoutes: 0,
+    probes: 0,
   };
 
   constructor(private readonly opts: CheckpointerOptions) {
     if (!Number.isSafeInteger(opts.maxQueued) || opts.maxQueued < 1)
       throw new RangeError(`checkpoint maxQueued must be a positive integer, got ${opts.maxQueued}`);
+    if (opts.probeEvery !== undefined && (!Number.isSafeInteger(opts.probeEvery) || opts.probeEvery < 1))
+      throw new RangeError(`checkpoint probeEvery must be a positive integer, got ${opts.probeEvery}`);
     this.capturePerByte = { value: opts.capturePerByteMs, samples: 0 };
   }
 
   stats(): CheckpointStats {
-    return { ...this.counters, capturePerByteMs: this.capturePerByte };
+    return { ...this.counters, capturePerByteMs: this.capturePerByte, confirmWaitMs: this.confirmWait };
   }
 
   offer(o: CheckpointOffer): "queued" | "skipped" | "refused" {
@@ -131,14 +146,24 @@ export class Checkpointer implements RouteCheckpointer {
         capturePerByteMs: this.capturePerByte.value,
         restorePerByteMs: c.restorePerByteMs.ssd.value,
       },
+      {
+        declinedSinceSample: this.declinedSinceSample,
+        probeEvery: this.opts.probeEvery ?? DEFAULT_PROBE_EVERY,
+      },
     );
     if (!decision.capture) {
       this.counters.skippedValue++;
+      this.declinedSinceSample++;
       return "skipped";
     }
     if (this.queue.length >= this.opts.maxQueued) {
       this.counters.skippedFull++;
       return "skipped";
+    }
+    if (decision.probe) {
+      this.counters.probes++;
+      // One probe in flight at a time: the count restarts, and the probe's measurement resets it too.
+      this.declinedSinceSample = 0;
     }
     for (const n of nodes) this.pending.add(catalogNodeId(fp, n.hash));
     this.queue.push({ route: o.route, pages: o.pages, nodes });
@@ -210,8 +235,13 @@ export class Checkpointer implements RouteCheckpointer {
         this.counters.skippedFull++;
         return;
       }
+      // The capture's own cost ends with the local writes; the remote tier's
+      // confirmation is measured apart (admission.ts says why).
+      const stored = performance.now();
+      this.capturePerByte = smooth(this.capturePerByte, (stored - t0) / payload.byteLength, 0.2);
+      this.declinedSinceSample = 0;
       await put.durable;
-      this.capturePerByte = smooth(this.capturePerByte, (performance.now() - t0) / payload.byteLength, 0.2);
+      this.confirmWait = smooth(this.confirmWait, performance.now() - stored, 0.2);
       this.counters.chunksStored++;
       await this.opts.beforePublish?.(descriptor.node);
       const verifiedAt = Date.now();
