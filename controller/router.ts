@@ -55,6 +55,13 @@ export interface Outstanding {
 export interface RouterPolicy {
   /** Name recorded in decision records. */
   readonly name: string;
+  /**
+   * "ttft": the best-ranked candidate of any worker. "round_robin": the live
+   * workers in turn (RouteInput.turn), each request's candidate the best one on
+   * that worker — what a cache-unaware balancer gets (the worker still reuses
+   * what it happens to hold).
+   */
+  readonly order: "ttft" | "round_robin";
   /** Heartbeats older than this are offline. */
   readonly heartbeatTtlMs: number;
   /** Resident prefixes older than this are not trusted (durable alternatives stay). */
@@ -67,6 +74,7 @@ export interface RouterPolicy {
 
 export const defaultRouterPolicy: RouterPolicy = {
   name: "ttft/v1",
+  order: "ttft",
   heartbeatTtlMs: 3_000,
   residentFreshMs: 1_500,
   loadFactor: 1.25,
@@ -90,7 +98,16 @@ export interface RouteInput {
   /** Workers that already declined, timed out or failed this request. */
   readonly exclude: ReadonlySet<WorkerId>;
   readonly policy: RouterPolicy;
+  /** Round-robin position: the caller's count of requests routed so far (only order "round_robin" reads it). */
+  readonly turn?: number;
 }
+
+/** The round-robin policy (config controller.routing: round_robin). */
+export const roundRobinRouterPolicy: RouterPolicy = {
+  ...defaultRouterPolicy,
+  name: "round_robin/v1",
+  order: "round_robin",
+};
 
 /** The predicted terms of one candidate on one worker. */
 export function predictTerms(
@@ -227,6 +244,31 @@ export function route(input: RouteInput): DecisionRecord {
   }
   ranked.sort(compareCandidates);
   return {
+    ...record(input, ranked, dropped),
+    choice: policy.order === "round_robin" ? roundRobinChoice(ranked, input.turn ?? 0) : (ranked[0] ?? null),
+  };
+}
+
+/**
+ * The workers with a feasible candidate, by id, taken in turn: worker
+ * (turn mod n); its best-ranked candidate (ranked is in rank order).
+ */
+export function roundRobinChoice(ranked: readonly CandidateRecord[], turn: number): CandidateRecord | null {
+  if (!Number.isSafeInteger(turn) || turn < 0)
+    throw new RangeError(`turn must be an integer ≥ 0, got ${turn}`);
+  const workers = [...new Set(ranked.map((c) => c.workerId))].sort();
+  if (workers.length === 0) return null;
+  const w = workers[turn % workers.length]!;
+  return ranked.find((c) => c.workerId === w)!;
+}
+
+function record(
+  input: RouteInput,
+  ranked: CandidateRecord[],
+  dropped: DroppedCandidate[],
+): Omit<DecisionRecord, "choice"> {
+  const { request, policy } = input;
+  return {
     requestId: request.requestId,
     attempt: input.attempt,
     modelFingerprint: request.modelFingerprint,
@@ -235,7 +277,6 @@ export function route(input: RouteInput): DecisionRecord {
     policy: policy.name,
     ranked,
     dropped,
-    choice: ranked[0] ?? null,
     measuredTtftMs: null,
   };
 }

@@ -7,7 +7,7 @@ import { DecisionRecorder } from "../../controller/fleet/decisions.ts";
 import { WorkerHub } from "../../controller/fleet/hub.ts";
 import { registerFleetMetrics } from "../../controller/fleet/metrics.ts";
 import { FleetService } from "../../controller/fleet/service.ts";
-import { defaultRouterPolicy } from "../../controller/router.ts";
+import { defaultRouterPolicy, roundRobinRouterPolicy } from "../../controller/router.ts";
 import { createLogger } from "../../schema/log.ts";
 import type { Command } from "../command.ts";
 import { ensureModel } from "../embedded/model.ts";
@@ -120,7 +120,7 @@ const command: Command = {
                   progressTimeoutMs: c.progressTimeoutMs,
                 },
                 policy: {
-                  ...defaultRouterPolicy,
+                  ...(c.routing === "round_robin" ? roundRobinRouterPolicy : defaultRouterPolicy),
                   heartbeatTtlMs: c.heartbeatTtlMs,
                   residentFreshMs: c.residentFreshMs,
                 },

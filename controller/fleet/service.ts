@@ -5,6 +5,7 @@ import type { ModelFingerprint, TokenCount, WorkerId } from "../../schema/ids.ts
 import type { Logger } from "../../schema/log.ts";
 import { ApiError } from "../api/errors.ts";
 import type {
+  FleetWorkerView,
   Generation,
   GenerationEvent,
   GenerationRequest,
@@ -102,6 +103,8 @@ export interface FleetCounters {
 
 export class FleetService implements InferenceService {
   private readonly active = new Map<string, Flight>();
+  /** Requests routed so far (first attempts): the round-robin position. */
+  private turn = 0;
   private readonly info: ModelInfo;
   private readonly timer: NodeJS.Timeout;
   private readonly cacheTokens: Record<string, number> = {
@@ -244,6 +247,28 @@ export class FleetService implements InferenceService {
     };
   }
 
+  workers(): readonly FleetWorkerView[] {
+    const now = this.hub.nowMs();
+    const live = new Set(
+      liveWorkers(this.hub.view, now, this.opts.policy.heartbeatTtlMs).map((l) => l.heartbeat.workerId),
+    );
+    return [...this.hub.view.entries]
+      .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))
+      .map(([workerId, e]) => {
+        const hb = e.heartbeat;
+        return {
+          workerId,
+          live: live.has(workerId),
+          heartbeatAgeMs: hb ? Math.max(0, now - e.receivedAtMs) : null,
+          freePages: hb?.freePages ?? null,
+          evictablePages: hb?.evictablePages ?? null,
+          queuedRequests: hb?.queue.queuedRequests ?? null,
+          runningRequests: hb?.queue.runningRequests ?? null,
+          status: hb?.status ?? null,
+        };
+      });
+  }
+
   /** Requests routed or running now. */
   get inFlight(): number {
     return this.active.size;
@@ -318,6 +343,7 @@ export class FleetService implements InferenceService {
       outstanding: outstandingByWorker([...this.active.values()].filter((x) => x !== f).map((x) => x.state)),
       exclude: new Set(exclude),
       policy: this.opts.policy,
+      turn: attempt === 1 ? this.turn++ : this.turn - 1,
     });
     f.decision = decision;
     this.opts.log.log("info", "assignment.routed", {
