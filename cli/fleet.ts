@@ -1,10 +1,14 @@
 import { join } from "node:path";
+import type { CatalogLog } from "../catalog/log.ts";
 import { KafkaLog } from "../catalog/log-kafka.ts";
 import { S3SnapshotStore } from "../catalog/snapshot-s3.ts";
 import { type Config, defaultConfig } from "../schema/config.ts";
-import type { StoreTier } from "../schema/control.ts";
+import type { StoreTier, WorkerStatus } from "../schema/control.ts";
 import { WorkerId } from "../schema/ids.ts";
+import type { CheckpointStats } from "../worker/checkpoint/checkpointer.ts";
 import type { LoadedModel } from "../worker/model/model-dir.ts";
+import type { RestoreStats } from "../worker/restore/restorer.ts";
+import type { RuntimeStats } from "../worker/runtime/runtime.ts";
 import { UsageError } from "./command.ts";
 
 /**
@@ -95,4 +99,69 @@ export async function fleetSnapshots(config: Config): Promise<S3SnapshotStore | 
     prefix: "catalog/snapshots/",
     requestTimeoutMs: s3.requestTimeoutMs,
   });
+}
+
+/** The catalog log's end offset, polled every `everyMs` (a failed poll keeps the last value). */
+export function pollLogEnd(
+  log: Pick<CatalogLog, "endOffset">,
+  everyMs: number,
+): { value: number; stop(): void } {
+  const out = {
+    value: 0,
+    stop: () => clearInterval(timer),
+  };
+  const poll = () =>
+    log.endOffset().then(
+      (end) => {
+        out.value = end;
+      },
+      () => undefined,
+    );
+  void poll();
+  const timer = setInterval(poll, everyMs);
+  return out;
+}
+
+export interface WorkerStatusSources {
+  readonly runtime: Pick<
+    RuntimeStats,
+    "pagesTotal" | "pagesAvailable" | "cachedPromptTokens" | "computedPromptTokens"
+  >;
+  readonly restore: Pick<RestoreStats, "chunks" | "bytes">;
+  readonly checkpoint: Pick<CheckpointStats, "chunksPublished">;
+  readonly catalogOffset: number;
+  readonly logEnd: number;
+  readonly chunkTokens: number;
+  readonly kvBytesPerToken: number;
+}
+
+/**
+ * A worker's heartbeat status from its parts' counters (pure). The runtime
+ * counts every cached prompt token, restored or resident; a restore brings
+ * whole chunks, so resident hits = cached − Σ restored chunks × chunkTokens
+ * (at least 0: a restore that started inside a resident chunk counts that
+ * chunk's resident rows as restored). A published chunk's bytes are its
+ * tokens' attention state, chunkTokens × kvBytesPerToken.
+ */
+export function workerStatus(s: WorkerStatusSources): WorkerStatus {
+  const r = s.restore;
+  const restoredTokens = (r.chunks.ram + r.chunks.ssd + r.chunks.peer + r.chunks.s3) * s.chunkTokens;
+  return {
+    totalPages: s.runtime.pagesTotal as WorkerStatus["totalPages"],
+    residentPages: Math.max(
+      0,
+      s.runtime.pagesTotal - s.runtime.pagesAvailable,
+    ) as WorkerStatus["residentPages"],
+    residentHitTokens: Math.max(
+      0,
+      s.runtime.cachedPromptTokens - restoredTokens,
+    ) as WorkerStatus["residentHitTokens"],
+    computedTokens: s.runtime.computedPromptTokens as WorkerStatus["computedTokens"],
+    restoredChunks: { ...r.chunks },
+    restoredBytes: { ...r.bytes },
+    publishedChunks: s.checkpoint.chunksPublished,
+    publishedBytes: s.checkpoint.chunksPublished * s.chunkTokens * s.kvBytesPerToken,
+    catalogOffset: s.catalogOffset,
+    catalogLag: Math.max(0, s.logEnd - s.catalogOffset),
+  };
 }

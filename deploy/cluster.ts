@@ -5,6 +5,7 @@ import { mkdir, readFile, rm, writeFile } from "node:fs/promises";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
+import type { FleetWorkerView } from "../controller/api/service.ts";
 import type { Config } from "../schema/config.ts";
 
 /**
@@ -334,6 +335,8 @@ export interface ClusterStatus {
   readonly workers: Readonly<Record<string, string>>;
   /** The controller's gauges (/metrics): pages free and total over connected workers, catalog lag, cache tokens by source. */
   readonly metrics: Readonly<Record<string, number>>;
+  /** Per worker, the controller's view from its newest heartbeat (GET /workers): pages, cache hits, its catalog replica. */
+  readonly fleet: readonly FleetWorkerView[];
 }
 
 /** Reads a Prometheus text page into name{labels} → value. */
@@ -373,14 +376,19 @@ export async function clusterStatus(state: ClusterState): Promise<ClusterStatus>
   ]);
   let controllerHealthy = false;
   let metrics: Record<string, number> = {};
+  let fleet: FleetWorkerView[] = [];
   try {
     const h = await fetch(`${state.api}/health`, { signal: AbortSignal.timeout(5_000) });
     controllerHealthy = h.status === 200;
     const m = await fetch(`${state.api}/metrics`, { signal: AbortSignal.timeout(5_000) });
     const all = parseMetrics(await m.text());
     metrics = Object.fromEntries(
-      Object.entries(all).filter(([k]) => /^continuum_(pages_|catalog_lag|cache_tokens|queue_depth)/.test(k)),
+      Object.entries(all).filter(([k]) =>
+        /^continuum_(pages_|catalog_lag|catalog_offset|cache_tokens|queue_depth)/.test(k),
+      ),
     );
+    const w = await fetch(`${state.api}/workers`, { signal: AbortSignal.timeout(5_000) });
+    if (w.status === 200) fleet = ((await w.json()) as { workers: FleetWorkerView[] }).workers;
   } catch {
     controllerHealthy = false;
   }
@@ -392,5 +400,27 @@ export async function clusterStatus(state: ClusterState): Promise<ClusterStatus>
     controllerHealthy,
     workers: controller ? workersFromLog(logEvents(controller.log).slice(controller.logFrom)) : {},
     metrics,
+    fleet,
   };
+}
+
+/**
+ * One line per worker for `cluster status`: liveness, pages (free, resident of
+ * total), cache hits (prompt tokens from resident pages, chunks restored by
+ * tier), chunks published, and its catalog replica's offset and lag. Pure.
+ */
+export function workerLines(fleet: readonly FleetWorkerView[]): string[] {
+  return fleet.map((w) => {
+    const head = `${w.workerId.padEnd(10)} ${w.live ? "live" : "DOWN"}`;
+    const s = w.status;
+    if (s === null) return `${head}  pages free ${w.freePages ?? "?"} (no status reported)`;
+    const c = s.restoredChunks;
+    return [
+      head,
+      `pages free ${w.freePages ?? "?"} resident ${s.residentPages}/${s.totalPages}`,
+      `hits: resident ${s.residentHitTokens} tok, restored chunks ram ${c.ram} ssd ${c.ssd} peer ${c.peer} s3 ${c.s3}`,
+      `computed ${s.computedTokens} tok, published ${s.publishedChunks} chunks`,
+      `catalog offset ${s.catalogOffset} lag ${s.catalogLag}`,
+    ].join("  ");
+  });
 }

@@ -138,6 +138,35 @@ const QueueState = Schema.Struct({
   runningRequests: Count,
 });
 
+const TierCounts = Schema.Struct({ ram: Count, ssd: Count, peer: Count, s3: Count });
+
+/**
+ * What a worker reports of itself for operators (`cluster status`, the
+ * controller's GET /workers); routing never reads it. Counts are since the
+ * worker process started.
+ */
+const WorkerStatus = Schema.Struct({
+  totalPages: PageCountField,
+  /** Pages holding attention state (running requests' and cached prefixes'): total − unallocated. */
+  residentPages: PageCountField,
+  /** Prompt tokens served from this worker's own resident pages (no transfer). */
+  residentHitTokens: TokenCountField,
+  /** Prompt tokens computed by prefill. */
+  computedTokens: TokenCountField,
+  /** Chunks restored into pages, by the tier they came from. */
+  restoredChunks: TierCounts,
+  /** Bytes restored into pages, by the tier they came from. */
+  restoredBytes: TierCounts,
+  /** Chunks this worker captured and published (each stored in its RAM/SSD and, with S3, uploaded). */
+  publishedChunks: Count,
+  /** Bytes of those chunks. */
+  publishedBytes: Count,
+  /** The worker's catalog replica: transactions applied, and how many the log holds beyond them. */
+  catalogOffset: Count,
+  catalogLag: Count,
+});
+export type WorkerStatus = (typeof WorkerStatus)["Type"];
+
 const HeartbeatBody = Schema.Struct({
   workerId: WorkerIdField,
   epoch: Count,
@@ -154,6 +183,8 @@ const HeartbeatBody = Schema.Struct({
   durableTiers: Schema.Array(Schema.Literals(StoreTiers)).check(Schema.isMaxLength(StoreTiers.length)),
   queue: QueueState,
   costs: CalibratedCosts,
+  /** Absent from a worker that reports none (the field came later; routing never needs it). */
+  status: Schema.optional(WorkerStatus),
 });
 export type Heartbeat = (typeof HeartbeatBody)["Type"];
 export type CalibratedCosts = (typeof CalibratedCosts)["Type"];

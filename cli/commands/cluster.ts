@@ -1,6 +1,13 @@
 import { resolve } from "node:path";
 import { parseArgs } from "node:util";
-import { clusterDown, clusterStatus, clusterUp, MAX_WORKERS, readState } from "../../deploy/cluster.ts";
+import {
+  clusterDown,
+  clusterStatus,
+  clusterUp,
+  MAX_WORKERS,
+  readState,
+  workerLines,
+} from "../../deploy/cluster.ts";
 import { ConfigError, loadConfig } from "../../schema/config.ts";
 import { type Command, UsageError } from "../command.ts";
 
@@ -21,8 +28,12 @@ const usage = [
   "          from the config; Kafka on --kafka-port (default 19092, +1 for its controller),",
   "          S3 on --s3-port (default 19000).",
   "  status  each process alive or not, the services, the controller's health, workers",
-  "          connected (from the controller's hub), pages free, cache tokens by source,",
-  "          catalog lag. Exit 0 when everything is up, 1 otherwise.",
+  "          connected (from the controller's hub); per worker (its heartbeats, through the",
+  "          controller's GET /workers): pages free and resident, cache hits by tier (prompt",
+  "          tokens from resident pages, chunks restored from ram/ssd/peer/s3), chunks",
+  "          published, and its catalog replica's offset and lag; the controller's own",
+  "          replica offset and lag, and cache tokens by source. Exit 0 when everything is",
+  "          up, 1 otherwise.",
   "  down    stops the processes in reverse order (SIGTERM, 15 s, then SIGKILL), then S3",
   "          and Kafka through their scripts.",
   "",
@@ -105,6 +116,7 @@ const command: Command = {
             );
           out(`controller ${state.api}: ${s.controllerHealthy ? "healthy" : "not answering"}`);
           for (const [id, st] of Object.entries(s.workers)) out(`  ${id}: ${st}`);
+          for (const line of workerLines(s.fleet)) out(`  ${line}`);
           for (const [k, v] of Object.entries(s.metrics)) out(`  ${k} ${v}`);
         }
         const up = s.kafka && s.s3 && s.controllerHealthy && s.processes.every((p) => p.alive);

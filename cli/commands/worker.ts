@@ -11,9 +11,11 @@ import {
   fleetSnapshots,
   kvBytesPerToken,
   openCatalogLog,
+  pollLogEnd,
   requireKafka,
   workerCacheConfig,
   workerIdentity,
+  workerStatus,
 } from "../fleet.ts";
 import { parseRoleArgs } from "../options.ts";
 import { resource, runScoped } from "../run-scoped.ts";
@@ -34,6 +36,7 @@ const usage = [
   "                        sent instead of the shared secret",
   "  catalog.log           must be kafka (catalog.brokers, catalog.topics)",
   "  store.dir.path        this worker's chunk files (default <store.dataDir>/workers/<id>/store)",
+  "  worker.durableReuse   false: no checkpoints and no restores (only resident pages are reused)",
   "",
   "Environment overrides: CONTINUUM_WORKER_INDEX, CONTINUUM_WORKER_CONTROLLER_URL,",
   "CONTINUUM_AUTH_CLUSTER_SECRET, CONTINUUM_CATALOG_BROKERS, ... Ctrl-C stops it cleanly.",
@@ -64,6 +67,11 @@ const command: Command = {
           (l) => l.close(),
         );
         const cacheConfig = workerCacheConfig(config, workerId);
+        // The catalog log's end, polled (not asked per heartbeat), for the replica's lag in the status.
+        const logEnd = yield* resource(
+          () => pollLogEnd(catalogLog, 2_000),
+          (p) => p.stop(),
+        );
         const snapshots = yield* resource(
           () => fleetSnapshots(config),
           (st) => st?.close(),
@@ -83,9 +91,17 @@ const command: Command = {
             }),
           (c) => c.close(),
         );
+        // worker.durableReuse false: the cache stays open (its replica, its
+        // registration) but the runtime gets no checkpoint or restore hooks and
+        // the heartbeats advertise no durable tiers, so nothing is captured,
+        // published or restored; only this pool's resident prefixes are reused.
+        const reuse = config.worker.durableReuse;
         const runtime = yield* resource(
           () => {
-            const rt = new WorkerRuntime(engine, { ...runtimeOptions(config, model, log), ...durable.hooks });
+            const rt = new WorkerRuntime(engine, {
+              ...runtimeOptions(config, model, log),
+              ...(reuse ? durable.hooks : {}),
+            });
             rt.start();
             return rt;
           },
@@ -104,7 +120,7 @@ const command: Command = {
               pageTokens: config.pages.pageTokens,
               chunkTokens: config.pages.chunkTokens,
               kvBytesPerToken: kvBytesPerToken(model),
-              durableTiers: durableTiers(cacheConfig.store),
+              durableTiers: reuse ? durableTiers(cacheConfig.store) : [],
               stopTokenIds: model.eosTokenIds,
               heartbeatIntervalMs: config.worker.heartbeatIntervalMs,
               reconnectBaseMs: 100,
@@ -112,6 +128,16 @@ const command: Command = {
               fenceMemory: 4096,
               maxQueuedBytes: 16 << 20,
               log,
+              status: () =>
+                workerStatus({
+                  runtime: runtime.stats(),
+                  restore: durable.restorer.stats(),
+                  checkpoint: durable.checkpointer.stats(),
+                  catalogOffset: durable.replica.offset(),
+                  logEnd: logEnd.value,
+                  chunkTokens: config.pages.chunkTokens,
+                  kvBytesPerToken: kvBytesPerToken(model),
+                }),
             });
             a.start();
             return a;

@@ -136,6 +136,8 @@ export class ApiServer {
       this.requests.inc({ route, status: "200" });
       return;
     }
+    if (route === "GET /workers" && this.service.workers)
+      return this.json(res, 200, { workers: this.service.workers() }, route);
     const tenant = this.authenticate(req);
     switch (route) {
       case "GET /v1/models":

@@ -1,3 +1,4 @@
+import type { WorkerStatus } from "../../schema/control.ts";
 import type { RequestId, TenantId } from "../../schema/ids.ts";
 
 /**
@@ -73,11 +74,28 @@ export interface ServiceGauges {
   readonly cacheTokensBySource: Readonly<Record<string, number>>;
 }
 
+/** One worker as the controller sees it, for operators (GET /workers). */
+export interface FleetWorkerView {
+  readonly workerId: string;
+  /** A heartbeat within the TTL. */
+  readonly live: boolean;
+  /** Milliseconds since its newest heartbeat (null: none held, the connection closed or expired). */
+  readonly heartbeatAgeMs: number | null;
+  readonly freePages: number | null;
+  readonly evictablePages: number | null;
+  readonly queuedRequests: number | null;
+  readonly runningRequests: number | null;
+  /** The worker's own status from its newest heartbeat (null: none reported). */
+  readonly status: WorkerStatus | null;
+}
+
 export interface InferenceService {
   models(): readonly ModelInfo[];
   /** Admits one choice. Throws ApiError when it cannot be admitted (nothing is queued then). */
   generate(req: GenerationRequest): Generation;
   gauges(): ServiceGauges;
+  /** Per worker, the newest heartbeat's figures; absent where the service has no workers (embedded). */
+  workers?(): readonly FleetWorkerView[];
   /** Runs a Datalog query against the catalog replica; absent when no catalog is attached. */
   catalogQuery?(query: string, args: readonly unknown[], rules: string | undefined): Promise<unknown>;
 }

@@ -7,7 +7,9 @@ import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { WebSocket } from "ws";
 import { KafkaLog } from "../../catalog/log-kafka.ts";
+import type { FleetWorkerView } from "../../controller/api/service.ts";
 import { planChain } from "../../controller/candidates.ts";
+import { workerLines } from "../../deploy/cluster.ts";
 import { type CatalogOp, ProposalMsg } from "../../schema/catalog.ts";
 import { HeartbeatMessage } from "../../schema/control.ts";
 import { chainRoot, prefixChain } from "../../schema/identity.ts";
@@ -239,6 +241,52 @@ describe("a controller and two worker processes", () => {
     expect(ranked[0]).toMatchObject({ workerId: holder, source: "resident", cachedTokens: 1792 });
     expect(ranked).toContainEqual(
       expect.objectContaining({ workerId: other, source: "ssd", cachedTokens: 1024 }),
+    );
+  });
+
+  it("GET /workers (what `cluster status` prints) shows per worker pages free and resident, cache hits by tier and its catalog replica's offset and lag", async () => {
+    // After the case above: the holder computed a 1800-token prefix, reused 1792 of it from resident pages and checkpointed it.
+    const fetchWorkers = async () =>
+      ((await (await fetch(`${httpUrl}/workers`)).json()) as { workers: FleetWorkerView[] }).workers;
+    const end = Number(await catalogQuery("[:find (count ?e) . :where [?e :chunk/node _]]"));
+    expect(end).toBeGreaterThanOrEqual(14);
+    // Heartbeats every second; each worker's replica applies the log and polls its end every 2 s.
+    let fleet: FleetWorkerView[] = [];
+    const deadline = Date.now() + 30_000;
+    for (;;) {
+      fleet = await fetchWorkers();
+      const settled = fleet.every(
+        (w) => w.status !== null && w.status.catalogLag === 0 && w.status.catalogOffset > 0,
+      );
+      if ((settled && fleet.length === 2) || Date.now() > deadline) break;
+      await new Promise((r) => setTimeout(r, 500));
+    }
+    expect(fleet.map((w) => [w.workerId, w.live])).toEqual([
+      ["worker-0", true],
+      ["worker-1", true],
+    ]);
+    const holder = fleet.find((w) => (w.status?.residentHitTokens ?? 0) >= 1792)!;
+    expect(holder, JSON.stringify(fleet)).toBeDefined();
+    const s = holder.status!;
+    expect(s.totalPages).toBe(PAGES);
+    expect(s.residentPages).toBeGreaterThan(0);
+    expect(s.residentPages + holder.freePages!).toBeLessThanOrEqual(PAGES);
+    expect(s.computedTokens).toBeGreaterThanOrEqual(1800);
+    expect(s.publishedChunks).toBeGreaterThanOrEqual(14);
+    // tiny: 2 layers × 2 kv heads × (16 + 16) dims × 2 bytes = 256 bytes of attention state per token.
+    expect(s.publishedBytes).toBe(s.publishedChunks * 128 * 256);
+    for (const w of fleet) {
+      expect(w.status!.catalogLag).toBe(0);
+      expect(w.status!.catalogOffset).toBeGreaterThan(0);
+      expect(w.status!.restoredChunks).toEqual({ ram: 0, ssd: 0, peer: 0, s3: 0 });
+    }
+    // The text `continuum cluster status` prints from it.
+    const lines = workerLines(fleet);
+    expect(lines).toHaveLength(2);
+    expect(lines.find((l) => l.startsWith(holder.workerId))).toMatch(
+      new RegExp(
+        `live  pages free ${holder.freePages} resident ${s.residentPages}/${PAGES}  hits: resident ${s.residentHitTokens} tok, restored chunks ram 0 ssd 0 peer 0 s3 0 .* catalog offset ${s.catalogOffset} lag 0`,
+      ),
     );
   });
 

@@ -24,6 +24,7 @@ import {
   ResultMessage,
   type StoreTier,
   TokensMessage,
+  type WorkerStatus,
 } from "../../schema/control.ts";
 import {
   type ModelFingerprint,
@@ -85,6 +86,8 @@ export interface AgentOptions {
   /** Unsent bytes on the socket before the connection is dropped as stuck. */
   readonly maxQueuedBytes: number;
   readonly log: Logger;
+  /** The worker's own figures for operators, sent with each heartbeat (absent: none sent). */
+  readonly status?: () => WorkerStatus;
 }
 
 interface RunningAttempt {
@@ -329,6 +332,7 @@ export class WorkerAgent {
         },
         samples: c.prefillPerTokenMs.samples + c.firstTokenMs.samples,
       },
+      ...(this.opts.status ? { status: this.opts.status() } : {}),
     };
   }
 
