@@ -1,6 +1,7 @@
 import { Effect } from "effect";
 import { ConsoleError, runQuery } from "../../catalog/console.ts";
 import { badRequest } from "../../controller/api/errors.ts";
+import { registerRestoreMetrics } from "../../controller/api/restore-metrics.ts";
 import { ApiServer } from "../../controller/api/server.ts";
 import { createLogger } from "../../schema/log.ts";
 import { openEmbeddedCache } from "../../worker/restore/embedded.ts";
@@ -57,20 +58,28 @@ const command: Command = {
           (rt) => rt.stop(),
         );
         const catalog = durable.cache.catalog;
-        const service = new EmbeddedService(runtime, model, id, async (query, _args, rules) => {
-          try {
-            return runQuery(catalog.db.datalog(), query, rules);
-          } catch (err) {
-            if (err instanceof ConsoleError) throw badRequest(err.message, "query");
-            throw err;
-          }
-        });
+        const restorer = durable.cache.restorer;
+        const service = new EmbeddedService(
+          runtime,
+          model,
+          id,
+          async (query, _args, rules) => {
+            try {
+              return runQuery(catalog.db.datalog(), query, rules);
+            } catch (err) {
+              if (err instanceof ConsoleError) throw badRequest(err.message, "query");
+              throw err;
+            }
+          },
+          () => restorer.stats().tokens,
+        );
         const server = new ApiServer(service, {
           host: config.controller.host,
           port: config.controller.httpPort,
           tokens: config.auth.tokens,
           log: ({ event, ...fields }) => log.log("info", String(event), fields),
         });
+        registerRestoreMetrics(server.metrics, () => restorer.stats());
         const port = yield* resource(
           () => server.start(),
           () => server.close(),

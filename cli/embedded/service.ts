@@ -1,4 +1,5 @@
 import { ApiError } from "../../controller/api/errors.ts";
+import { RESTORE_TIERS, type RestoreTierName } from "../../controller/api/restore-metrics.ts";
 import type {
   ChatMessage,
   Generation,
@@ -43,6 +44,8 @@ export class EmbeddedService implements InferenceService {
     model: LoadedModel,
     readonly modelId: string,
     catalog?: InferenceService["catalogQuery"],
+    /** Prompt tokens restored from each durable tier so far (the restorer's count); absent: no durable cache. */
+    private readonly restoredTokens?: () => Readonly<Record<RestoreTierName, number>>,
   ) {
     this.info = {
       id: modelId,
@@ -82,12 +85,23 @@ export class EmbeddedService implements InferenceService {
 
   gauges(): ServiceGauges {
     const s = this.runtime.stats();
+    const bySource: Record<string, number> = { recompute: s.computedPromptTokens };
+    let restored = 0;
+    const tiers = this.restoredTokens?.();
+    for (const tier of RESTORE_TIERS) {
+      bySource[tier] = tiers?.[tier] ?? 0;
+      restored += bySource[tier]!;
+    }
+    // The runtime's cached tokens include restored ones: resident = cached − restored. A
+    // restore that completed after its request was cancelled is in the restorer's count
+    // only, hence the floor at 0.
+    bySource.resident = Math.max(0, s.cachedPromptTokens - restored);
     return {
       pagesFree: s.pagesAvailable,
       pagesTotal: s.pagesTotal,
       queueDepth: s.waiting + s.running,
       catalogLag: 0,
-      cacheTokensBySource: { resident: s.cachedPromptTokens, recompute: s.computedPromptTokens },
+      cacheTokensBySource: bySource,
     };
   }
 }

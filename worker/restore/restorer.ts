@@ -45,6 +45,8 @@ export interface RestoreStats {
   readonly abandoned: number;
   readonly chunks: Readonly<Record<RestoreTier, number>>;
   readonly bytes: Readonly<Record<RestoreTier, number>>;
+  /** Prompt rows served into pages by each tier, counted when their whole restore completed (cache hits by tier). */
+  readonly tokens: Readonly<Record<RestoreTier, number>>;
   /** Fetches that failed over to the next source, by reason. */
   readonly fallbacks: { readonly missing: number; readonly corrupt: number; readonly unavailable: number };
   readonly badReplicasProposed: number;
@@ -88,6 +90,7 @@ export class Restorer implements PrefixRestorer {
     abandoned: 0,
     chunks: { ram: 0, ssd: 0, peer: 0, s3: 0 } as Record<RestoreTier, number>,
     bytes: { ram: 0, ssd: 0, peer: 0, s3: 0 } as Record<RestoreTier, number>,
+    tokens: { ram: 0, ssd: 0, peer: 0, s3: 0 } as Record<RestoreTier, number>,
     fallbacks: { missing: 0, corrupt: 0, unavailable: 0 },
     badReplicasProposed: 0,
   };
@@ -215,6 +218,8 @@ export class Restorer implements PrefixRestorer {
     let carry: Uint8Array | null = null;
     let nextPage = 0;
     const fetched: { chunk: VerifiedChunk; node: NodeId; tier: Tier }[] = [];
+    /** Rows each tier filled in this restore; they count as hits only once every page is in. */
+    const rows: Record<RestoreTier, number> = { ram: 0, ssd: 0, peer: 0, s3: 0 };
     for (const c of plan.chunks) {
       const node = chain[c.index]!;
       const expected: ChunkDescriptor = {
@@ -275,11 +280,13 @@ export class Restorer implements PrefixRestorer {
       const rt = restoreTierOf(tier);
       this.counters.chunks[rt]++;
       this.counters.bytes[rt] += c.bytes;
+      rows[rt] += to - from;
       req.record({ kind: "restore", tier: rt, bytes: c.bytes, deviceMs: performance.now() - t0, queueMs: 0 });
       if (tier === "peer" || tier === "s3") fetched.push({ chunk: got.chunk, node: expected.node, tier });
     }
     if (nextPage !== tickets.length)
       throw new Error(`restore: ${tickets.length - nextPage} pages were never uploaded`);
+    for (const t of Object.keys(rows) as RestoreTier[]) this.counters.tokens[t] += rows[t];
     for (const f of fetched) this.keepLocal(f.chunk, f.node);
     return true;
   }
