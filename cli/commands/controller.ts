@@ -10,7 +10,7 @@ import { FleetService } from "../../controller/fleet/service.ts";
 import { defaultRouterPolicy, roundRobinRouterPolicy } from "../../controller/router.ts";
 import { createLogger } from "../../schema/log.ts";
 import type { Command } from "../command.ts";
-import { ensureModel } from "../embedded/model.ts";
+import { ensureModelIdentity } from "../embedded/model.ts";
 import { textCodec } from "../embedded/service.ts";
 import { fleetSnapshots, openCatalogLog, requireKafka } from "../fleet.ts";
 import { parseRoleArgs } from "../options.ts";
@@ -46,7 +46,8 @@ const command: Command = {
     const c = config.controller;
     return runScoped(
       Effect.gen(function* () {
-        const { model, id: modelId } = yield* Effect.promise(() => ensureModel(config, log));
+        // Tokenizer and fingerprint only: the controller runs no model, so it never holds the weights.
+        const { model, id: modelId } = yield* Effect.promise(() => ensureModelIdentity(config, log));
         const catalogLog = yield* resource(
           () => openCatalogLog(config, "controller"),
           (l) => l.close(),

@@ -3,7 +3,12 @@ import { basename, join, resolve } from "node:path";
 import type { Config } from "../../schema/config.ts";
 import type { Logger } from "../../schema/log.ts";
 import { generateModel } from "../../worker/model/generate.ts";
-import { type LoadedModel, loadModelDir } from "../../worker/model/model-dir.ts";
+import {
+  type LoadedModel,
+  loadModelDir,
+  loadModelIdentity,
+  type ModelIdentity,
+} from "../../worker/model/model-dir.ts";
 
 /** The execution variant of the CPU engine (part of the model fingerprint). */
 export const CPU_VARIANT = "cpu-f32acc/v1";
@@ -14,6 +19,30 @@ export const CPU_VARIANT = "cpu-f32acc/v1";
  * process of a local fleet generates the same fingerprint).
  */
 export async function ensureModel(config: Config, log: Logger): Promise<{ model: LoadedModel; id: string }> {
+  const dir = await modelDir(config, log);
+  const model = await loadModelDir(dir, { variant: CPU_VARIANT });
+  log.log("info", "model.loaded", { dir, fingerprint: model.fingerprint, layers: model.config.spec.nLayers });
+  return { model, id: basename(resolve(dir)) };
+}
+
+/**
+ * The same model's identity (config, tokenizer, fingerprint) without holding
+ * its weights: for the fleet controller, which tokenizes and routes but runs
+ * no model. The fingerprint is the workers' (the weights are streamed through
+ * the digest one bounded span at a time).
+ */
+export async function ensureModelIdentity(
+  config: Config,
+  log: Logger,
+): Promise<{ model: ModelIdentity; id: string }> {
+  const dir = await modelDir(config, log);
+  const model = await loadModelIdentity(dir, { variant: CPU_VARIANT });
+  log.log("info", "model.identified", { dir, fingerprint: model.fingerprint });
+  return { model, id: basename(resolve(dir)) };
+}
+
+/** model.dir, or the preset's directory under the data dir (generated on first use). */
+async function modelDir(config: Config, log: Logger): Promise<string> {
   let dir = config.model.dir;
   if (dir === "") {
     dir = resolve(config.store.dataDir, "models", config.model.preset);
@@ -26,7 +55,5 @@ export async function ensureModel(config: Config, log: Logger): Promise<{ model:
       await generateModel({ preset: config.model.preset, out: dir, seed: 1 });
     }
   }
-  const model = await loadModelDir(dir, { variant: CPU_VARIANT });
-  log.log("info", "model.loaded", { dir, fingerprint: model.fingerprint, layers: model.config.spec.nLayers });
-  return { model, id: basename(resolve(dir)) };
+  return dir;
 }

@@ -10,12 +10,12 @@ import type {
   ServiceGauges,
   TextCodec,
 } from "../../controller/api/service.ts";
-import type { LoadedModel } from "../../worker/model/model-dir.ts";
+import type { LoadedModel, ModelIdentity } from "../../worker/model/model-dir.ts";
 import { SubmitError, type WorkerRuntime } from "../../worker/runtime/runtime.ts";
 import type { RuntimeEvent } from "../../worker/runtime/sequence.ts";
 
 /** The front door's view of a loaded model: its tokenizer and chat template. */
-export function textCodec(model: LoadedModel): TextCodec {
+export function textCodec(model: ModelIdentity): TextCodec {
   const tok = model.tokenizer;
   return {
     encode: (text) => tok.encode(text),

@@ -2,7 +2,7 @@ import { createHash } from "node:crypto";
 import { type ModelManifest, modelFingerprint } from "../../schema/identity.ts";
 import type { ModelFingerprint } from "../../schema/ids.ts";
 import type { EngineSpec } from "./config.ts";
-import type { LoadedTensor } from "./safetensors.ts";
+import type { LoadedTensor, SafetensorsCheckpoint, TensorInfo } from "./safetensors.ts";
 
 /**
  * The model fingerprint (schema/identity.ts): sha256 of the canonical
@@ -19,25 +19,52 @@ export const KV_LAYOUT = "kv-gqa/v1";
  * are compared as strings of code units (checkpoint names are ASCII).
  */
 export function weightsDigest(tensors: Iterable<LoadedTensor>): string {
-  const sorted = [...tensors].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+  const sorted = sortedByName([...tensors]);
   const h = createHash("sha256").update(WEIGHTS_DIGEST_TAG);
+  for (const t of sorted) h.update(tensorHead(t, t.data.byteLength)).update(t.data);
+  return h.digest("hex");
+}
+
+/**
+ * The same digest read from a checkpoint one bounded span at a time: the
+ * weights are never held (memory: one span), for a process that needs the
+ * fingerprint but runs no model (the fleet controller).
+ */
+export async function streamWeightsDigest(
+  ckpt: SafetensorsCheckpoint,
+  names: Iterable<string>,
+  spanBytes = 8 << 20,
+): Promise<string> {
+  const sorted = sortedByName([...names].map((n) => ckpt.info(n)));
+  const h = createHash("sha256").update(WEIGHTS_DIGEST_TAG);
+  for (const t of sorted) {
+    h.update(tensorHead(t, t.byteLength));
+    await ckpt.stream(t.name, spanBytes, (span) => h.update(span));
+  }
+  return h.digest("hex");
+}
+
+function sortedByName<T extends { readonly name: string }>(tensors: T[]): T[] {
+  const sorted = tensors.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
   for (let i = 1; i < sorted.length; i++)
     if (sorted[i]!.name === sorted[i - 1]!.name)
       throw new RangeError(`tensor '${sorted[i]!.name}' given twice`);
-  for (const t of sorted) {
-    const name = Buffer.from(t.name, "utf8");
-    const dtype = Buffer.from(t.dtype, "ascii");
-    const head = Buffer.alloc(4 + name.length + 4 + dtype.length + 4 + 8 * t.shape.length + 8);
-    let o = head.writeUInt32LE(name.length, 0);
-    o += name.copy(head, o);
-    o = head.writeUInt32LE(dtype.length, o);
-    o += dtype.copy(head, o);
-    o = head.writeUInt32LE(t.shape.length, o);
-    for (const d of t.shape) o = head.writeBigUInt64LE(BigInt(d), o);
-    head.writeBigUInt64LE(BigInt(t.data.byteLength), o);
-    h.update(head).update(t.data);
-  }
-  return h.digest("hex");
+  return sorted;
+}
+
+/** u32 len ‖ name ‖ u32 len ‖ dtype ‖ u32 rank ‖ u64 dims… ‖ u64 byteLength. */
+function tensorHead(t: Pick<TensorInfo, "name" | "dtype" | "shape">, byteLength: number): Buffer {
+  const name = Buffer.from(t.name, "utf8");
+  const dtype = Buffer.from(t.dtype, "ascii");
+  const head = Buffer.alloc(4 + name.length + 4 + dtype.length + 4 + 8 * t.shape.length + 8);
+  let o = head.writeUInt32LE(name.length, 0);
+  o += name.copy(head, o);
+  o = head.writeUInt32LE(dtype.length, o);
+  o += dtype.copy(head, o);
+  o = head.writeUInt32LE(t.shape.length, o);
+  for (const d of t.shape) o = head.writeBigUInt64LE(BigInt(d), o);
+  head.writeBigUInt64LE(BigInt(byteLength), o);
+  return head;
 }
 
 /**
@@ -69,9 +96,14 @@ export function modelManifest(
   tensors: Iterable<LoadedTensor>,
   variant: string,
 ): ModelManifest {
+  return manifestOf(spec, weightsDigest(tensors), variant);
+}
+
+/** The manifest around a weights digest however it was computed (loaded or streamed). */
+export function manifestOf(spec: EngineSpec, digest: string, variant: string): ModelManifest {
   if (variant.length === 0) throw new RangeError("execution variant must be named");
   return {
-    weightsDigest: weightsDigest(tensors),
+    weightsDigest: digest,
     architecture: architectureOf(spec),
     kvDtype: KV_DTYPE,
     layout: KV_LAYOUT,

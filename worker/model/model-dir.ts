@@ -4,10 +4,11 @@ import type { ModelManifest } from "../../schema/identity.ts";
 import { modelFingerprint } from "../../schema/identity.ts";
 import type { ModelFingerprint } from "../../schema/ids.ts";
 import { type ModelConfig, parseModelConfig } from "./config.ts";
-import { modelManifest } from "./fingerprint.ts";
+import { manifestOf, modelManifest, streamWeightsDigest } from "./fingerprint.ts";
 import type { ByteProgress } from "./progress.ts";
+import { SafetensorsCheckpoint } from "./safetensors.ts";
 import { ModelTokenizer } from "./tokenizer.ts";
-import { loadWeights, type ModelWeights } from "./weights.ts";
+import { checkCheckpoint, loadWeights, type ModelWeights } from "./weights.ts";
 
 /**
  * A Hugging Face model directory, loaded: config.json, the safetensors
@@ -15,10 +16,18 @@ import { loadWeights, type ModelWeights } from "./weights.ts";
  * and generation_config.json when present. The loader treats every directory
  * alike; nothing here knows whether the model was generated.
  */
-export interface LoadedModel {
+export interface LoadedModel extends ModelIdentity {
+  readonly weights: ModelWeights;
+}
+
+/**
+ * What a process that tokenizes and routes but runs no model needs (the
+ * fleet controller): config, tokenizer, end-of-sequence ids and the
+ * fingerprint — the weights only streamed through the digest, never held.
+ */
+export interface ModelIdentity {
   readonly dir: string;
   readonly config: ModelConfig;
-  readonly weights: ModelWeights;
   readonly tokenizer: ModelTokenizer;
   /** Tokens that end generation: generation_config.json's eos ids, else config.json's. */
   readonly eosTokenIds: readonly number[];
@@ -56,7 +65,12 @@ export async function readModelConfig(dir: string): Promise<ModelConfig> {
   return parseModelConfig(await readJson(join(dir, "config.json"), false));
 }
 
-export async function loadModelDir(dir: string, opts: LoadModelOptions): Promise<LoadedModel> {
+/** config.json, generation_config.json's eos ids and the tokenizer: everything but the weights. */
+async function readTextSide(dir: string): Promise<{
+  config: ModelConfig;
+  eos: readonly number[];
+  tokenizer: ModelTokenizer;
+}> {
   const config = await readModelConfig(dir);
   const gen = await readJson(join(dir, "generation_config.json"), true);
   let eos = config.eosTokenIds;
@@ -70,7 +84,11 @@ export async function loadModelDir(dir: string, opts: LoadModelOptions): Promise
         );
     eos = ids as number[];
   }
-  const tokenizer = await ModelTokenizer.load(dir);
+  return { config, eos, tokenizer: await ModelTokenizer.load(dir) };
+}
+
+export async function loadModelDir(dir: string, opts: LoadModelOptions): Promise<LoadedModel> {
+  const { config, eos, tokenizer } = await readTextSide(dir);
   const weights = await loadWeights(dir, config.spec, opts.progress ? { progress: opts.progress } : {});
   const manifest = modelManifest(config.spec, weights.tensors.values(), opts.variant);
   return {
@@ -82,4 +100,21 @@ export async function loadModelDir(dir: string, opts: LoadModelOptions): Promise
     manifest,
     fingerprint: modelFingerprint(manifest),
   };
+}
+
+/**
+ * The model's identity without its weights in memory: the checkpoint's
+ * headers are validated against the config exactly as a full load does, and
+ * the weights digest is streamed (one bounded span at a time), so the
+ * fingerprint equals loadModelDir's bit for bit.
+ */
+export async function loadModelIdentity(
+  dir: string,
+  opts: { readonly variant: string },
+): Promise<ModelIdentity> {
+  const { config, eos, tokenizer } = await readTextSide(dir);
+  const ckpt = await SafetensorsCheckpoint.open(dir);
+  const expected = checkCheckpoint(ckpt, config.spec);
+  const manifest = manifestOf(config.spec, await streamWeightsDigest(ckpt, expected.keys()), opts.variant);
+  return { dir, config, tokenizer, eosTokenIds: eos, manifest, fingerprint: modelFingerprint(manifest) };
 }

@@ -231,6 +231,29 @@ export class SafetensorsCheckpoint {
   }
 
   /**
+   * Streams one tensor's bytes in order, at most `spanBytes` at a time through
+   * one reused buffer (so reading a tensor costs `spanBytes` of memory, not
+   * its size). `onSpan` must consume the span before it returns.
+   */
+  async stream(name: string, spanBytes: number, onSpan: (span: Buffer) => void): Promise<void> {
+    if (!Number.isSafeInteger(spanBytes) || spanBytes < 1)
+      throw new RangeError(`span must be a positive whole number of bytes, got ${spanBytes}`);
+    const t = this.info(name);
+    const buf = Buffer.allocUnsafeSlow(Math.min(spanBytes, Math.max(1, t.byteLength)));
+    const fh = await open(t.file, constants.O_RDONLY);
+    try {
+      for (let done = 0; done < t.byteLength; ) {
+        const span = buf.subarray(0, Math.min(buf.byteLength, t.byteLength - done));
+        await readFully(fh, span, t.offset + done, t.file, `tensor '${t.name}'`);
+        onSpan(span);
+        done += span.byteLength;
+      }
+    } finally {
+      await fh.close();
+    }
+  }
+
+  /**
    * Reads the named tensors, file by file in offset order. All or nothing:
    * on any failure the files are closed, every buffer read so far is dropped,
    * and the error names the file and tensor.
