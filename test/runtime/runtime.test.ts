@@ -1,7 +1,11 @@
+import { Effect } from "effect";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import type { Engine } from "../../native/index.ts";
 import { RequestId } from "../../schema/ids.ts";
+import { silentLogger } from "../../schema/log.ts";
 import type { LoadedModel } from "../../worker/model/model-dir.ts";
-import type { SubmitRequest, WorkerRuntime } from "../../worker/runtime/runtime.ts";
+import { scopedEngine } from "../../worker/runtime/engine-load.ts";
+import { type SubmitRequest, WorkerRuntime } from "../../worker/runtime/runtime.ts";
 import type { RuntimeEvent } from "../../worker/runtime/sequence.ts";
 import { openRuntime, type RuntimeFixture, startRuntime, tinyModel } from "./fixture.ts";
 
@@ -207,6 +211,59 @@ describe("worker runtime (tiny model, real engine)", () => {
     }
     expect(outputs[1]).toEqual(outputs[0]);
     expect(outputs[0]!.map((o) => o.length)).toEqual([40, 40, 5]);
+  });
+
+  it("as a scoped Effect: closing the scope interrupts the loop fiber, ends open requests, then frees the engine", async () => {
+    let engine: Engine | null = null;
+    const served = await Effect.runPromise(
+      Effect.scoped(
+        Effect.gen(function* () {
+          engine = yield* scopedEngine(model, { physicalPages: 64, pageTokens: 16 }, 2);
+          const rt = yield* WorkerRuntime.scoped(engine, {
+            fingerprint: model.fingerprint,
+            vocab: model.config.spec.vocab,
+            maxContext: model.config.spec.maxPosition,
+            pageTokens: 16,
+            physicalPages: 64,
+            maxBatchTokens: 64,
+            maxBatchSeqs: 8,
+            minPrefillTokens: 8,
+            prefillTile: 32,
+            maxQueued: 8,
+            costs: {
+              prefillPerTokenMs: 0.1,
+              firstTokenMs: 1,
+              decodeStepMs: 1,
+              restorePerByteMs: { ram: 1e-6, ssd: 1e-5, peer: 1e-5, s3: 1e-4 },
+            },
+            logger: silentLogger,
+          });
+          const done = yield* Effect.promise(() => run(rt, request("sc1", prompt(3, 20), 3)));
+          // A long generation still running when the scope closes.
+          const open: RuntimeEvent[] = [];
+          const drained = (async () => {
+            for await (const ev of rt.submit(request("sc2", prompt(4, 20), 500)).events) open.push(ev);
+          })();
+          yield* Effect.promise(async () => {
+            while (open.length === 0) await new Promise((r) => setTimeout(r, 5));
+          });
+          expect(engine.freed).toBe(false);
+          return { done, rt, open, drained };
+        }),
+      ),
+    );
+    expect(served.done.end).toMatchObject({ type: "end", reason: "length" });
+    expect(served.done.tokens).toHaveLength(3);
+    // Released with the scope, after the loop stopped.
+    expect((engine as Engine | null)?.freed).toBe(true);
+    await served.drained;
+    expect(served.open[served.open.length - 1]).toMatchObject({
+      type: "error",
+      message: "the worker is stopping",
+    });
+    expect(served.open.filter((e) => e.type === "token").length).toBeLessThan(500);
+    expect(() => served.rt.submit(request("late", prompt(5, 5), 2))).toThrow(/stopping/);
+    expect(served.rt.pages.snapshot().reservedPages).toBe(0);
   });
 
   it("refuses bad requests with a clear error and queues nothing", async () => {

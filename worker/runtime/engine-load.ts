@@ -1,3 +1,4 @@
+import { Effect, type Scope } from "effect";
 import type { Engine } from "../../native/index.ts";
 import { openEngine } from "../model/engine.ts";
 import type { LoadedModel } from "../model/model-dir.ts";
@@ -16,4 +17,16 @@ export async function loadEngine(
     throw err;
   }
   return engine;
+}
+
+/** loadEngine as a scoped resource: the engine (weights and page pool) is freed when the scope closes. */
+export function scopedEngine(
+  model: LoadedModel,
+  pool: { readonly physicalPages: number; readonly pageTokens: number },
+  threads?: number,
+): Effect.Effect<Engine, unknown, Scope.Scope> {
+  return Effect.acquireRelease(
+    Effect.tryPromise({ try: () => loadEngine(model, pool, threads), catch: (e) => e }),
+    (engine) => Effect.sync(() => engine.free()),
+  );
 }

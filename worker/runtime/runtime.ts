@@ -1,4 +1,5 @@
 import { randomInt } from "node:crypto";
+import { Effect, Fiber, type Scope } from "effect";
 import type { Engine } from "../../native/index.ts";
 import { StreamQueue } from "../../schema/channel.ts";
 import {
@@ -148,7 +149,7 @@ export class WorkerRuntime {
   private wake: (() => void) | null = null;
   /** A signal arrived since the current iteration began: the loop must not sleep. */
   private signalled = false;
-  private loopDone: Promise<void> | null = null;
+  private loopFiber: Fiber.Fiber<void> | null = null;
   private stopping = false;
   private arrivals = 0;
   private counters = {
@@ -177,18 +178,41 @@ export class WorkerRuntime {
           );
   }
 
-  /** Starts the device loop. */
+  /**
+   * The runtime as a scoped resource: its device loop is a fiber forked in
+   * the scope. Closing the scope interrupts the loop (after the step in
+   * flight: an iteration is uninterruptible, the wait for work is not), then
+   * ends every open request with an error and refuses new ones. The engine is
+   * the caller's resource, acquired before (scopedEngine) so it is released
+   * after the loop stops.
+   */
+  static scoped(engine: Engine, opts: RuntimeOptions): Effect.Effect<WorkerRuntime, never, Scope.Scope> {
+    return Effect.gen(function* () {
+      const rt = new WorkerRuntime(engine, opts);
+      // Finalizers run in reverse: the loop's interruption (forked below) first, then this.
+      yield* Effect.addFinalizer(() => Effect.sync(() => rt.closeOpen()));
+      rt.loopFiber = yield* Effect.forkScoped(rt.loop());
+      return rt;
+    });
+  }
+
+  /** Starts the device loop as a detached fiber (stop() interrupts it); or use scoped(). */
   start(): void {
-    if (this.loopDone) throw new Error("runtime already started");
-    this.loopDone = this.loop();
+    if (this.loopFiber) throw new Error("runtime already started");
+    this.loopFiber = Effect.runFork(this.loop());
   }
 
   /** Stops the loop after the step in flight; every open request ends with an error. */
   async stop(): Promise<void> {
     this.stopping = true;
     this.signal();
-    await this.loopDone;
-    for (const seq of this.seqs.values()) this.fail(seq, "the worker is stopping");
+    if (this.loopFiber) await Effect.runPromise(Fiber.interrupt(this.loopFiber));
+    this.closeOpen();
+  }
+
+  private closeOpen(): void {
+    this.stopping = true;
+    for (const seq of [...this.seqs.values()]) this.fail(seq, "the worker is stopping");
   }
 
   submit(req: SubmitRequest): RuntimeGeneration {
@@ -287,29 +311,49 @@ export class WorkerRuntime {
     w?.();
   }
 
-  private async loop(): Promise<void> {
-    while (!this.stopping) {
-      // Cleared before the iteration reads any state, so a submit or cancel
-      // that lands after this point (during a step, or before the loop first
-      // ran) is never lost: the loop iterates again instead of sleeping.
-      this.signalled = false;
-      let progressed = false;
-      try {
-        progressed = await this.iterate();
-      } catch (err) {
-        // A bug, not bad input: fail every request rather than spin on it.
-        this.opts.logger.log("error", "runtime.iteration_failed", {
-          message: (err as Error).message,
-          stack: (err as Error).stack,
-        });
-        for (const seq of [...this.seqs.values()])
-          this.fail(seq, `internal error: ${(err as Error).message}`);
+  /**
+   * The device loop as an Effect. Each iteration is one uninterruptible
+   * step (a native step is never abandoned with its pages leased); the wait
+   * for a submit or cancel is interruptible, so interruption lands there or
+   * right after the iteration in flight.
+   */
+  private loop(): Effect.Effect<void> {
+    const iteration = Effect.uninterruptible(Effect.promise(() => this.iterateOrFail()));
+    const idle = Effect.callback<void>((resume) => {
+      // The fiber may have yielded since the loop checked: a signal in between must not be lost.
+      if (this.signalled || this.stopping) {
+        resume(Effect.void);
+        return;
       }
-      if (!progressed && !this.stopping && !this.signalled) {
-        await new Promise<void>((resolve) => {
-          this.wake = resolve;
-        });
+      this.wake = () => resume(Effect.void);
+      return Effect.sync(() => {
+        this.wake = null;
+      });
+    });
+    const self = this;
+    return Effect.gen(function* () {
+      while (!self.stopping) {
+        // Cleared before the iteration reads any state, so a submit or cancel
+        // that lands after this point (during a step, or before the loop first
+        // ran) is never lost: the loop iterates again instead of sleeping.
+        self.signalled = false;
+        const progressed = yield* iteration;
+        if (!progressed && !self.stopping && !self.signalled) yield* idle;
       }
+    });
+  }
+
+  /** One iteration; a thrown error (a bug, not bad input) fails every request rather than spin on it. */
+  private async iterateOrFail(): Promise<boolean> {
+    try {
+      return await this.iterate();
+    } catch (err) {
+      this.opts.logger.log("error", "runtime.iteration_failed", {
+        message: (err as Error).message,
+        stack: (err as Error).stack,
+      });
+      for (const seq of [...this.seqs.values()]) this.fail(seq, `internal error: ${(err as Error).message}`);
+      return false;
     }
   }
 
@@ -322,8 +366,10 @@ export class WorkerRuntime {
     if (this.seqs.size === 0) return false;
     const now = this.counters.steps;
     const records = [...this.seqs.values()].map((s) => this.record(s));
-    const decoding = records.some((r) => r.state === "running" && phaseOf(r).phase === "decode");
-    const plan = planIteration(records, this.budgets(decoding));
+    let decodeLanes = 0;
+    for (const r of records)
+      if (r.state === "running" && r.runnable && phaseOf(r).phase === "decode") decodeLanes++;
+    const plan = planIteration(records, this.budgets(decodeLanes));
     for (const p of plan.preempt) this.preempt(p, now);
     let admitted = 0;
     for (const a of plan.admit) if (this.admit(a, now)) admitted++;
@@ -428,15 +474,21 @@ export class WorkerRuntime {
 
   // ---- scheduler inputs ----------------------------------------------------
 
-  /** `decoding`: some running request is in its decode phase (prefill tiles are then paced). */
-  private budgets(decoding: boolean): Budgets {
+  /**
+   * `decodeLanes`: running requests in their decode phase. While there are
+   * any, the pacer's tile caps the step's prefill rows, all lanes together
+   * (the step's rows are at most decodeLanes + tile), so several prompts
+   * prefilling at once cannot stretch the step beyond the pace either.
+   */
+  private budgets(decodeLanes: number): Budgets {
     const o = this.opts;
     const c = this.calibrator.value;
-    const tile = this.pacer ? this.pacer.tile(decoding) : o.prefillTile;
+    const tile = this.pacer ? this.pacer.tile(decodeLanes > 0) : o.prefillTile;
     return {
       model: o.fingerprint,
       pageTokens: o.pageTokens,
-      maxBatchTokens: o.maxBatchTokens,
+      maxBatchTokens:
+        this.pacer && decodeLanes > 0 ? Math.min(o.maxBatchTokens, decodeLanes + tile) : o.maxBatchTokens,
       maxBatchSeqs: o.maxBatchSeqs,
       minPrefillTokens: o.minPrefillTokens,
       prefillTile: tile,
