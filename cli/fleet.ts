@@ -127,7 +127,7 @@ export interface WorkerStatusSources {
     RuntimeStats,
     "pagesTotal" | "pagesAvailable" | "cachedPromptTokens" | "computedPromptTokens"
   >;
-  readonly restore: Pick<RestoreStats, "chunks" | "bytes">;
+  readonly restore: Pick<RestoreStats, "chunks" | "bytes" | "tokens">;
   readonly checkpoint: Pick<CheckpointStats, "chunksPublished">;
   readonly catalogOffset: number;
   readonly logEnd: number;
@@ -145,7 +145,8 @@ export interface WorkerStatusSources {
  */
 export function workerStatus(s: WorkerStatusSources): WorkerStatus {
   const r = s.restore;
-  const restoredTokens = (r.chunks.ram + r.chunks.ssd + r.chunks.peer + r.chunks.s3) * s.chunkTokens;
+  // Rows restores filled (a chunk partly resident already fills fewer than chunkTokens).
+  const restoredTokens = r.tokens.ram + r.tokens.ssd + r.tokens.peer + r.tokens.s3;
   return {
     totalPages: s.runtime.pagesTotal as WorkerStatus["totalPages"],
     residentPages: Math.max(

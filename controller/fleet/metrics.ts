@@ -1,3 +1,4 @@
+import type { WorkerStatus } from "../../schema/control.ts";
 import { liveWorkers } from "../heartbeat-view.ts";
 import { CounterView, Gauge, type Registry } from "../metrics.ts";
 import type { HubCounters, WorkerHub } from "./hub.ts";
@@ -15,7 +16,19 @@ import type { FleetCounters } from "./service.ts";
  *   continuum_worker_connections_total{outcome} accepted sockets, refused
  *       upgrades (bad credential, full), sockets closed for a bad frame;
  *   continuum_workers{state}                   live (fresh heartbeat) and connected now;
- *   continuum_catalog_offset                   transactions applied to the controller's replica.
+ *   continuum_catalog_offset                   transactions applied to the controller's replica;
+ *
+ * and the workers' own cache figures, from the status each sends with its
+ * heartbeats (cumulative per worker process), summed over the workers whose
+ * newest heartbeat the hub holds — so these are gauges: a worker that leaves
+ * takes its counts with it:
+ *
+ *   continuum_fleet_restored_chunks{tier}      chunks restored into pages, by the tier that served them
+ *   continuum_fleet_restored_bytes{tier}       their bytes
+ *   continuum_fleet_prompt_tokens{source}      prompt tokens served from own resident pages, or computed
+ *
+ * (continuum_cache_tokens{source}, from the service, counts what the router
+ * planned per completed request; these count what the workers did.)
  *
  * Every label value is one of the fixed names below, never a request or worker id.
  */
@@ -39,6 +52,22 @@ const ASSIGNMENT_EVENTS: ReadonlyArray<readonly [string, keyof FleetCounters]> =
   ["failed", "failed"],
   ["refused_no_worker", "refusedNoWorker"],
 ];
+
+const TIERS = ["ram", "ssd", "peer", "s3"] as const;
+
+/** Statuses of the workers whose newest heartbeat the hub holds (and that report one). */
+function statuses(hub: FleetMetricSources["hub"]): WorkerStatus[] {
+  const out: WorkerStatus[] = [];
+  for (const e of hub.view.entries.values()) if (e.heartbeat?.status) out.push(e.heartbeat.status);
+  return out;
+}
+
+function sumByTier(
+  list: readonly WorkerStatus[],
+  pick: (s: WorkerStatus) => Readonly<Record<(typeof TIERS)[number], number>>,
+): ReadonlyArray<readonly [{ tier: string }, number]> {
+  return TIERS.map((tier) => [{ tier }, list.reduce((a, s) => a + pick(s)[tier], 0)] as const);
+}
 
 export function registerFleetMetrics(registry: Registry, src: FleetMetricSources): void {
   const { hub, service } = src;
@@ -82,6 +111,33 @@ export function registerFleetMetrics(registry: Registry, src: FleetMetricSources
       [{ state: "live" }, liveWorkers(hub.view, hub.nowMs(), src.heartbeatTtlMs).length],
       [{ state: "connected" }, hub.connectedWorkers().length],
     ]),
+  );
+  registry.add(
+    new Gauge(
+      "continuum_fleet_restored_chunks",
+      "Chunks the workers restored into pages, by the tier that served them (sum of their heartbeat status).",
+      () => sumByTier(statuses(hub), (s) => s.restoredChunks),
+    ),
+  );
+  registry.add(
+    new Gauge(
+      "continuum_fleet_restored_bytes",
+      "Bytes the workers restored into pages, by tier (sum of their heartbeat status).",
+      () => sumByTier(statuses(hub), (s) => s.restoredBytes),
+    ),
+  );
+  registry.add(
+    new Gauge(
+      "continuum_fleet_prompt_tokens",
+      "Prompt tokens the workers served from their own resident pages or computed (sum of their heartbeat status).",
+      () => {
+        const list = statuses(hub);
+        return [
+          [{ source: "resident" }, list.reduce((a, s) => a + s.residentHitTokens, 0)],
+          [{ source: "computed" }, list.reduce((a, s) => a + s.computedTokens, 0)],
+        ];
+      },
+    ),
   );
   const offset = src.catalogOffset;
   if (offset)

@@ -15,6 +15,7 @@ import {
   type Offer,
   ResultMessage,
   TokensMessage,
+  type WorkerStatus,
 } from "../../schema/control.ts";
 import { silentLogger } from "../../schema/log.ts";
 import { encodeMessage } from "../../schema/wire.ts";
@@ -85,8 +86,13 @@ class FakeWorker {
     return w;
   }
 
-  heartbeat(): void {
-    this.ws.send(encodeMessage(HeartbeatMessage, heartbeat(this.id, { sequence: ++this.seq })));
+  heartbeat(status?: WorkerStatus): void {
+    this.ws.send(
+      encodeMessage(
+        HeartbeatMessage,
+        heartbeat(this.id, { sequence: ++this.seq, ...(status ? { status } : {}) }),
+      ),
+    );
   }
   decline(o: Offer): void {
     this.ws.send(
@@ -259,6 +265,39 @@ describe("the fleet controller's /metrics", () => {
     m = await scrape();
     expect(m.get("continuum_heartbeats_expired_total")).toBe(2);
     expect(m.get('continuum_workers{state="live"}')).toBe(0);
+  });
+
+  it("sums the cache hits by tier that workers report in their heartbeats, and drops a worker's when it leaves", async () => {
+    const status = (ssd: number, peer: number, resident: number): WorkerStatus =>
+      ({
+        totalPages: 100,
+        residentPages: 10,
+        residentHitTokens: resident,
+        computedTokens: 50,
+        restoredChunks: { ram: 0, ssd, peer, s3: 0 },
+        restoredBytes: { ram: 0, ssd: ssd * 1000, peer: peer * 1000, s3: 0 },
+        publishedChunks: 0,
+        publishedBytes: 0,
+        catalogOffset: 0,
+        catalogLag: 0,
+      }) as WorkerStatus;
+    const a = await FakeWorker.connect("w1");
+    const b = await FakeWorker.connect("w2");
+    a.heartbeat(status(2, 0, 16));
+    b.heartbeat(status(1, 3, 32));
+    await until("both statuses", () => hub.counters.heartbeatsAccepted === 4);
+    let m = await scrape();
+    expect(m.get('continuum_fleet_restored_chunks{tier="ssd"}')).toBe(3);
+    expect(m.get('continuum_fleet_restored_chunks{tier="peer"}')).toBe(3);
+    expect(m.get('continuum_fleet_restored_chunks{tier="s3"}')).toBe(0);
+    expect(m.get('continuum_fleet_restored_bytes{tier="peer"}')).toBe(3000);
+    expect(m.get('continuum_fleet_prompt_tokens{source="resident"}')).toBe(48);
+    expect(m.get('continuum_fleet_prompt_tokens{source="computed"}')).toBe(100);
+    b.ws.close();
+    await until("w2 gone", () => hub.connectedWorkers().length === 1);
+    m = await scrape();
+    expect(m.get('continuum_fleet_restored_chunks{tier="ssd"}')).toBe(2);
+    expect(m.get('continuum_fleet_restored_chunks{tier="peer"}')).toBe(0);
   });
 
   it("counts a refused worker upgrade", async () => {
