@@ -68,11 +68,14 @@ export interface WriterLease {
   readonly proposalsOffset: number;
   /**
    * Delivers uncommitted proposals in batches (offsets increasing from
-   * `proposalsOffset`); for each, commits the handler's result together with
-   * "consumed up to the batch's last offset + 1" atomically, then delivers the
-   * next. Resolves after stop(); rejects when the lease is lost (fenced,
-   * transport failure, handler error) — nothing of the failed batch is
-   * visible then.
+   * `proposalsOffset`) and commits the results of one or more consecutive
+   * handler calls together with "consumed up to their last proposal + 1"
+   * atomically, in order. An implementation may pipeline: call the handler
+   * for the next batches while the previous commit is in flight (so the
+   * handler's state can run ahead of what is committed). Resolves after
+   * stop(); rejects when the lease is lost (fenced, transport failure,
+   * handler error) — nothing of an uncommitted batch is visible then, and
+   * the holder must discard state derived from batches not yet committed.
    */
   run(handler: (proposals: readonly LogRecord[]) => Promise<WriterCommit> | WriterCommit): Promise<void>;
   /** Stops delivering; the batch in progress finishes its commit first. Idempotent. */

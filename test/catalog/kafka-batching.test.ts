@@ -1,0 +1,218 @@
+import { randomUUID } from "node:crypto";
+import { Kafka, logLevel } from "kafkajs";
+import { afterAll, describe, expect, it } from "vitest";
+import type { LogRecord, WriterCommit } from "../../catalog/log.ts";
+import {
+  type BatchLimits,
+  checkBatchLimits,
+  groupBy,
+  KafkaLog,
+  type KafkaTopics,
+  nextGroupSize,
+} from "../../catalog/log-kafka.ts";
+import { bytes, collect, kafkaBrokers, text, uniqueTopics, until } from "../catalog-log/helpers.ts";
+
+/**
+ * The bounds of the Kafka log's two batchers: the proposer's group commit
+ * (proposals per produce request) and the writer's transactions (proposals
+ * decided into one Kafka transaction, pipelined: group k+1 is decided while
+ * k commits). Pure grouping logic first, then against the real broker.
+ */
+
+const cleanups: Array<() => Promise<void>> = [];
+afterAll(async () => {
+  for (const c of cleanups.reverse()) await c().catch(() => undefined);
+});
+
+/** Deterministic sizes (a 32-bit LCG) so a failure reproduces. */
+function sizes(n: number, seed: number, max: number): number[] {
+  let x = seed >>> 0;
+  return Array.from({ length: n }, () => {
+    x = (Math.imul(x, 1664525) + 1013904223) >>> 0;
+    return 1 + (x % max);
+  });
+}
+
+describe("record grouping (pure)", () => {
+  it("every group holds 1..maxRecords records, stays within maxBytes unless one record alone exceeds it, and the groups concatenate to the input", () => {
+    for (const [seed, limits] of [
+      [1, { maxRecords: 7, maxBytes: 1_000 }],
+      [2, { maxRecords: 1, maxBytes: 10 }],
+      [3, { maxRecords: 500, maxBytes: 300 }],
+      [4, { maxRecords: 3, maxBytes: 1 << 20 }],
+    ] as const) {
+      const items = sizes(2_000, seed, 400).map((size, i) => ({ i, size }));
+      const groups = groupBy(items, (t) => t.size, limits);
+      for (const g of groups) {
+        expect(g.length).toBeGreaterThanOrEqual(1);
+        expect(g.length).toBeLessThanOrEqual(limits.maxRecords);
+        const total = g.reduce((s, t) => s + t.size, 0);
+        if (g.length > 1) expect(total).toBeLessThanOrEqual(limits.maxBytes);
+      }
+      expect(groups.flat().map((t) => t.i)).toEqual(items.map((t) => t.i));
+    }
+  });
+
+  it("fills a group as far as the bounds allow (greedy), and a record over maxBytes goes alone", () => {
+    const limits: BatchLimits = { maxRecords: 4, maxBytes: 100 };
+    expect(nextGroupSize([10, 10, 10, 10, 10], 0, limits)).toBe(4);
+    expect(nextGroupSize([60, 40, 1], 0, limits)).toBe(2);
+    expect(nextGroupSize([60, 41], 0, limits)).toBe(1);
+    expect(nextGroupSize([500, 1], 0, limits)).toBe(1);
+    expect(nextGroupSize([1, 500], 0, limits)).toBe(1);
+    expect(nextGroupSize([1, 2, 3], 3, limits)).toBe(0);
+  });
+
+  it("refuses bounds that are not positive integers, naming the field", () => {
+    expect(() => checkBatchLimits("writerTx", { maxRecords: 0, maxBytes: 1 })).toThrow(
+      /writerTx\.maxRecords must be a positive integer, got 0/,
+    );
+    expect(() => checkBatchLimits("proposalSend", { maxRecords: 2, maxBytes: 1.5 })).toThrow(
+      /proposalSend\.maxBytes must be a positive integer, got 1\.5/,
+    );
+  });
+});
+
+function admin() {
+  return new Kafka({
+    clientId: "batching-test",
+    brokers: kafkaBrokers(),
+    logLevel: logLevel.NOTHING,
+  }).admin();
+}
+
+/** The partition offsets of every committed record of `topic` (a read_committed consumer; markers take offsets but are not records). */
+async function committedPartitionOffsets(topic: string, count: number): Promise<number[]> {
+  const kafka = new Kafka({ clientId: "batching-test", brokers: kafkaBrokers(), logLevel: logLevel.NOTHING });
+  const consumer = kafka.consumer({ groupId: `batching-test.${randomUUID()}`, readUncommitted: false });
+  const offsets: number[] = [];
+  await consumer.connect();
+  try {
+    await consumer.subscribe({ topic, fromBeginning: true });
+    await consumer.run({
+      eachBatch: async ({ batch }) => {
+        for (const m of batch.messages) offsets.push(Number(m.offset));
+      },
+    });
+    await until(() => offsets.length >= count);
+  } finally {
+    await consumer.disconnect();
+  }
+  return offsets;
+}
+
+/** Runs of consecutive partition offsets: in a transactional topic each run is one transaction (its commit marker takes the next offset). */
+function runs(offsets: readonly number[]): number[] {
+  const out: number[] = [];
+  for (let i = 0; i < offsets.length; i++) {
+    if (i > 0 && offsets[i] === offsets[i - 1]! + 1) out[out.length - 1]!++;
+    else out.push(1);
+  }
+  return out;
+}
+
+/** Every proposal "x" becomes tx "tx:x". */
+function echo(proposals: readonly LogRecord[]): WriterCommit {
+  return { tx: proposals.map((p) => bytes(`tx:${text(p.bytes)}`)), rejections: [] };
+}
+
+async function open(topics: KafkaTopics, extra: Partial<Parameters<typeof KafkaLog.open>[0]> = {}) {
+  const log = await KafkaLog.open({ brokers: kafkaBrokers(), clientId: "batching-test", topics, ...extra });
+  cleanups.push(() => log.close());
+  return log;
+}
+
+describe("Kafka log batching (real broker)", () => {
+  it("a bad batch bound is refused before anything is created", async () => {
+    const topics = uniqueTopics();
+    await expect(
+      KafkaLog.open({
+        brokers: kafkaBrokers(),
+        clientId: "batching-test",
+        topics,
+        writerTx: { maxRecords: -1, maxBytes: 1 << 20 },
+      }),
+    ).rejects.toThrow(/writerTx\.maxRecords must be a positive integer, got -1/);
+    const a = admin();
+    await a.connect();
+    try {
+      expect(await a.listTopics()).not.toContain(topics.proposals);
+    } finally {
+      await a.disconnect();
+    }
+  });
+
+  it("proposer: no produce request exceeds its bounds, and every acknowledged proposal is in the topic", async () => {
+    const topics = uniqueTopics();
+    const limits = { maxRecords: 7, maxBytes: 1_500 };
+    const sends: Array<{ proposals: number; bytes: number }> = [];
+    const log = await open(topics, {
+      proposalSend: limits,
+      onProposalSend: (proposals, b) => sends.push({ proposals, bytes: b }),
+    });
+    const payloads = sizes(100, 7, 400).map((n, i) => `${i}:${"x".repeat(n)}`);
+    payloads.push(`big:${"y".repeat(3_000)}`);
+    await Promise.all(payloads.map((p) => log.propose(bytes(p))));
+    expect(sends.reduce((s, x) => s + x.proposals, 0)).toBe(payloads.length);
+    for (const s of sends) {
+      expect(s.proposals).toBeLessThanOrEqual(limits.maxRecords);
+      if (s.proposals > 1) expect(s.bytes).toBeLessThanOrEqual(limits.maxBytes);
+    }
+    // Proposed together, they are grouped: far fewer requests than proposals.
+    expect(sends.length).toBeLessThan(payloads.length / 2);
+    const a = admin();
+    await a.connect();
+    try {
+      const [p] = await a.fetchTopicOffsets(topics.proposals);
+      expect(Number(p!.high)).toBe(payloads.length);
+    } finally {
+      await a.disconnect();
+    }
+  });
+
+  it("writer: no transaction holds more than writerTx.maxRecords proposals; records are dense and each proposal appears once", async () => {
+    const topics = uniqueTopics();
+    const log = await open(topics, { writerTx: { maxRecords: 5, maxBytes: 1 << 20 } });
+    const n = 63;
+    await Promise.all(Array.from({ length: n }, (_, i) => log.propose(bytes(`p${i}`))));
+    const lease = await log.acquireWriter();
+    const running = lease.run(echo);
+    await until(async () => (await log.endOffset()) >= n);
+    await lease.stop();
+    await running;
+    const records = await collect(log, 0, n);
+    expect(records.map((r) => r.offset)).toEqual(Array.from({ length: n }, (_, i) => i));
+    expect(records.map((r) => text(r.bytes))).toEqual(Array.from({ length: n }, (_, i) => `tx:p${i}`));
+    const txns = runs(await committedPartitionOffsets(topics.tx, n));
+    expect(txns.reduce((s, x) => s + x, 0)).toBe(n);
+    for (const size of txns) expect(size).toBeLessThanOrEqual(5);
+    expect(txns.length).toBeGreaterThanOrEqual(Math.ceil(n / 5));
+  });
+
+  it("writer: a handler failure while the previous transaction commits leaves only whole transactions; the next lease resumes after the last", async () => {
+    const topics = uniqueTopics();
+    const log = await open(topics, { writerTx: { maxRecords: 5, maxBytes: 1 << 20 } });
+    const n = 40;
+    for (let i = 0; i < n; i++) await log.propose(bytes(i === 23 ? "boom" : `p${i}`));
+    const failing = await log.acquireWriter();
+    await expect(
+      failing.run((proposals) => {
+        if (proposals.some((p) => text(p.bytes) === "boom")) throw new Error("writer crashed mid-pipeline");
+        return echo(proposals);
+      }),
+    ).rejects.toThrow(/writer crashed mid-pipeline/);
+    await failing.stop();
+    const next = await log.acquireWriter();
+    // Groups are [0,5), [5,10), …; the one holding offset 23 ([20,25)) never commits; the one before it may or may not have.
+    expect([15, 20]).toContain(next.txEnd);
+    expect(next.proposalsOffset).toBe(next.txEnd);
+    const running = next.run(echo);
+    await until(async () => (await log.endOffset()) >= n);
+    await next.stop();
+    await running;
+    const records = await collect(log, 0, n);
+    expect(records.map((r) => text(r.bytes))).toEqual(
+      Array.from({ length: n }, (_, i) => (i === 23 ? "tx:boom" : `tx:p${i}`)),
+    );
+  });
+});
