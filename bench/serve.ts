@@ -28,6 +28,11 @@ import { type Bench, percentile, round } from "./contract.ts";
  *    inter-token latency, throughput and the prompt tokens served from
  *    cached prefix pages.
  *
+ * 4. In-flight prefix sharing: 16 requests with one long system prompt
+ *    (1024 tokens; quick 256) and a unique 16-token suffix arrive at once;
+ *    the prompt tokens the engine computed against those of 16 separate
+ *    prompts, and the TTFT.
+ *
  * Every request samples (temperature 0.8, top-k 40, top-p 0.95) with a fixed
  * seed and never stops early, so each generates exactly its max tokens.
  * The model is generated once under .continuum/models/small (seed 0, shared
@@ -462,6 +467,29 @@ const QUICK: Sizes = {
 
 const mean = (r: readonly [number, number]) => (r[0] + r[1]) / 2;
 
+const BURST = 16;
+const BURST_SUFFIX = 16;
+
+/** BURST requests sharing one `system`-token prompt, submitted at once; the prompt rows the runtime computed. */
+async function burst(s: Session, vocab: number, system: number, gen: number) {
+  const rng = new Rng(seedRng(4, "bench-serve-burst"));
+  const shared = tokens(rng, system, vocab);
+  const computed = s.rt.stats().computedPromptTokens;
+  const traces = await Promise.all(
+    Array.from(
+      { length: BURST },
+      (_, i) => s.submit(`b${i}`, [...shared, ...tokens(rng, BURST_SUFFIX, vocab)], gen).trace,
+    ),
+  );
+  checkEnds(traces, "burst");
+  return {
+    computed: s.rt.stats().computedPromptTokens - computed,
+    prompt: BURST * (system + BURST_SUFFIX),
+    shared: s.rt.stats().sharedInFlightTokens,
+    ttft: traces.map((t) => t.tokenAt[0]! - t.submittedAt),
+  };
+}
+
 const bench: Bench = {
   summary:
     "worker runtime on the small preset: batching gain, prefill interference, Poisson load with shared prefixes",
@@ -572,6 +600,17 @@ const bench: Bench = {
       figures.max_in_flight = pv.maxRunning;
       figures.poisson_wall_s = round(pv.wallS);
       figures.poisson_engine_busy_fraction = round(pm.deviceMs / p.wallMs);
+      const system = quick ? 256 : 1024;
+      const b = (await part((s) => burst(s, vocab, system, 4))).value;
+      log(
+        `burst: ${BURST} prompts sharing a ${system}-token prefix, ${b.computed} of ${b.prompt} prompt tokens computed, ${b.shared} shared in flight; TTFT p50 ${round(percentile(b.ttft, 50))} ms`,
+      );
+      figures.burst_computed_prompt_tokens = b.computed;
+      figures.burst_prompt_tokens = b.prompt;
+      figures.burst_shared_in_flight_tokens = b.shared;
+      figures.burst_ttft_p50_ms = round(percentile(b.ttft, 50));
+      figures.burst_ttft_p99_ms = round(percentile(b.ttft, 99));
+      ratios.burst_computed_over_prompt_tokens = round(b.computed / b.prompt);
       return {
         figures,
         ratios,
@@ -589,6 +628,12 @@ const bench: Bench = {
             long_prompt_tokens: LONG_PROMPT,
             phases: iv.phases,
             itl_samples: { on: iv.on.length, off: iv.off.length },
+          },
+          burst: {
+            requests: BURST,
+            shared_prefix_tokens: system,
+            suffix_tokens: BURST_SUFFIX,
+            gen_tokens: 4,
           },
           poisson: {
             requests: z.requests,
