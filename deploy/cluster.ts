@@ -2,6 +2,7 @@ import { execFile, spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { closeSync, existsSync, openSync, readFileSync } from "node:fs";
 import { mkdir, readFile, rm, writeFile } from "node:fs/promises";
+import { connect } from "node:net";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
@@ -50,6 +51,8 @@ export interface ClusterState {
   readonly configPath: string;
   readonly kafka: { readonly port: number; readonly dir: string; readonly brokers: string };
   readonly s3: { readonly port: number; readonly data: string; readonly endpoint: string };
+  /** The broker and S3 server were running already (UpOptions.services): `down` leaves them running. */
+  readonly externalServices?: boolean;
   readonly api: string;
   readonly workerSocket: string;
   /** In start order; `down` stops them in reverse. */
@@ -66,6 +69,67 @@ export interface UpOptions {
   /** Bound on each readiness wait. */
   readonly readyTimeoutMs: number;
   readonly progress: (line: string) => void;
+  /**
+   * A broker and S3 server already running (on this machine), used instead of
+   * starting them: several fleets in turn on one pair (bench cluster), each
+   * with its own catalog topics and bucket from the config.
+   */
+  readonly services?: RunningServices;
+}
+
+export interface RunningServices {
+  /** host:port, a broker on 127.0.0.1 */
+  readonly brokers: string;
+  /** http://127.0.0.1:port */
+  readonly s3Endpoint: string;
+}
+
+/**
+ * The Kafka broker and the S3 server through their deploy scripts, as
+ * `cluster up` starts them; stop() stops both (S3 first).
+ */
+export async function startServices(o: {
+  dir: string;
+  kafkaPort: number;
+  s3Port: number;
+  progress: (line: string) => void;
+}): Promise<RunningServices & { stop(): Promise<void> }> {
+  const kafkaDir = join(o.dir, "kafka");
+  const s3Data = join(o.dir, "s3");
+  const brokers = `127.0.0.1:${o.kafkaPort}`;
+  const s3Endpoint = `http://127.0.0.1:${o.s3Port}`;
+  const stop = async () => {
+    await script(S3_SH, ["stop", "--port", String(o.s3Port)], 60_000).catch(() => undefined);
+    await script(KAFKA_SH, ["stop", "--dir", kafkaDir], 60_000).catch(() => undefined);
+  };
+  try {
+    o.progress(`kafka: starting on ${brokers} (data ${kafkaDir})`);
+    await script(KAFKA_SH, ["start", "--port", String(o.kafkaPort), "--dir", kafkaDir], 600_000);
+    o.progress(`s3: starting on ${s3Endpoint} (data ${s3Data})`);
+    await script(S3_SH, ["start", "--port", String(o.s3Port), "--data", s3Data], 600_000);
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+  return { brokers, s3Endpoint, stop };
+}
+
+/** Whether something accepts TCP connections on 127.0.0.1:port (bounded: 5 s). */
+function listening(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const sock = connect({ host: "127.0.0.1", port, timeout: 5_000 });
+    const done = (up: boolean) => {
+      sock.destroy();
+      resolve(up);
+    };
+    sock.once("connect", () => done(true));
+    sock.once("error", () => done(false));
+    sock.once("timeout", () => done(false));
+  });
+}
+
+function portOf(hostPort: string): number {
+  return Number(hostPort.slice(hostPort.lastIndexOf(":") + 1));
 }
 
 export const MAX_WORKERS = 16;
@@ -210,8 +274,9 @@ export async function clusterUp(o: UpOptions): Promise<ClusterState> {
   await mkdir(logs, { recursive: true });
   const kafkaDir = join(o.dir, "kafka");
   const s3Data = join(o.dir, "s3");
-  const brokers = `127.0.0.1:${o.kafkaPort}`;
-  const s3Endpoint = `http://127.0.0.1:${o.s3Port}`;
+  const ext = o.services;
+  const brokers = ext?.brokers ?? `127.0.0.1:${o.kafkaPort}`;
+  const s3Endpoint = ext?.s3Endpoint ?? `http://127.0.0.1:${o.s3Port}`;
   const config = fleetConfig(o.config, {
     dir: o.dir,
     brokers,
@@ -226,19 +291,24 @@ export async function clusterUp(o: UpOptions): Promise<ClusterState> {
     dir: o.dir,
     startedAt: new Date().toISOString(),
     configPath,
-    kafka: { port: o.kafkaPort, dir: kafkaDir, brokers },
-    s3: { port: o.s3Port, data: s3Data, endpoint: s3Endpoint },
+    kafka: { port: ext ? portOf(brokers) : o.kafkaPort, dir: kafkaDir, brokers },
+    s3: { port: ext ? portOf(s3Endpoint) : o.s3Port, data: s3Data, endpoint: s3Endpoint },
+    ...(ext ? { externalServices: true } : {}),
     api: `http://${c.host}:${c.httpPort}`,
     workerSocket: `ws://${c.host}:${c.workerPort}`,
     processes: [...processes],
   });
   const save = () => writeFile(statePath(o.dir), `${JSON.stringify(state(), null, 2)}\n`);
   try {
-    o.progress(`kafka: starting on ${brokers} (data ${kafkaDir})`);
     await save();
-    await script(KAFKA_SH, ["start", "--port", String(o.kafkaPort), "--dir", kafkaDir], 600_000);
-    o.progress(`s3: starting on ${s3Endpoint} (data ${s3Data})`);
-    await script(S3_SH, ["start", "--port", String(o.s3Port), "--data", s3Data], 600_000);
+    if (ext) {
+      o.progress(`kafka ${brokers} and s3 ${s3Endpoint}: already running, used as they are`);
+    } else {
+      o.progress(`kafka: starting on ${brokers} (data ${kafkaDir})`);
+      await script(KAFKA_SH, ["start", "--port", String(o.kafkaPort), "--dir", kafkaDir], 600_000);
+      o.progress(`s3: starting on ${s3Endpoint} (data ${s3Data})`);
+      await script(S3_SH, ["start", "--port", String(o.s3Port), "--data", s3Data], 600_000);
+    }
     const add = (name: string, role: Role, env: Record<string, string> = {}) => {
       const p = spawnRole(name, role, configPath, logs, env);
       processes.push(p);
@@ -311,6 +381,11 @@ export async function clusterDown(state: ClusterState, progress: (line: string) 
     const how = await stopProcess(p.pid, 15_000);
     progress(`${p.name}: ${how}`);
   }
+  if (state.externalServices) {
+    progress("kafka and s3: left running (they were running before this cluster)");
+    await rm(statePath(state.dir), { force: true });
+    return;
+  }
   try {
     await script(S3_SH, ["stop", "--port", String(state.s3.port)], 60_000);
     progress("s3: stopped");
@@ -370,10 +445,15 @@ export async function clusterStatus(state: ClusterState): Promise<ClusterStatus>
       () => true,
       () => false,
     );
-  const [kafka, s3] = await Promise.all([
-    ok(script(KAFKA_SH, ["status", "--port", String(state.kafka.port), "--dir", state.kafka.dir], 30_000)),
-    ok(script(S3_SH, ["status", "--port", String(state.s3.port)], 30_000)),
-  ]);
+  // Services this cluster did not start are only checked for a listening port.
+  const [kafka, s3] = state.externalServices
+    ? await Promise.all([listening(state.kafka.port), listening(state.s3.port)])
+    : await Promise.all([
+        ok(
+          script(KAFKA_SH, ["status", "--port", String(state.kafka.port), "--dir", state.kafka.dir], 30_000),
+        ),
+        ok(script(S3_SH, ["status", "--port", String(state.s3.port)], 30_000)),
+      ]);
   let controllerHealthy = false;
   let metrics: Record<string, number> = {};
   let fleet: FleetWorkerView[] = [];

@@ -8,6 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { runQuery } from "../../catalog/console.ts";
 import { KafkaLog } from "../../catalog/log-kafka.ts";
 import { Replica } from "../../catalog/replica.ts";
+import { planChain } from "../../controller/candidates.ts";
 import {
   alive,
   type ClusterProcess,
@@ -24,6 +25,7 @@ import {
 import { ProposalMsg, TxMsg } from "../../schema/catalog.ts";
 import { type Config, resolveConfig } from "../../schema/config.ts";
 import { contentId } from "../../schema/identity.ts";
+import type { ModelFingerprint } from "../../schema/ids.ts";
 import { decodeMessage, encodeMessage } from "../../schema/wire.ts";
 import { S3Tier } from "../../worker/store/s3.ts";
 import { collect, leaseProposal } from "../catalog-log/helpers.ts";
@@ -49,11 +51,21 @@ let state: ClusterState;
 /** The live process list (a restarted controller replaces its entry). */
 let procs: ClusterProcess[];
 let config: Config;
+let fingerprint: ModelFingerprint;
 let client: OpenAI;
 const progress: string[] = [];
 
 function proc(name: string): ClusterProcess {
   return procs.find((p) => p.name === name)!;
+}
+
+/** How many of these catalog nodes have a ready S3 replica. */
+async function s3ReadyOf(nodes: readonly string[]): Promise<number> {
+  const rows = (await catalogQuery(
+    '[:find ?n :where [?r :replica/tier "s3"] [?r :replica/state "ready"] [?r :replica/chunk ?c] [?c :chunk/node ?n]]',
+  )) as [string][];
+  const want = new Set(nodes);
+  return rows.filter(([n]) => want.has(n)).length;
 }
 
 function controller(): ClusterProcess {
@@ -161,6 +173,10 @@ beforeAll(async () => {
     progress: (l) => progress.push(l),
   });
   procs = [...state.processes];
+  const ready = logEvents(state.processes.find((p) => p.role === "controller")!.log).find(
+    (l) => l.event === "controller.ready",
+  );
+  fingerprint = ready!.fingerprint as ModelFingerprint;
   client = new OpenAI({ baseURL: `${state.api}/v1`, apiKey: "unused", maxRetries: 0, timeout: 60_000 });
 }, 300_000);
 
@@ -185,6 +201,17 @@ describe("fleet faults (cluster up: real Kafka, real S3, real processes)", () =>
     ]);
     expect(s.workers).toEqual({ "worker-0": "connected", "worker-1": "connected" });
     expect(s.metrics.continuum_pages_total).toBe(280);
+    // Per worker, from its heartbeats through the controller: pages, hits by tier, its catalog replica.
+    expect(s.fleet.map((w) => [w.workerId, w.live, w.status?.totalPages])).toEqual([
+      ["worker-0", true, 140],
+      ["worker-1", true, 140],
+    ]);
+    for (const w of s.fleet) {
+      expect(w.freePages).toBe(140);
+      expect(w.status!.residentPages).toBe(0);
+      expect(w.status!.restoredChunks).toEqual({ ram: 0, ssd: 0, peer: 0, s3: 0 });
+      expect(w.status!.catalogOffset).toBeGreaterThan(0);
+    }
   });
 
   it("kill -9 of a worker mid-decode: the stream fails naming the loss, the worker is dropped, and its S3 chunks restore bit-exact on the survivor", async () => {
@@ -282,6 +309,15 @@ describe("fleet faults (cluster up: real Kafka, real S3, real processes)", () =>
       return n >= 10 ? n : undefined;
     });
     expect(kept).toBeGreaterThanOrEqual(10);
+    // `cluster status` shows the survivor's restore by tier (its next heartbeat carries it).
+    const restored = await until("the survivor's status showing its S3 restore", async () => {
+      const w = (await clusterStatus({ ...state, processes: procs })).fleet.find(
+        (f) => f.workerId === survivor,
+      );
+      return w?.status && w.status.restoredChunks.s3 >= 10 ? w.status : undefined;
+    });
+    expect(restored.restoredBytes.s3).toBeGreaterThan(0);
+    expect(restored.residentPages).toBeGreaterThan(0);
 
     expect(await catalogMatchesS3()).toBeGreaterThanOrEqual(10);
   }, 180_000);
@@ -459,7 +495,7 @@ describe("fleet faults (cluster up: real Kafka, real S3, real processes)", () =>
     expect(await catalogMatchesS3()).toBeGreaterThanOrEqual(readyBefore);
   }, 300_000);
 
-  it("stopped S3: requests still complete, and nothing that did not reach S3 is marked ready there", async () => {
+  it("stopped S3: requests still complete, nothing that did not reach S3 is marked ready there, and writes resume when it returns", async () => {
     const s3Ready = '[:find (count ?r) . :where [?r :replica/tier "s3"] [?r :replica/state "ready"]]';
     const readyBefore = Number(await catalogQuery(s3Ready));
     await exec("bash", ["deploy/s3proxy.sh", "stop", "--port", String(state.s3.port)], {
@@ -472,6 +508,9 @@ describe("fleet faults (cluster up: real Kafka, real S3, real processes)", () =>
       const r = await client.completions.create({ model: "tiny", prompt, max_tokens: 2, temperature: 0 });
       expect(r.choices).toHaveLength(1);
     }
+    // Nothing of the outage's prefix is ready in S3: its upload never succeeded.
+    const outageNodes = planChain(fingerprint, prompt, config.pages.chunkTokens).map((b) => b.nodeId);
+    expect(await s3ReadyOf(outageNodes)).toBe(0);
     await exec(
       "bash",
       ["deploy/s3proxy.sh", "start", "--port", String(state.s3.port), "--data", state.s3.data],
@@ -480,14 +519,26 @@ describe("fleet faults (cluster up: real Kafka, real S3, real processes)", () =>
         timeout: 120_000,
       },
     );
-    const after = await client.completions.create({
-      model: "tiny",
-      prompt: tokens(600, 43),
-      max_tokens: 2,
-      temperature: 0,
+    // Writes resume. A worker captures a new prefix when its admission expects
+    // the capture to pay, and else, after at most 8 declines in a row, as a
+    // probe that re-measures the cost (worker/checkpoint/admission.ts); so of
+    // 2 × (8 + 1) + 1 new prefixes over two workers, some are captured. Their
+    // chunks are uploaded to the returned S3 and published as ready there.
+    const fresh: string[][] = [];
+    for (let i = 0; i < 19; i++) {
+      const p = tokens(600, 100 + i);
+      const r = await client.completions.create({ model: "tiny", prompt: p, max_tokens: 2, temperature: 0 });
+      expect(r.choices).toHaveLength(1);
+      fresh.push(planChain(fingerprint, p, config.pages.chunkTokens).map((b) => b.nodeId));
+    }
+    // A captured 600-token prompt has its 4 chunks of 128 uploaded and published, in chain order.
+    expect(fresh.every((nodes) => nodes.length === 4)).toBe(true);
+    const resumed = await until("a prefix computed after S3 returned, whole in S3", async () => {
+      const whole = [];
+      for (const nodes of fresh) if ((await s3ReadyOf(nodes)) === nodes.length) whole.push(nodes);
+      return whole.length > 0 ? whole.length * 4 : undefined;
     });
-    expect(after.choices).toHaveLength(1);
     // Every S3 replica the catalog calls ready, including any proposed during the outage, is in S3 and verifies.
-    expect(await catalogMatchesS3()).toBeGreaterThanOrEqual(readyBefore);
+    expect(await catalogMatchesS3()).toBeGreaterThanOrEqual(readyBefore + resumed);
   }, 300_000);
 });
