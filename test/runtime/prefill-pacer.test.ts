@@ -59,6 +59,10 @@ describe("PrefillPacer", () => {
     const base = p.baseMs();
     p.observe(8, 0, 150);
     expect(p.baseMs()).toBe(base);
+    // A stalled mixed step (the machine was busy): the tile stays.
+    const before = p.tile(true);
+    p.observe(8, before, 1000);
+    expect(p.tile(true)).toBe(before);
   });
 
   it("keeps modelled mixed steps within pace × the decode-only step on any linear cost", () => {

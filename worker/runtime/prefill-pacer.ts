@@ -17,10 +17,11 @@
  * its usual time or finish early:
  *   - baseMs is the median of the last `window` decode-only steps, so one
  *     slow step does not move it;
- *   - rowMs is the least-squares slope through the last `window` mixed
- *     steps, rowMs = Σ (msᵢ − baseMs) · Tᵢ / Σ Tᵢ², which weights each step
- *     by its rows instead of dividing one step's noise by a few rows (a
- *     2-row step 10 ms early would otherwise read as free rows);
+ *   - rowMs is the median over the last `window` mixed steps of
+ *     (msᵢ − baseMs) / Tᵢ (Tᵢ prefill rows), so neither a stalled step (which
+ *     would shrink the tile to its minimum for a whole window under a mean)
+ *     nor an early one (a 2-row step 10 ms early reads as free rows) moves
+ *     it;
  *   - the tile grows at most by `growth` per mixed step (⌈T_last · growth⌉),
  *     so no single early step can jump it to maxTile; it shrinks at once.
  * Until both costs are measured the tile is minTile: the first mixed steps
@@ -77,23 +78,20 @@ export class PrefillPacer {
 
   /** Median decode-only step, or null before any. */
   baseMs(): number | null {
-    const n = this.decodeMs.length;
-    if (n === 0) return null;
-    const s = [...this.decodeMs].sort((a, b) => a - b);
-    return n % 2 === 1 ? s[(n - 1) / 2]! : (s[n / 2 - 1]! + s[n / 2]!) / 2;
+    return this.decodeMs.length === 0 ? null : median(this.decodeMs);
   }
 
-  /** Least-squares marginal ms per prefill row over the window (≥ 0), or null before any mixed step. */
+  /** Median marginal ms per prefill row over the window (≥ 0), or null before any mixed step. */
   rowMs(baseMs: number): number | null {
     if (this.mixed.length === 0) return null;
-    let num = 0;
-    let den = 0;
-    for (const { rows, ms } of this.mixed) {
-      num += (ms - baseMs) * rows;
-      den += rows * rows;
-    }
-    return Math.max(0, num / den);
+    return Math.max(0, median(this.mixed.map(({ rows, ms }) => (ms - baseMs) / rows)));
   }
+}
+
+function median(xs: readonly number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  const n = s.length;
+  return n % 2 === 1 ? s[(n - 1) / 2]! : (s[n / 2 - 1]! + s[n / 2]!) / 2;
 }
 
 /** Appends to a window of at most `max` samples, dropping the oldest. */
