@@ -229,8 +229,12 @@ export class WorkerAgent {
     });
     socket.on("message", (data, isBinary) => this.onFrame(socket, data, isBinary));
     socket.on("unexpected-response", (_req, res) => {
-      // The controller refused the upgrade (e.g. 401: wrong secret).
+      // The controller refused the upgrade (e.g. 401: wrong secret). With this
+      // listener ws leaves the handshake open: abort it, so "close" follows and
+      // the agent retries with backoff (the controller's tokens may change).
       this.opts.log.log("error", "agent.refused", { status: res.statusCode, message: res.statusMessage });
+      res.resume();
+      socket.terminate();
     });
     socket.on("error", (err) => {
       this.opts.log.log("warn", "agent.socket_error", { message: err.message });
