@@ -487,8 +487,11 @@ export class WorkerRuntime {
     return {
       model: o.fingerprint,
       pageTokens: o.pageTokens,
+      // (Never below the decodes plus the minimum prefill hold, or the hold would defer decodes.)
       maxBatchTokens:
-        this.pacer && decodeLanes > 0 ? Math.min(o.maxBatchTokens, decodeLanes + tile) : o.maxBatchTokens,
+        this.pacer && decodeLanes > 0
+          ? Math.min(o.maxBatchTokens, decodeLanes + Math.max(tile, o.minPrefillTokens))
+          : o.maxBatchTokens,
       maxBatchSeqs: o.maxBatchSeqs,
       minPrefillTokens: o.minPrefillTokens,
       prefillTile: tile,
