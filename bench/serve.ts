@@ -323,8 +323,10 @@ interface Interference {
  * prefilled in tiles beside them, until its first token, or for `onSteps`
  * steps and then cancelled). Alternating within one run exposes both sides
  * to the same machine conditions, which on a shared machine drift more than
- * the effect being measured. A gap belongs to the phase its later token
- * arrived in.
+ * the effect being measured; for the same reason an "off" after an "on"
+ * lasts as many steps as that "on" did (up to `matchSteps`), so a long
+ * prefill is not compared with a short, luckier quiet window. A gap belongs
+ * to the phase its later token arrived in.
  */
 async function interference(
   s: Session,
@@ -332,6 +334,7 @@ async function interference(
   plan: readonly ("off" | "on")[],
   offSteps: number,
   onSteps: number,
+  matchSteps: number,
   decodeTokens: number,
 ): Promise<Interference> {
   const rng = new Rng(seedRng(1, "bench-serve-interference"));
@@ -343,11 +346,13 @@ async function interference(
   const windows: { kind: "on" | "off"; from: number; to: number }[] = [];
   let prefilled = 0;
   let prefillMs = 0;
+  let lastOnSteps = 0;
   for (const [i, kind] of plan.entries()) {
     const from = performance.now();
     const start = generated();
     if (kind === "off") {
-      await waitFor(() => generated() - start >= offSteps * DECODES);
+      const steps = Math.max(offSteps, Math.min(lastOnSteps, matchSteps));
+      await waitFor(() => generated() - start >= steps * DECODES);
     } else {
       const computed = s.rt.stats().computedPromptTokens;
       const long = s.submit(`long${i}`, tokens(rng, LONG_PROMPT, vocab), 8);
@@ -356,6 +361,7 @@ async function interference(
       prefillMs += performance.now() - from;
       long.cancel();
       await long.trace;
+      lastOnSteps = Math.ceil((generated() - start) / DECODES);
     }
     windows.push({ kind, from, to: performance.now() });
     if (decodes.some((d) => d.live.end !== "")) throw new Error("the decodes ended before the phases did");
@@ -558,7 +564,9 @@ const bench: Bench = {
       // Full: the decodes alone, then beside the whole long prompt, then alone again.
       const plan = quick ? (["off", "on", "off", "on", "off"] as const) : (["off", "on", "off"] as const);
       const offSteps = quick ? z.windowSteps : 100;
-      const w = await part((s) => interference(s, vocab, plan, offSteps, z.windowSteps, 2048));
+      // Decodes of 32 + 3500 tokens outlast 100 + ≤ 2044 (a 4088-token prompt at ≥ 2 rows a step)
+      // + 1300 steps, and their reservations (8 × 222 pages) leave the long prompt its 256 of 2048.
+      const w = await part((s) => interference(s, vocab, plan, offSteps, z.windowSteps, 1300, 3500));
       const iv = w.value;
       const ratio = percentile(iv.on, 99) / percentile(iv.off, 99);
       log(
