@@ -137,11 +137,10 @@ export interface WorkerStatusSources {
 
 /**
  * A worker's heartbeat status from its parts' counters (pure). The runtime
- * counts every cached prompt token, restored or resident; a restore brings
- * whole chunks, so resident hits = cached − Σ restored chunks × chunkTokens
- * (at least 0: a restore that started inside a resident chunk counts that
- * chunk's resident rows as restored). A published chunk's bytes are its
- * tokens' attention state, chunkTokens × kvBytesPerToken.
+ * counts every cached prompt token, restored or resident, and the restorer
+ * the rows its restores filled, so resident hits = cached − Σ restored rows
+ * (at least 0). A published chunk's bytes are its tokens' attention state,
+ * chunkTokens × kvBytesPerToken.
  */
 export function workerStatus(s: WorkerStatusSources): WorkerStatus {
   const r = s.restore;

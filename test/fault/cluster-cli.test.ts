@@ -5,7 +5,8 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { fleetConfig, parseMetrics, waitForLog, workersFromLog } from "../../deploy/cluster.ts";
+import { workerStatus } from "../../cli/fleet.ts";
+import { fleetConfig, parseMetrics, waitForLog, workerLines, workersFromLog } from "../../deploy/cluster.ts";
 import { resolveConfig } from "../../schema/config.ts";
 
 /**
@@ -84,6 +85,42 @@ describe("continuum cluster", () => {
         '# HELP continuum_pages_free Free KV pages.\ncontinuum_pages_free 280\ncontinuum_cache_tokens{source="s3"} 1280\nbad line x\n',
       ),
     ).toEqual({ continuum_pages_free: 280, 'continuum_cache_tokens{source="s3"}': 1280 });
+  });
+
+  it("builds a worker's status from its parts' counters and prints one line per worker", () => {
+    const status = workerStatus({
+      runtime: { pagesTotal: 140, pagesAvailable: 40, cachedPromptTokens: 2000, computedPromptTokens: 700 },
+      restore: {
+        chunks: { ram: 1, ssd: 0, peer: 2, s3: 3 },
+        bytes: { ram: 10, ssd: 0, peer: 20, s3: 30 },
+        tokens: { ram: 128, ssd: 0, peer: 256, s3: 300 },
+      },
+      checkpoint: { chunksPublished: 5 },
+      catalogOffset: 90,
+      logEnd: 100,
+      chunkTokens: 128,
+      kvBytesPerToken: 256,
+    });
+    expect(status).toMatchObject({
+      totalPages: 140,
+      residentPages: 100,
+      residentHitTokens: 2000 - 684,
+      computedTokens: 700,
+      publishedChunks: 5,
+      publishedBytes: 5 * 128 * 256,
+      catalogOffset: 90,
+      catalogLag: 10,
+    });
+    const view = { live: true, heartbeatAgeMs: 10, evictablePages: 0, queuedRequests: 0, runningRequests: 0 };
+    expect(
+      workerLines([
+        { ...view, workerId: "worker-0", freePages: 40, status },
+        { ...view, workerId: "worker-1", live: false, freePages: null, status: null },
+      ]),
+    ).toEqual([
+      "worker-0   live  pages free 40 resident 100/140  hits: resident 1316 tok, restored chunks ram 1 ssd 0 peer 2 s3 3  computed 700 tok, published 5 chunks  catalog offset 90 lag 10",
+      "worker-1   DOWN  pages free ? (no status reported)",
+    ]);
   });
 
   it("waits only on a process's own log lines, not an earlier run's in the same file", async () => {
