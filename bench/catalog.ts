@@ -1,5 +1,6 @@
 import { spawn } from "node:child_process";
 import { createHash, randomUUID } from "node:crypto";
+import { readFileSync } from "node:fs";
 import { loadavg } from "node:os";
 import { fileURLToPath } from "node:url";
 import { CatalogDb } from "../catalog/db.ts";
@@ -138,7 +139,27 @@ interface Pipeline {
   readonly log: FullCatalogLog;
   readonly transport: string;
   readonly replica: Replica;
+  /** CPU µs the writer process has used so far; null when it shares this process (embedded). */
+  writerCpuUs(): number | null;
   close(): Promise<void>;
+}
+
+/**
+ * CPU time (user + system) of another process from /proc/PID/stat, in µs;
+ * null where /proc is not readable. Fields 14 and 15 (utime, stime) count
+ * USER_HZ ticks, 100 per second on Linux's x86 and arm ABIs: 10 ms
+ * resolution, fine over runs of seconds.
+ */
+function processCpuUs(pid: number | undefined): number | null {
+  if (pid === undefined) return null;
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+    // The command name (field 2) may hold spaces: count fields after its closing parenthesis.
+    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    return (Number(fields[11]) + Number(fields[12])) * 10_000;
+  } catch {
+    return null;
+  }
 }
 
 /**
@@ -151,6 +172,7 @@ async function pipeline(): Promise<Pipeline> {
   let log: FullCatalogLog;
   let stopWriter: () => Promise<void>;
   let transport: string;
+  let writerPid: number | undefined;
   if (brokers) {
     const s = randomUUID().slice(0, 8);
     const topics = {
@@ -159,14 +181,21 @@ async function pipeline(): Promise<Pipeline> {
       rejections: `bench-${s}.rejections`,
     };
     log = await KafkaLog.open({ brokers: brokers.split(","), clientId: `bench-${s}`, topics });
-    const child = spawn(process.execPath, ["--import", "tsx", WRITER, brokers, JSON.stringify(topics)], {
-      stdio: ["ignore", "pipe", "inherit"],
-    });
+    // `node --cpu-prof …` profiles the writer too (its profile lands beside this process's).
+    const prof = process.execArgv.filter((a) => a.startsWith("--cpu-prof"));
+    const child = spawn(
+      process.execPath,
+      [...prof, "--import", "tsx", WRITER, brokers, JSON.stringify(topics)],
+      {
+        stdio: ["ignore", "pipe", "inherit"],
+      },
+    );
     await new Promise<void>((resolve, reject) => {
       child.once("exit", (code) => reject(new Error(`bench writer exited with ${code}`)));
       child.stdout!.once("data", () => resolve());
     });
     child.removeAllListeners("exit");
+    writerPid = child.pid;
     stopWriter = async () => {
       const exited = new Promise((r) => child.once("exit", r));
       child.kill("SIGTERM");
@@ -190,6 +219,7 @@ async function pipeline(): Promise<Pipeline> {
     log,
     transport,
     replica,
+    writerCpuUs: () => processCpuUs(writerPid),
     close: async () => {
       await replica.stop();
       await stopWriter();
@@ -198,11 +228,21 @@ async function pipeline(): Promise<Pipeline> {
   };
 }
 
+interface Throughput {
+  readonly perS: number;
+  /** CPU µs per publication of this process (proposer and replica; on the embedded log the writer too). */
+  readonly cpuUsMain: number;
+  /** CPU µs per publication of the writer process; null on the embedded log. */
+  readonly cpuUsWriter: number | null;
+}
+
 /** Publications/s: all proposed as fast as the log takes them, until the replica has applied the last. */
-async function throughput(p: Pipeline, n: number, perProposal = 1): Promise<number> {
+async function throughput(p: Pipeline, n: number, perProposal = 1): Promise<Throughput> {
   // Chains of 16 chunks: n/16 independent proposals per wave, 16/perProposal waves.
   const waves = publicationWaves(n, `tp-${randomUUID().slice(0, 6)}`, 16, perProposal);
   let target = p.replica.offset();
+  const cpu0 = process.cpuUsage();
+  const writer0 = p.writerCpuUs();
   const t0 = performance.now();
   for (const wave of waves) {
     // At most 2,000 unacknowledged proposals (bounded memory).
@@ -214,7 +254,14 @@ async function throughput(p: Pipeline, n: number, perProposal = 1): Promise<numb
     target += wave.length;
     await p.replica.waitFor(target, 300_000);
   }
-  return (n / (performance.now() - t0)) * 1000;
+  const perS = (n / (performance.now() - t0)) * 1000;
+  const cpu = process.cpuUsage(cpu0);
+  const writer1 = p.writerCpuUs();
+  return {
+    perS,
+    cpuUsMain: (cpu.user + cpu.system) / n,
+    cpuUsWriter: writer0 === null || writer1 === null ? null : (writer1 - writer0) / n,
+  };
 }
 
 /** Apply lag at a fixed offered rate: proposals paced in 5 ms slots. */
@@ -384,9 +431,13 @@ const bench: Bench = {
       figures.transport = p.transport;
       log(`end to end through ${p.transport}…`);
       await throughput(p, q ? 2_000 : 5_000); // warm-up
-      figures.publications_per_s = round(await throughput(p, q ? 20_000 : 60_000));
+      const one = await throughput(p, q ? 20_000 : 60_000);
+      figures.publications_per_s = round(one.perS);
+      // CPU per publication by process (a 2-core machine runs out of CPU before anything waits).
+      figures.cpu_us_per_publication_main = round(one.cpuUsMain);
+      figures.cpu_us_per_publication_writer = one.cpuUsWriter === null ? null : round(one.cpuUsWriter);
       // A worker's checkpoint publishes a captured range at once: 16 chunks (4,096 tokens) per proposal.
-      figures.publications_16_per_proposal_per_s = round(await throughput(p, q ? 20_000 : 60_000, 16));
+      figures.publications_16_per_proposal_per_s = round((await throughput(p, q ? 20_000 : 60_000, 16)).perS);
       log("lag at 5,000/s…");
       const l = await lag(p, 5_000, q ? 4 : 15);
       figures.lag_offered_per_s = 5_000;

@@ -1,10 +1,10 @@
 import datascript from "datascript";
 import { describe, expect, it } from "vitest";
-import { CatalogApplyError, CatalogDb } from "../../catalog/db.ts";
+import { CatalogApplyError, CatalogDb, fastCatalogNodeId } from "../../catalog/db.ts";
 import { type CatalogOp, type Proposal, ProposalMsg, TxMsg } from "../../schema/catalog.ts";
 import { catalogNodeId, prefixChain } from "../../schema/identity.ts";
 import { decodeMessage, encodeMessage, WireError } from "../../schema/wire.ts";
-import { CHUNK_TOKENS, fingerprintOf, LAYOUT, randomCatalog } from "./gen.ts";
+import { CHUNK_TOKENS, fingerprintOf, LAYOUT, randomCatalog, rng } from "./gen.ts";
 
 const fp = fingerprintOf(0);
 const other = fingerprintOf(1);
@@ -102,6 +102,38 @@ describe("CatalogDb.resolve", () => {
     expect(
       rejected(db, prop({ op: "decision.measured", request: "r1", attempt: 0, measuredTtftMs: 3 })),
     ).toMatch(/no decision for request r1 attempt 0/);
+  });
+
+  it("finds a parent by the model's prefix index: in the db or earlier in the same proposal, never another model's", () => {
+    const db = world();
+    // Chunks 0-2 in one proposal: 1's parent is 0 and 2's is 1, both only in the draft.
+    commit(db, prop(publish(0), publish(1), publish(2)));
+    const e = (i: number) => db.eidOf("chunk/node", node(i))!;
+    expect(db.get(e(1), "chunk/parent")).toBe(e(0));
+    expect(db.get(e(2), "chunk/parent")).toBe(e(1));
+    // Chunk 3's parent (2) comes from the db.
+    commit(db, prop(publish(3)));
+    expect(db.get(e(3), "chunk/parent")).toBe(e(2));
+    // The same prefix published under another model is not this model's parent.
+    const theirs = (i: number) => publish(i, { model: other, node: catalogNodeId(other, chain[i]!.hash) });
+    commit(db, prop(theirs(0)));
+    expect(rejected(db, prop(publish(5)))).toBe(
+      `op 0 (chunk.published): parent chunk ${node(4).slice(0, 12)}… is not published`,
+    );
+    commit(db, prop(theirs(1)));
+    expect(db.get(db.eidOf("chunk/node", catalogNodeId(other, chain[1]!.hash))!, "chunk/parent")).toBe(
+      db.eidOf("chunk/node", catalogNodeId(other, chain[0]!.hash)),
+    );
+  });
+
+  it("computes node ids equal to schema/identity.ts catalogNodeId", () => {
+    const r = rng(7);
+    const hex64 = () => Array.from({ length: 64 }, () => "0123456789abcdef"[Math.floor(r() * 16)]).join("");
+    for (let i = 0; i < 200; i++) {
+      const f = hex64() as typeof fp;
+      const p = hex64() as (typeof chain)[number]["hash"];
+      expect(fastCatalogNodeId(f, p)).toBe(catalogNodeId(f, p));
+    }
   });
 
   it("rejects the whole proposal when a later op fails, naming the op", () => {
