@@ -369,6 +369,21 @@ describe("catalog messages", () => {
     expect(() =>
       decodeMessage(TxMsg, encodeMessage(TxMsg, { ...tx, datoms: [[1, "chunk/nope", "x", true]] })),
     ).toThrow(WireError);
+    // The guard decides alone; what it refuses reaches the Effect schema for the message.
+    const bad: unknown[] = [
+      { ...tx, datoms: [[0, "chunk/node", "x", true]] },
+      { ...tx, datoms: [[1.5, "chunk/node", "x", true]] },
+      { ...tx, datoms: [[1, "chunk/node", "x"]] },
+      { ...tx, datoms: [[1, "chunk/node", null, true]] },
+      { ...tx, datoms: [[1, "chunk/node", "x", 1]] },
+      { ...tx, datoms: [[1, "toString", "x", true]] },
+      { ...tx, txNo: 0 },
+      { ...tx, clientId: 3 },
+    ];
+    for (const body of bad)
+      expect(() => decodeMessage(TxMsg, encodeMessage(TxMsg, body as never))).toThrow(
+        /catalog.tx: invalid message/,
+      );
     expect(() =>
       decodeMessage(
         ProposalMsg,
