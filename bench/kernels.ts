@@ -1,4 +1,4 @@
-import { backend, defaultThreads, features, kernels } from "../native/index.ts";
+import { defaultThreads, features, kernels, nativeBackends } from "../native/index.ts";
 import { type Bench, percentile, round } from "./contract.ts";
 
 /**
@@ -166,7 +166,10 @@ const bench: Bench = {
         paged_attention_over_memcpy_bandwidth: round(pagedGBs / memcpyGBs),
       },
       env: {
-        backend,
+        // The kernel hooks run the CPU backend's kernels; cuda says what the
+        // addon could run an engine on (native/gpu-check.sh times the CUDA kernels).
+        backend: "cpu",
+        cuda: nativeBackends().cuda,
         isa: kernels.isa(),
         threads: kernels.threads(),
         default_threads: defaultThreads,

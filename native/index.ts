@@ -93,9 +93,29 @@ export interface CpuFeatures {
   readonly f16c: boolean;
 }
 
+/** A backend that computes. */
+export type BackendName = "cpu" | "cuda";
+/** What engine creation asks for: `auto` = CUDA when built and a device is present, else CPU. */
+export type BackendChoice = "auto" | BackendName;
+
 export interface EngineOptions {
-  /** Compute threads (the compute thread plus workers); default: all cores. */
+  /** Compute threads of the CPU backend (the compute thread plus workers); default: all cores. */
   readonly threads?: number;
+  /** Default "auto". */
+  readonly backend?: BackendChoice;
+}
+
+/** Whether this addon carries the CUDA backend and what the CUDA runtime sees. */
+export interface CudaStatus {
+  readonly built: boolean;
+  readonly devices: number;
+  /** Why no device is usable (absent when devices > 0). */
+  readonly reason?: string;
+}
+
+export interface NativeBackends {
+  readonly cpu: { readonly isa: "generic" | "avx2"; readonly threads: number } & CpuFeatures;
+  readonly cuda: CudaStatus;
 }
 
 /**
@@ -105,8 +125,9 @@ export interface EngineOptions {
  * is `pageBytes` = nLayers * pageSize * nKvHeads * (headDim + vHeadDim) * 2.
  */
 export interface Engine {
-  readonly backend: "cpu";
+  readonly backend: BackendName;
   readonly spec: ModelSpec;
+  /** Host threads that compute (the CUDA backend: 1, the one that queues device work). */
   readonly threads: number;
   /** Bytes of one page across all layers (0 before createPool). */
   readonly pageBytes: number;
@@ -146,6 +167,7 @@ interface NativeEngine {
   free(): void;
   readonly threads: number;
   readonly pageBytes: number;
+  readonly backend: BackendName;
 }
 
 /** Synchronous single-kernel hooks on a shared thread pool: for tests and benchmarks only. */
@@ -231,8 +253,13 @@ export interface Kernels {
 }
 
 interface Addon {
-  readonly Engine: new (spec: ModelSpec, invFreq: Float32Array, threads?: number) => NativeEngine;
-  readonly backend: "cpu";
+  readonly Engine: new (
+    spec: ModelSpec,
+    invFreq: Float32Array,
+    threads: number,
+    backend: BackendName,
+  ) => NativeEngine;
+  cudaProbe(): CudaStatus;
   readonly features: CpuFeatures;
   readonly defaultThreads: number;
   readonly kernels: Kernels;
@@ -252,11 +279,56 @@ function loadAddon(): Addon {
 
 const addon = loadAddon();
 
-/** Which backend computes, and what the CPU offers (for benchmark env lines). */
-export const backend: "cpu" = addon.backend;
+/** What the CPU offers (for benchmark env lines). */
 export const features: CpuFeatures = addon.features;
 export const defaultThreads: number = addon.defaultThreads;
 export const kernels: Kernels = addon.kernels;
+
+/**
+ * The backends this addon offers: the CPU's vector path and threads, and
+ * whether the CUDA backend is built in and how many devices it sees (the
+ * CUDA runtime is asked on each call; without a driver it answers 0 devices
+ * and the reason).
+ */
+export function nativeBackends(): NativeBackends {
+  return {
+    cpu: { isa: kernels.isa(), threads: defaultThreads, ...features },
+    cuda: addon.cudaProbe(),
+  };
+}
+
+export class BackendUnavailableError extends Error {
+  override readonly name = "BackendUnavailableError";
+}
+
+/**
+ * The backend an engine gets. Pure. `auto` takes CUDA when it is built and
+ * sees a device, else CPU; `cuda` without either throws saying which.
+ */
+export function chooseBackend(choice: BackendChoice, cuda: CudaStatus): BackendName {
+  switch (choice) {
+    case "cpu":
+      return "cpu";
+    case "auto":
+      return cuda.built && cuda.devices > 0 ? "cuda" : "cpu";
+    case "cuda":
+      if (!cuda.built) {
+        throw new BackendUnavailableError(
+          `backend "cuda" requested, but this native addon was built without the CUDA backend (${cuda.reason ?? "no nvcc at build time"}); rebuild with nvcc present (CONTINUUM_CUDA=on)`,
+        );
+      }
+      if (cuda.devices === 0) {
+        throw new BackendUnavailableError(
+          `backend "cuda" requested, but no CUDA device is usable: ${cuda.reason ?? "0 devices"}`,
+        );
+      }
+      return "cuda";
+    default:
+      throw new BackendUnavailableError(
+        `backend must be "auto", "cpu" or "cuda", got ${JSON.stringify(choice)}`,
+      );
+  }
+}
 
 // ---- model description ----------------------------------------------------------
 
@@ -417,10 +489,15 @@ function orderWeights(spec: ModelSpec, weights: Weights): { dtype: WeightDType; 
  * the process (exit 134). So every live engine is freed on "exit", while
  * the environment is still whole.
  */
-const liveEngines = new Set<CpuEngine>();
+const liveEngines = new Set<NativeBackedEngine>();
 let exitHookInstalled = false;
 
-function trackEngine(e: CpuEngine): void {
+/** Engines created and not yet freed, in this process. */
+export function liveEngineCount(): number {
+  return liveEngines.size;
+}
+
+function trackEngine(e: NativeBackedEngine): void {
   liveEngines.add(e);
   if (exitHookInstalled) return;
   exitHookInstalled = true;
@@ -429,8 +506,8 @@ function trackEngine(e: CpuEngine): void {
   });
 }
 
-class CpuEngine implements Engine {
-  readonly backend = "cpu" as const;
+class NativeBackedEngine implements Engine {
+  readonly backend: BackendName;
   #native: NativeEngine | null;
   #hasPool = false;
 
@@ -439,6 +516,7 @@ class CpuEngine implements Engine {
     native: NativeEngine,
   ) {
     this.#native = native;
+    this.backend = native.backend;
     trackEngine(this);
   }
 
@@ -499,8 +577,10 @@ function toIds(ids: Int32Array | readonly PageId[]): Int32Array {
 
 /**
  * Validates the spec and every tensor (a bad one throws naming it, before any
- * native memory is taken), then copies the weights into native memory on the
- * compute thread. A failure frees what was created.
+ * native memory is taken), chooses the backend (`opts.backend`, see
+ * chooseBackend: a forced one that is unavailable throws before anything is
+ * created), then copies the weights into the backend's memory (host or
+ * device) on the compute thread. A failure frees what was created.
  */
 export async function createEngine(
   spec: ModelSpec,
@@ -512,12 +592,13 @@ export async function createEngine(
   const threads = opts.threads ?? defaultThreads;
   if (!Number.isInteger(threads) || threads < 1)
     throw new RangeError(`threads must be a positive integer, got ${threads}`);
-  const native = new addon.Engine(spec, ropeInvFreq(spec), threads);
+  const backend = chooseBackend(opts.backend ?? "auto", addon.cudaProbe());
+  const native = new addon.Engine(spec, ropeInvFreq(spec), threads, backend);
   try {
     await native.loadWeights(ordered);
   } catch (e) {
     native.free();
     throw e;
   }
-  return new CpuEngine(spec, native);
+  return new NativeBackedEngine(spec, native);
 }

@@ -1,4 +1,4 @@
-import type { Engine } from "../../native/index.ts";
+import type { Engine, EngineOptions } from "../../native/index.ts";
 import { openEngine } from "../model/engine.ts";
 import type { LoadedModel } from "../model/model-dir.ts";
 
@@ -6,9 +6,9 @@ import type { LoadedModel } from "../model/model-dir.ts";
 export async function loadEngine(
   model: LoadedModel,
   pool: { readonly physicalPages: number; readonly pageTokens: number },
-  threads?: number,
+  opts: EngineOptions = {},
 ): Promise<Engine> {
-  const engine = await openEngine(model.config.spec, model.weights, threads ? { threads } : {});
+  const engine = await openEngine(model.config.spec, model.weights, opts);
   try {
     engine.createPool(pool.physicalPages, pool.pageTokens);
   } catch (err) {
