@@ -46,7 +46,7 @@ fi
 
 NVFLAGS=(-std=c++17 -O3 -lineinfo
   -gencode "arch=compute_${ARCH},code=sm_${ARCH}" -gencode "arch=compute_${ARCH},code=compute_${ARCH}"
-  -Xcompiler -Wall,-Wextra,-pthread -Xptxas -warn-spills -Inative/src "${NO_CUBLAS[@]}")
+  -Xcompiler -Wall,-Wextra,-pthread -Xptxas -warn-spills -Inative/src -DCK_WITH_CUDA=1 "${NO_CUBLAS[@]}")
 
 echo "gpu-check: compiling into $BUILD"
 t0=$(date +%s)

@@ -216,16 +216,24 @@ std::string CudaEngine::create_contiguous(int32_t num_seqs, int32_t ctx_cap) {
   return "";
 }
 
+namespace {
+// The attention launch puts rows on one grid dimension (at most 65535).
+constexpr int32_t kMaxStepRows = 65535;
+std::string check_rows(const StepBatch& b) {
+  if (b.T() <= kMaxStepRows) return "";
+  return "batch: " + std::to_string(b.T()) + " rows exceed the CUDA backend's " + std::to_string(kMaxStepRows) +
+         " per step";
+}
+}  // namespace
+
 std::string CudaEngine::validate_paged(const StepBatch& b) const {
-  std::string err = validate_paged_batch(b, spec_, num_pages_, page_size_);
-  if (err.empty() && (b.T() + 63) / 64 > 65535) err = "batch: " + std::to_string(b.T()) + " rows exceed one CUDA launch";
-  return err;
+  const std::string err = validate_paged_batch(b, spec_, num_pages_, page_size_);
+  return err.empty() ? check_rows(b) : err;
 }
 
 std::string CudaEngine::validate_contiguous(const StepBatch& b) const {
-  std::string err = validate_contiguous_batch(b, spec_, ctx_seqs_, ctx_cap_);
-  if (err.empty() && (b.T() + 63) / 64 > 65535) err = "batch: " + std::to_string(b.T()) + " rows exceed one CUDA launch";
-  return err;
+  const std::string err = validate_contiguous_batch(b, spec_, ctx_seqs_, ctx_cap_);
+  return err.empty() ? check_rows(b) : err;
 }
 
 void CudaEngine::step(const StepBatch& b, float* logits) { forward(b, Mode::Paged, logits); }
