@@ -12,6 +12,11 @@
  * Bad input (a page id or slot out of range, duplicate slots, lengths that
  * disagree, an unknown tensor, a freed engine) throws synchronously with the
  * reason and writes nothing.
+ *
+ * Two backends sit behind the one Engine: the CPU engine (always built) and
+ * the CUDA engine (built in when nvcc was found at build time, see
+ * native/build.mjs), chosen per engine by `EngineOptions.backend`;
+ * `nativeBackends()` says what this addon offers.
  */
 import { createRequire } from "node:module";
 import type { PageId } from "../schema/ids.ts";
@@ -592,7 +597,9 @@ export async function createEngine(
   const threads = opts.threads ?? defaultThreads;
   if (!Number.isInteger(threads) || threads < 1)
     throw new RangeError(`threads must be a positive integer, got ${threads}`);
-  const backend = chooseBackend(opts.backend ?? "auto", addon.cudaProbe());
+  const choice = opts.backend ?? "auto";
+  // "cpu" never touches the CUDA runtime (the probe loads the driver).
+  const backend = choice === "cpu" ? "cpu" : chooseBackend(choice, addon.cudaProbe());
   const native = new addon.Engine(spec, ropeInvFreq(spec), threads, backend);
   try {
     await native.loadWeights(ordered);
