@@ -228,6 +228,8 @@ export interface Kernels {
   embed(ids: Int32Array, table: Uint8Array, dtype: WeightDType, D: number, out: Float32Array): void;
   /** Multi-threaded copy: the memory-bandwidth yardstick. */
   memcpy(dst: Uint8Array, src: Uint8Array): void;
+  /** Multi-threaded streaming read (a checksum of src's 64-bit words): the read-bandwidth yardstick. */
+  memread(src: Uint8Array): number;
 }
 
 interface Addon {

@@ -8,6 +8,8 @@
 
 #include <immintrin.h>
 
+#include <vector>
+
 #define CK_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 namespace ck {
@@ -58,19 +60,37 @@ inline float load_w1(const void* W, int64_t i) {
   }
 }
 
-// One register tile: rows [r0, r0+R) × columns [c0, c0+C). Each element has
-// its own 8-lane accumulator walked over k ascending, so its value is the
-// same for any R and C.
-template <int R, int C, DType WT>
-CK_AVX2 void tile(const float* x, int32_t K, const void* W, const float* bias, float* y, int32_t N, int32_t r0,
-                  int32_t c0) {
+template <DType WT>
+inline const void* weight_row(const void* W, int64_t row, int32_t K) {
+  return static_cast<const uint8_t*>(W) + row * K * dtype_bytes(WT);
+}
+
+// One register tile: rows [r0, r0+R) × columns [c0, c0+C); Wc points at
+// weight row c0 (row c0 + c at element c·K). Each element has its own 8-lane
+// accumulator walked over k ascending, so its value is the same for any R
+// and C, and for f32 weights the same as for the bf16/f16 weights they were
+// exactly converted from.
+//
+// pf (or nullptr) points at the weight rows the NEXT tile will read, C rows
+// of K elements of PF: they are prefetched one cache line per row as k
+// reaches it, so the memory stream of the next tile overlaps this tile's
+// FMAs (the hardware prefetcher alone leaves the core waiting at the start of
+// every tile).
+template <int R, int C, DType WT, DType PF = WT>
+CK_AVX2 void tile(const float* x, int32_t K, const void* Wc, const float* bias, float* y, int32_t N, int32_t r0,
+                  int32_t c0, const void* pf = nullptr) {
+  constexpr int32_t kLine = static_cast<int32_t>(64 / (PF == DType::F32 ? 4 : 2));  // PF elements per line
+  const char* pfb = static_cast<const char*>(pf);
+  const int64_t pf_row = static_cast<int64_t>(K) * (PF == DType::F32 ? 4 : 2);
   __m256 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   const int32_t K8 = K & ~7;
   for (int32_t k = 0; k < K8; k += 8) {
+    if (pfb != nullptr && k % kLine == 0)
+      for (int c = 0; c < C; ++c) _mm_prefetch(pfb + c * pf_row + k * (64 / kLine), _MM_HINT_T0);
     __m256 w[C];
-    for (int c = 0; c < C; ++c) w[c] = load_w8<WT>(W, static_cast<int64_t>(c0 + c) * K + k);
+    for (int c = 0; c < C; ++c) w[c] = load_w8<WT>(Wc, static_cast<int64_t>(c) * K + k);
     for (int r = 0; r < R; ++r) {
       const __m256 xv = _mm256_loadu_ps(x + static_cast<int64_t>(r0 + r) * K + k);
       for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(xv, w[c], acc[r][c]);
@@ -79,41 +99,84 @@ CK_AVX2 void tile(const float* x, int32_t K, const void* W, const float* bias, f
   for (int r = 0; r < R; ++r) {
     const float* xr = x + static_cast<int64_t>(r0 + r) * K;
     for (int c = 0; c < C; ++c) {
-      const int64_t wrow = static_cast<int64_t>(c0 + c) * K;
+      const int64_t wrow = static_cast<int64_t>(c) * K;
       float s = hsum(acc[r][c]);
-      for (int32_t k = K8; k < K; ++k) s = fma1(xr[k], load_w1<WT>(W, wrow + k), s);
+      for (int32_t k = K8; k < K; ++k) s = fma1(xr[k], load_w1<WT>(Wc, wrow + k), s);
       if (bias != nullptr) s += bias[c0 + c];
       y[static_cast<int64_t>(r0 + r) * N + c0 + c] = s;
     }
   }
 }
 
+// rows [0, C) of W (a pointer at its row c0) as f32 into out [C, K]: exact,
+// so a tile over `out` computes the same bits as one over W.
+template <int C, DType WT>
+CK_AVX2 void widen_rows(const void* Wc, int32_t K, float* out) {
+  const int32_t K8 = K & ~7;
+  for (int c = 0; c < C; ++c) {
+    const int64_t row = static_cast<int64_t>(c) * K;
+    for (int32_t k = 0; k < K8; k += 8) _mm256_storeu_ps(out + row + k, load_w8<WT>(Wc, row + k));
+    for (int32_t k = K8; k < K; ++k) out[row + k] = load_w1<WT>(Wc, row + k);
+  }
+}
+
+// The widened weight rows of the current column triplet, per thread.
+thread_local std::vector<float> tl_wide;
+
 // Register budget (16 ymm): 4 rows × 3 columns = 12 accumulators + 3 weight
 // vectors; a single row takes 8 columns (8 accumulators + 8 weight vectors).
+// Loop order: column triplets outside, row quads inside, so a triplet's
+// weight rows come from memory once and stay in L1 for every row quad. With
+// several row quads, 16-bit weights are first widened to f32 (exact) so the
+// quads share one conversion and the inner loop is loads and FMAs only
+// (the bf16 shift would otherwise take an FMA port every third FMA).
 template <DType WT>
 CK_AVX2 void columns(const float* x, int32_t T, int32_t K, const void* W, int32_t N, const float* bias,
                      float* y, int32_t n0, int32_t n1) {
-  int32_t r = 0;
-  for (; r + 4 <= T; r += 4) {
+  const int32_t T4 = T & ~3;
+  if (T4 > 0) {
+    const bool widen = WT != DType::F32 && T4 >= 8;
+    if (widen && tl_wide.size() < static_cast<size_t>(3) * K) tl_wide.resize(static_cast<size_t>(3) * K);
     int32_t c = n0;
-    for (; c + 3 <= n1; c += 3) tile<4, 3, WT>(x, K, W, bias, y, N, r, c);
-    switch (n1 - c) {
-      case 2: tile<4, 2, WT>(x, K, W, bias, y, N, r, c); break;
-      case 1: tile<4, 1, WT>(x, K, W, bias, y, N, r, c); break;
-      default: break;
+    for (; c + 3 <= n1; c += 3) {
+      const void* Wc = weight_row<WT>(W, c, K);
+      // The first quad prefetches the next triplet's rows.
+      const void* next = c + 6 <= N ? weight_row<WT>(W, c + 3, K) : nullptr;
+      if (widen) {
+        widen_rows<3, WT>(Wc, K, tl_wide.data());
+        for (int32_t r = 0; r < T4; r += 4)
+          tile<4, 3, DType::F32, WT>(x, K, tl_wide.data(), bias, y, N, r, c, r == 0 ? next : nullptr);
+      } else {
+        for (int32_t r = 0; r < T4; r += 4) tile<4, 3, WT>(x, K, Wc, bias, y, N, r, c, r == 0 ? next : nullptr);
+      }
+    }
+    const void* Wc = weight_row<WT>(W, c, K);
+    for (int32_t r = 0; r < T4; r += 4) {
+      switch (n1 - c) {
+        case 2: tile<4, 2, WT>(x, K, Wc, bias, y, N, r, c); break;
+        case 1: tile<4, 1, WT>(x, K, Wc, bias, y, N, r, c); break;
+        default: break;
+      }
     }
   }
-  for (; r < T; ++r) {
+  for (int32_t r = T4; r < T; ++r) {
     int32_t c = n0;
-    for (; c + 8 <= n1; c += 8) tile<1, 8, WT>(x, K, W, bias, y, N, r, c);
+    // Only the first single row streams the weights from memory; it
+    // prefetches the next 8 rows (past n1 too: the next block is usually
+    // this thread's or its neighbour's next one, and the lines land in the
+    // shared L3 either way).
+    for (; c + 8 <= n1; c += 8)
+      tile<1, 8, WT>(x, K, weight_row<WT>(W, c, K), bias, y, N, r, c,
+                     r == T4 && c + 16 <= N ? weight_row<WT>(W, c + 8, K) : nullptr);
+    const void* Wc = weight_row<WT>(W, c, K);
     switch (n1 - c) {
-      case 7: tile<1, 7, WT>(x, K, W, bias, y, N, r, c); break;
-      case 6: tile<1, 6, WT>(x, K, W, bias, y, N, r, c); break;
-      case 5: tile<1, 5, WT>(x, K, W, bias, y, N, r, c); break;
-      case 4: tile<1, 4, WT>(x, K, W, bias, y, N, r, c); break;
-      case 3: tile<1, 3, WT>(x, K, W, bias, y, N, r, c); break;
-      case 2: tile<1, 2, WT>(x, K, W, bias, y, N, r, c); break;
-      case 1: tile<1, 1, WT>(x, K, W, bias, y, N, r, c); break;
+      case 7: tile<1, 7, WT>(x, K, Wc, bias, y, N, r, c); break;
+      case 6: tile<1, 6, WT>(x, K, Wc, bias, y, N, r, c); break;
+      case 5: tile<1, 5, WT>(x, K, Wc, bias, y, N, r, c); break;
+      case 4: tile<1, 4, WT>(x, K, Wc, bias, y, N, r, c); break;
+      case 3: tile<1, 3, WT>(x, K, Wc, bias, y, N, r, c); break;
+      case 2: tile<1, 2, WT>(x, K, Wc, bias, y, N, r, c); break;
+      case 1: tile<1, 1, WT>(x, K, Wc, bias, y, N, r, c); break;
       default: break;
     }
   }

@@ -236,7 +236,10 @@ void routed_append(const float* rows, const int32_t* slots, int32_t B, int32_t r
 //   p_j = exp(s_j - m),  l = sum_j p_j        (j ascending)
 //   out = (sum_j p_j v_j) / l                 (j ascending, per lane)
 // The key locator is the only difference between the paged and contiguous
-// versions, so both give the same bits for the same keys.
+// versions, so both give the same bits for the same keys. It answers in
+// runs: key j's K and V rows (kv head 0) and how many keys from j on sit at
+// consecutive slots (to the end of j's page, or of the context), so the page
+// table is read and divided once per page, not once per key and head.
 
 namespace {
 
@@ -249,10 +252,27 @@ struct AttentionShape {
 thread_local std::vector<float> tl_scores;
 thread_local std::vector<float> tl_sums;  // [G]
 
-template <typename KeyRow>
-void attend(const AttentionShape& sh, const float* q, const int32_t* row_pos, float* out, KeyRow key_row,
+// A run of keys: rows j .. j + n - 1 start at k / v (kv head 0) and step by
+// one slot.
+struct KeyRun {
+  const f16* k;
+  const f16* v;
+  int32_t n;
+};
+
+// Asks for `bytes` from p on into the cache (a hint: no fault, no effect on
+// results).
+inline void prefetch_bytes(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 3);
+}
+
+template <typename Locate>
+void attend(const AttentionShape& sh, const float* q, const int32_t* row_pos, float* out, Locate locate,
             ThreadPool* pool) {
   const int32_t G = sh.n_heads / sh.n_kv;
+  const int64_t k_row = static_cast<int64_t>(sh.n_kv) * sh.head_dim;
+  const int64_t v_row = static_cast<int64_t>(sh.n_kv) * sh.v_head_dim;
   // Work item: (row t, a block of KB consecutive kv heads). A key's K (and V)
   // rows for those heads are adjacent in memory, so an item streams through
   // its keys sequentially instead of striding over the other heads. KB only
@@ -277,17 +297,27 @@ void attend(const AttentionShape& sh, const float* q, const int32_t* row_pos, fl
       if (scores.size() < static_cast<size_t>(NH) * L) scores.resize(static_cast<size_t>(NH) * L);
       float dots[64];
       // Pass 1: s_j = scale * (q_h . k_j), stored head-major [NH, L].
-      for (int32_t j = 0; j < L; ++j) {
-        for (int32_t kk = 0; kk < kvn; ++kk) {
-          const f16* k = nullptr;
-          const f16* v = nullptr;
-          key_row(t, j, kv0 + kk, &k, &v);
-          for (int32_t g0 = 0; g0 < G; g0 += 64) {
-            const int32_t gn = std::min(64, G - g0);
-            dot_heads_f16(qb + static_cast<int64_t>(kk * G + g0) * sh.head_dim, sh.head_dim, gn, k, sh.head_dim, dots);
-            for (int32_t g = 0; g < gn; ++g) scores[static_cast<size_t>(kk * G + g0 + g) * L + j] = sh.scale * dots[g];
+      // While a run is read, its successor (the next page, somewhere else
+      // in the pool) is prefetched row by row: the hardware prefetcher does
+      // not follow a jump, and the contiguous cache has no jumps to follow.
+      const int64_t k_bytes = static_cast<int64_t>(kvn) * sh.head_dim * 2;
+      const int64_t v_bytes = static_cast<int64_t>(kvn) * sh.v_head_dim * 2;
+      for (int32_t j0 = 0; j0 < L;) {
+        const KeyRun run = locate(t, j0, L - j0);
+        const KeyRun next = j0 + run.n < L ? locate(t, j0 + run.n, L - j0 - run.n) : KeyRun{nullptr, nullptr, 0};
+        for (int32_t jj = 0; jj < run.n; ++jj) {
+          const int32_t j = j0 + jj;
+          if (jj < next.n) prefetch_bytes(next.k + jj * k_row + static_cast<int64_t>(kv0) * sh.head_dim, k_bytes);
+          for (int32_t kk = 0; kk < kvn; ++kk) {
+            const f16* k = run.k + jj * k_row + static_cast<int64_t>(kv0 + kk) * sh.head_dim;
+            for (int32_t g0 = 0; g0 < G; g0 += 64) {
+              const int32_t gn = std::min(64, G - g0);
+              dot_heads_f16(qb + static_cast<int64_t>(kk * G + g0) * sh.head_dim, sh.head_dim, gn, k, sh.head_dim, dots);
+              for (int32_t g = 0; g < gn; ++g) scores[static_cast<size_t>(kk * G + g0 + g) * L + j] = sh.scale * dots[g];
+            }
           }
         }
+        j0 += run.n;
       }
       // Pass 2: per head, the max, then p_j = exp(s_j - m) in place and
       // l = sum_j p_j, j ascending.
@@ -307,14 +337,19 @@ void attend(const AttentionShape& sh, const float* q, const int32_t* row_pos, fl
         std::fill(o, o + sh.v_head_dim, 0.0f);
       }
       // Pass 3: o_h += p_j v_j, j ascending, every head of the item per V row.
-      for (int32_t j = 0; j < L; ++j) {
-        for (int32_t kk = 0; kk < kvn; ++kk) {
-          const f16* k = nullptr;
-          const f16* v = nullptr;
-          key_row(t, j, kv0 + kk, &k, &v);
-          axpy_heads_f16(scores.data() + static_cast<size_t>(kk * G) * L + j, L, G, v,
-                         ob + static_cast<int64_t>(kk * G) * sh.v_head_dim, sh.v_head_dim, sh.v_head_dim);
+      for (int32_t j0 = 0; j0 < L;) {
+        const KeyRun run = locate(t, j0, L - j0);
+        const KeyRun next = j0 + run.n < L ? locate(t, j0 + run.n, L - j0 - run.n) : KeyRun{nullptr, nullptr, 0};
+        for (int32_t jj = 0; jj < run.n; ++jj) {
+          const int32_t j = j0 + jj;
+          if (jj < next.n) prefetch_bytes(next.v + jj * v_row + static_cast<int64_t>(kv0) * sh.v_head_dim, v_bytes);
+          for (int32_t kk = 0; kk < kvn; ++kk) {
+            const f16* v = run.v + jj * v_row + static_cast<int64_t>(kv0 + kk) * sh.v_head_dim;
+            axpy_heads_f16(scores.data() + static_cast<size_t>(kk * G) * L + j, L, G, v,
+                           ob + static_cast<int64_t>(kk * G) * sh.v_head_dim, sh.v_head_dim, sh.v_head_dim);
+          }
         }
+        j0 += run.n;
       }
       for (int32_t hh = 0; hh < NH; ++hh) {
         const float inv = 1.0f / sums[static_cast<size_t>(hh)];
@@ -332,25 +367,26 @@ void paged_attention(const PagedAttention& a, ThreadPool* pool) {
   const int64_t k_row = static_cast<int64_t>(a.n_kv) * a.head_dim;
   const int64_t v_row = static_cast<int64_t>(a.n_kv) * a.v_head_dim;
   const int32_t ps = a.page_size;
-  auto key_row = [&](int32_t t, int32_t j, int32_t kvh, const f16** k, const f16** v) {
+  // Keys j .. up to the end of j's page (at most `left`).
+  auto locate = [&](int32_t t, int32_t j, int32_t left) {
     const int64_t page = a.page_table[static_cast<int64_t>(a.row_seq[t]) * a.pt_stride + j / ps];
-    const int64_t slot = page * ps + j % ps;
-    *k = a.k_pages + slot * k_row + static_cast<int64_t>(kvh) * a.head_dim;
-    *v = a.v_pages + slot * v_row + static_cast<int64_t>(kvh) * a.v_head_dim;
+    const int32_t off = j % ps;
+    const int64_t slot = page * ps + off;
+    return KeyRun{a.k_pages + slot * k_row, a.v_pages + slot * v_row, std::min(left, ps - off)};
   };
-  attend(sh, a.q, a.row_pos, a.out, key_row, pool);
+  attend(sh, a.q, a.row_pos, a.out, locate, pool);
 }
 
 void contiguous_attention(const ContiguousAttention& a, ThreadPool* pool) {
   const AttentionShape sh{a.T, a.n_heads, a.n_kv, a.head_dim, a.v_head_dim, a.scale};
   const int64_t k_row = static_cast<int64_t>(a.n_kv) * a.head_dim;
   const int64_t v_row = static_cast<int64_t>(a.n_kv) * a.v_head_dim;
-  auto key_row = [&](int32_t t, int32_t j, int32_t kvh, const f16** k, const f16** v) {
+  // Keys j .. L - 1 are consecutive: one run.
+  auto locate = [&](int32_t t, int32_t j, int32_t left) {
     const int64_t slot = static_cast<int64_t>(a.row_seq[t]) * a.ctx_cap + j;
-    *k = a.k + slot * k_row + static_cast<int64_t>(kvh) * a.head_dim;
-    *v = a.v + slot * v_row + static_cast<int64_t>(kvh) * a.v_head_dim;
+    return KeyRun{a.k + slot * k_row, a.v + slot * v_row, left};
   };
-  attend(sh, a.q, a.row_pos, a.out, key_row, pool);
+  attend(sh, a.q, a.row_pos, a.out, locate, pool);
 }
 
 // ---- dense ops -------------------------------------------------------------
@@ -369,6 +405,22 @@ void matmul(const float* x, int32_t T, int32_t K, const void* W, DType wt, int32
       const int32_t n0 = static_cast<int32_t>(b * kMatmulBlock);
       const int32_t n1 = std::min(N, n0 + kMatmulBlock);
       matmul_columns(x, T, K, W, wt, N, bias, y, n0, n1);
+    }
+  });
+}
+
+void matmul_multi(const float* x, int32_t T, int32_t K, const MatmulOut* outs, int32_t n_outs, ThreadPool* pool) {
+  // Work items: the column blocks of every output, output after output.
+  std::vector<int64_t> first(static_cast<size_t>(n_outs) + 1, 0);  // first[i] = items before output i
+  for (int32_t i = 0; i < n_outs; ++i)
+    first[static_cast<size_t>(i) + 1] = first[static_cast<size_t>(i)] + (outs[i].N + kMatmulBlock - 1) / kMatmulBlock;
+  parallel_for(pool, first.back(), 1, [&](int64_t b0, int64_t b1) {
+    int32_t i = 0;
+    for (int64_t b = b0; b < b1; ++b) {
+      while (b >= first[static_cast<size_t>(i) + 1]) ++i;
+      const MatmulOut& o = outs[i];
+      const int32_t n0 = static_cast<int32_t>((b - first[static_cast<size_t>(i)]) * kMatmulBlock);
+      matmul_columns(x, T, K, o.W, o.wt, o.N, o.bias, o.y, n0, std::min(o.N, n0 + kMatmulBlock));
     }
   });
 }
