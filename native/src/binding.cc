@@ -379,12 +379,14 @@ Napi::Value GetThreads(const Napi::CallbackInfo& info) { return Napi::Number::Ne
 
 Napi::Value SetIsaJs(const Napi::CallbackInfo& info) {
   const std::string s = info[0].As<Napi::String>().Utf8Value();
-  need(info.Env(), s == "generic" || s == "avx2", "isa must be \"generic\" or \"avx2\"");
-  return Napi::Boolean::New(info.Env(), set_isa(s == "avx2" ? Isa::Avx2 : Isa::Generic));
+  need(info.Env(), s == "generic" || s == "avx2" || s == "avx512", "isa must be \"generic\", \"avx2\" or \"avx512\"");
+  return Napi::Boolean::New(info.Env(),
+                            set_isa(s == "avx512" ? Isa::Avx512 : s == "avx2" ? Isa::Avx2 : Isa::Generic));
 }
 
 Napi::Value GetIsa(const Napi::CallbackInfo& info) {
-  return Napi::String::New(info.Env(), active_isa() == Isa::Avx2 ? "avx2" : "generic");
+  const Isa isa = active_isa();
+  return Napi::String::New(info.Env(), isa == Isa::Avx512 ? "avx512" : isa == Isa::Avx2 ? "avx2" : "generic");
 }
 
 Napi::Value F32ToF16(const Napi::CallbackInfo& info) {
@@ -645,6 +647,7 @@ Napi::Object Features(Napi::Env env) {
   o.Set("avx2", f.avx2);
   o.Set("fma", f.fma);
   o.Set("f16c", f.f16c);
+  o.Set("avx512", f.avx512);
   return o;
 }
 

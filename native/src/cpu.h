@@ -15,12 +15,17 @@
 
 namespace ck {
 
-enum class Isa : int32_t { Generic = 0, Avx2 = 1 };
+// Avx512 is the Avx2 arithmetic, bit for bit: the batched GEMM packs two
+// output columns' 8-lane accumulators into one 512-bit register (low half
+// column c, high half column c + 1), so each lane still does exactly the
+// 8-lane FMA sequence of the Avx2 path, at twice the FMAs per instruction.
+enum class Isa : int32_t { Generic = 0, Avx2 = 1, Avx512 = 2 };
 
 struct CpuFeatures {
   bool avx2 = false;
   bool fma = false;
   bool f16c = false;
+  bool avx512 = false;  // AVX-512 F and DQ (what the column-pair GEMM uses)
 };
 
 CpuFeatures cpu_features();
@@ -63,6 +68,10 @@ void f32_to_f16_row(const float* x, f16* y, int32_t n);
 // whatever the tile shape, so a row's bits never depend on T.
 void matmul_columns(const float* x, int32_t T, int32_t K, const void* W, DType wt, int32_t N,
                     const float* bias, float* y, int32_t n0, int32_t n1);
+// The same, with batches of 8+ rows on 512-bit column pairs (Isa::Avx512):
+// bit-identical to matmul_columns.
+void matmul_columns_pairs(const float* x, int32_t T, int32_t K, const void* W, DType wt, int32_t N,
+                          const float* bias, float* y, int32_t n0, int32_t n1);
 }  // namespace avx2
 #endif
 

@@ -130,36 +130,41 @@ thread_local std::vector<float> tl_wide;
 // several row quads, 16-bit weights are first widened to f32 (exact) so the
 // quads share one conversion and the inner loop is loads and FMAs only
 // (the bf16 shift would otherwise take an FMA port every third FMA).
+// Rows [0, T4) of columns [n0, n1), T4 a multiple of 4.
 template <DType WT>
-CK_AVX2 void columns(const float* x, int32_t T, int32_t K, const void* W, int32_t N, const float* bias,
-                     float* y, int32_t n0, int32_t n1) {
-  const int32_t T4 = T & ~3;
-  if (T4 > 0) {
-    const bool widen = WT != DType::F32 && T4 >= 8;
-    if (widen && tl_wide.size() < static_cast<size_t>(3) * K) tl_wide.resize(static_cast<size_t>(3) * K);
-    int32_t c = n0;
-    for (; c + 3 <= n1; c += 3) {
-      const void* Wc = weight_row<WT>(W, c, K);
-      // The first quad prefetches the next triplet's rows.
-      const void* next = c + 6 <= N ? weight_row<WT>(W, c + 3, K) : nullptr;
-      if (widen) {
-        widen_rows<3, WT>(Wc, K, tl_wide.data());
-        for (int32_t r = 0; r < T4; r += 4)
-          tile<4, 3, DType::F32, WT>(x, K, tl_wide.data(), bias, y, N, r, c, r == 0 ? next : nullptr);
-      } else {
-        for (int32_t r = 0; r < T4; r += 4) tile<4, 3, WT>(x, K, Wc, bias, y, N, r, c, r == 0 ? next : nullptr);
-      }
-    }
+CK_AVX2 void quads(const float* x, int32_t T4, int32_t K, const void* W, int32_t N, const float* bias, float* y,
+                   int32_t n0, int32_t n1) {
+  if (T4 == 0) return;
+  const bool widen = WT != DType::F32 && T4 >= 8;
+  if (widen && tl_wide.size() < static_cast<size_t>(3) * K) tl_wide.resize(static_cast<size_t>(3) * K);
+  int32_t c = n0;
+  for (; c + 3 <= n1; c += 3) {
     const void* Wc = weight_row<WT>(W, c, K);
-    for (int32_t r = 0; r < T4; r += 4) {
-      switch (n1 - c) {
-        case 2: tile<4, 2, WT>(x, K, Wc, bias, y, N, r, c); break;
-        case 1: tile<4, 1, WT>(x, K, Wc, bias, y, N, r, c); break;
-        default: break;
-      }
+    // The first quad prefetches the next triplet's rows.
+    const void* next = c + 6 <= N ? weight_row<WT>(W, c + 3, K) : nullptr;
+    if (widen) {
+      widen_rows<3, WT>(Wc, K, tl_wide.data());
+      for (int32_t r = 0; r < T4; r += 4)
+        tile<4, 3, DType::F32, WT>(x, K, tl_wide.data(), bias, y, N, r, c, r == 0 ? next : nullptr);
+    } else {
+      for (int32_t r = 0; r < T4; r += 4) tile<4, 3, WT>(x, K, Wc, bias, y, N, r, c, r == 0 ? next : nullptr);
     }
   }
-  for (int32_t r = T4; r < T; ++r) {
+  const void* Wc = weight_row<WT>(W, c, K);
+  for (int32_t r = 0; r < T4; r += 4) {
+    switch (n1 - c) {
+      case 2: tile<4, 2, WT>(x, K, Wc, bias, y, N, r, c); break;
+      case 1: tile<4, 1, WT>(x, K, Wc, bias, y, N, r, c); break;
+      default: break;
+    }
+  }
+}
+
+// Rows [r0, T) one at a time, columns [n0, n1).
+template <DType WT>
+CK_AVX2 void single_rows(const float* x, int32_t r0, int32_t T, int32_t K, const void* W, int32_t N,
+                         const float* bias, float* y, int32_t n0, int32_t n1) {
+  for (int32_t r = r0; r < T; ++r) {
     int32_t c = n0;
     // Only the first single row streams the weights from memory; it
     // prefetches the next 8 rows (past n1 too: the next block is usually
@@ -167,7 +172,7 @@ CK_AVX2 void columns(const float* x, int32_t T, int32_t K, const void* W, int32_
     // shared L3 either way).
     for (; c + 8 <= n1; c += 8)
       tile<1, 8, WT>(x, K, weight_row<WT>(W, c, K), bias, y, N, r, c,
-                     r == T4 && c + 16 <= N ? weight_row<WT>(W, c + 8, K) : nullptr);
+                     r == r0 && c + 16 <= N ? weight_row<WT>(W, c + 8, K) : nullptr);
     const void* Wc = weight_row<WT>(W, c, K);
     switch (n1 - c) {
       case 7: tile<1, 7, WT>(x, K, Wc, bias, y, N, r, c); break;
@@ -180,6 +185,95 @@ CK_AVX2 void columns(const float* x, int32_t T, int32_t K, const void* W, int32_
       default: break;
     }
   }
+}
+
+template <DType WT>
+CK_AVX2 void columns(const float* x, int32_t T, int32_t K, const void* W, int32_t N, const float* bias,
+                     float* y, int32_t n0, int32_t n1) {
+  const int32_t T4 = T & ~3;
+  quads<WT>(x, T4, K, W, N, bias, y, n0, n1);
+  single_rows<WT>(x, T4, T, K, W, N, bias, y, n0, n1);
+}
+
+// ---- 512-bit column pairs (Isa::Avx512) ----------------------------------
+// Register budget (32 zmm): 4 rows × 3 column pairs = 12 accumulators, 3
+// weight vectors, 1 broadcast x. The low half of accumulator (r, p) is
+// element (r, c0 + 2p), the high half element (r, c0 + 2p + 1); x's 8 values
+// are broadcast to both halves, so each half runs exactly the 8-lane FMA
+// sequence of `tile`, then the same hsum and scalar tail: the same bits.
+
+#define CK_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512dq")))
+
+// Rows c0 .. c0 + 2P - 1 of W (Wc points at row c0), k < K & ~7, as f32 in
+// pair order: out[(p · K8 + k) · 2 + h · 8 + i] = W[c0 + 2p + h][k + i].
+template <int P, DType WT>
+CK_AVX2 void widen_pairs(const void* Wc, int32_t K, float* out) {
+  const int32_t K8 = K & ~7;
+  for (int p = 0; p < P; ++p)
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = static_cast<int64_t>(2 * p + h) * K;
+      float* o = out + static_cast<int64_t>(p) * K8 * 2 + h * 8;
+      for (int32_t k = 0; k < K8; k += 8) _mm256_storeu_ps(o + 2 * k, load_w8<WT>(Wc, row + k));
+    }
+}
+
+template <int R, int P, DType WT>
+CK_AVX512 void tile_pairs(const float* x, int32_t K, const float* wide, const void* Wc, const float* bias, float* y,
+                          int32_t N, int32_t r0, int32_t c0, const void* pf) {
+  constexpr int32_t kLine = static_cast<int32_t>(64 / (WT == DType::F32 ? 4 : 2));
+  const char* pfb = static_cast<const char*>(pf);
+  const int64_t pf_row = static_cast<int64_t>(K) * (WT == DType::F32 ? 4 : 2);
+  __m512 acc[R][P];
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
+  const int32_t K8 = K & ~7;
+  for (int32_t k = 0; k < K8; k += 8) {
+    if (pfb != nullptr && k % kLine == 0)
+      for (int c = 0; c < 2 * P; ++c) _mm_prefetch(pfb + c * pf_row + k * (64 / kLine), _MM_HINT_T0);
+    __m512 w[P];
+    for (int p = 0; p < P; ++p) w[p] = _mm512_loadu_ps(wide + (static_cast<int64_t>(p) * K8 + k) * 2);
+    for (int r = 0; r < R; ++r) {
+      const __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + static_cast<int64_t>(r0 + r) * K + k));
+      for (int p = 0; p < P; ++p) acc[r][p] = _mm512_fmadd_ps(xv, w[p], acc[r][p]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const float* xr = x + static_cast<int64_t>(r0 + r) * K;
+    for (int p = 0; p < P; ++p) {
+      for (int h = 0; h < 2; ++h) {
+        const int c = 2 * p + h;
+        const __m256 half = h == 0 ? _mm512_castps512_ps256(acc[r][p]) : _mm512_extractf32x8_ps(acc[r][p], 1);
+        const int64_t wrow = static_cast<int64_t>(c) * K;
+        float s = hsum(half);
+        for (int32_t k = K8; k < K; ++k) s = fma1(xr[k], load_w1<WT>(Wc, wrow + k), s);
+        if (bias != nullptr) s += bias[c0 + c];
+        y[static_cast<int64_t>(r0 + r) * N + c0 + c] = s;
+      }
+    }
+  }
+}
+
+thread_local std::vector<float> tl_wide_pairs;
+
+// As columns(), but batches of 8+ rows run column sextets (3 pairs) on
+// 512-bit registers; leftover columns and rows take the 256-bit tiles.
+template <DType WT>
+CK_AVX512 void columns_pairs(const float* x, int32_t T, int32_t K, const void* W, int32_t N, const float* bias,
+                             float* y, int32_t n0, int32_t n1) {
+  const int32_t T4 = T & ~3;
+  if (T4 < 8) return columns<WT>(x, T, K, W, N, bias, y, n0, n1);
+  if (tl_wide_pairs.size() < static_cast<size_t>(6) * K) tl_wide_pairs.resize(static_cast<size_t>(6) * K);
+  float* wide = tl_wide_pairs.data();
+  int32_t c = n0;
+  for (; c + 6 <= n1; c += 6) {
+    const void* Wc = weight_row<WT>(W, c, K);
+    // The first quad prefetches the next sextet's rows.
+    const void* next = c + 12 <= N ? weight_row<WT>(W, c + 6, K) : nullptr;
+    widen_pairs<3, WT>(Wc, K, wide);
+    for (int32_t r = 0; r < T4; r += 4) tile_pairs<4, 3, WT>(x, K, wide, Wc, bias, y, N, r, c, r == 0 ? next : nullptr);
+  }
+  quads<WT>(x, T4, K, W, N, bias, y, c, n1);
+  single_rows<WT>(x, T4, T, K, W, N, bias, y, n0, n1);
 }
 
 }  // namespace
@@ -270,6 +364,15 @@ CK_AVX2 void matmul_columns(const float* x, int32_t T, int32_t K, const void* W,
     case DType::F32: columns<DType::F32>(x, T, K, W, N, bias, y, n0, n1); break;
     case DType::F16: columns<DType::F16>(x, T, K, W, N, bias, y, n0, n1); break;
     case DType::BF16: columns<DType::BF16>(x, T, K, W, N, bias, y, n0, n1); break;
+  }
+}
+
+CK_AVX512 void matmul_columns_pairs(const float* x, int32_t T, int32_t K, const void* W, DType wt, int32_t N,
+                                   const float* bias, float* y, int32_t n0, int32_t n1) {
+  switch (wt) {
+    case DType::F32: columns_pairs<DType::F32>(x, T, K, W, N, bias, y, n0, n1); break;
+    case DType::F16: columns_pairs<DType::F16>(x, T, K, W, N, bias, y, n0, n1); break;
+    case DType::BF16: columns_pairs<DType::BF16>(x, T, K, W, N, bias, y, n0, n1); break;
   }
 }
 

@@ -89,6 +89,7 @@ CpuFeatures cpu_features() {
   unsigned a, b, c, d;
   __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
   f.f16c = (c >> 29) & 1u;
+  f.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
 #endif
   return f;
 }
@@ -96,7 +97,8 @@ CpuFeatures cpu_features() {
 namespace {
 Isa detect_isa() {
   const CpuFeatures f = cpu_features();
-  return (f.avx2 && f.fma && f.f16c) ? Isa::Avx2 : Isa::Generic;
+  if (!(f.avx2 && f.fma && f.f16c)) return Isa::Generic;
+  return f.avx512 ? Isa::Avx512 : Isa::Avx2;
 }
 Isa g_isa = detect_isa();
 }  // namespace
@@ -104,7 +106,7 @@ Isa g_isa = detect_isa();
 Isa active_isa() { return g_isa; }
 
 bool set_isa(Isa isa) {
-  if (isa == Isa::Avx2 && detect_isa() != Isa::Avx2) return false;
+  if (static_cast<int32_t>(isa) > static_cast<int32_t>(detect_isa())) return false;
   g_isa = isa;
   return true;
 }
@@ -157,7 +159,7 @@ namespace {
 
 inline float dot_f16(const float* q, const f16* k, int32_t n) {
 #ifdef CK_HAVE_AVX2_PATH
-  if (g_isa == Isa::Avx2) return avx2::dot_f16(q, k, n);
+  if (g_isa != Isa::Generic) return avx2::dot_f16(q, k, n);
 #endif
   return generic::dot_f16(q, k, n);
 }
@@ -166,7 +168,7 @@ inline float dot_f16(const float* q, const f16* k, int32_t n) {
 inline void dot_heads_f16(const float* q, int64_t q_stride, int32_t G, const f16* k, int32_t n, float* out) {
   int32_t g = 0;
 #ifdef CK_HAVE_AVX2_PATH
-  if (g_isa == Isa::Avx2)
+  if (g_isa != Isa::Generic)
     for (; g + 4 <= G; g += 4) avx2::dot4_f16(q + g * q_stride, q_stride, k, n, out + g);
 #endif
   for (; g < G; ++g) out[g] = dot_f16(q + g * q_stride, k, n);
@@ -174,7 +176,7 @@ inline void dot_heads_f16(const float* q, int64_t q_stride, int32_t G, const f16
 
 inline void axpy_f16(float p, const f16* v, float* acc, int32_t n) {
 #ifdef CK_HAVE_AVX2_PATH
-  if (g_isa == Isa::Avx2) return avx2::axpy_f16(p, v, acc, n);
+  if (g_isa != Isa::Generic) return avx2::axpy_f16(p, v, acc, n);
 #endif
   generic::axpy_f16(p, v, acc, n);
 }
@@ -184,7 +186,7 @@ inline void axpy_heads_f16(const float* p, int64_t p_stride, int32_t G, const f1
                            int64_t acc_stride, int32_t n) {
   int32_t g = 0;
 #ifdef CK_HAVE_AVX2_PATH
-  if (g_isa == Isa::Avx2) {
+  if (g_isa != Isa::Generic) {
     for (; g + 4 <= G; g += 4) {
       const float pg[4] = {p[g * p_stride], p[(g + 1) * p_stride], p[(g + 2) * p_stride], p[(g + 3) * p_stride]};
       avx2::axpy4_f16(pg, v, acc + g * acc_stride, acc_stride, n);
@@ -196,7 +198,7 @@ inline void axpy_heads_f16(const float* p, int64_t p_stride, int32_t G, const f1
 
 inline void f32_to_f16_row(const float* x, f16* y, int32_t n) {
 #ifdef CK_HAVE_AVX2_PATH
-  if (g_isa == Isa::Avx2) return avx2::f32_to_f16_row(x, y, n);
+  if (g_isa != Isa::Generic) return avx2::f32_to_f16_row(x, y, n);
 #endif
   generic::f32_to_f16_row(x, y, n);
 }
@@ -204,7 +206,8 @@ inline void f32_to_f16_row(const float* x, f16* y, int32_t n) {
 inline void matmul_columns(const float* x, int32_t T, int32_t K, const void* W, DType wt, int32_t N,
                            const float* bias, float* y, int32_t n0, int32_t n1) {
 #ifdef CK_HAVE_AVX2_PATH
-  if (g_isa == Isa::Avx2) return avx2::matmul_columns(x, T, K, W, wt, N, bias, y, n0, n1);
+  if (g_isa == Isa::Avx512) return avx2::matmul_columns_pairs(x, T, K, W, wt, N, bias, y, n0, n1);
+  if (g_isa != Isa::Generic) return avx2::matmul_columns(x, T, K, W, wt, N, bias, y, n0, n1);
 #endif
   generic::matmul_columns(x, T, K, W, wt, N, bias, y, n0, n1);
 }

@@ -25,9 +25,11 @@ afterAll(() => {
 });
 
 // Every numeric test runs on each vector path this CPU has: the portable one
-// always, AVX2/FMA/F16C when cpuid reports them.
-const isas = (["generic", "avx2"] as const).filter(
-  (i) => i === "generic" || (features.avx2 && features.fma && features.f16c),
+// always, AVX2/FMA/F16C when cpuid reports them, and the AVX-512 column-pair
+// GEMM on top of them when cpuid reports AVX-512 F and DQ.
+const hasAvx2 = features.avx2 && features.fma && features.f16c;
+const isas = (["generic", "avx2", "avx512"] as const).filter(
+  (i) => i === "generic" || (hasAvx2 && (i === "avx2" || features.avx512)),
 );
 
 function f16Of(x: number, path: "vector" | "scalar"): number {
@@ -486,4 +488,35 @@ describe("Llama-3 rotary frequencies", () => {
     }
     expect(kept > 0 && divided > 0 && blended > 0).toBe(true);
   });
+});
+
+describe.runIf(isas.includes("avx512"))("the avx512 path is the avx2 arithmetic", () => {
+  it.each(["f16", "bf16", "f32"] as const)(
+    "matmul with %s weights gives the same bits on both paths (column pairs, leftover columns and rows)",
+    (dtype) => {
+      const r = rng(11);
+      try {
+        for (const [T, K, N] of [
+          [16, 203, 101],
+          [13, 64, 50],
+          [8, 7, 6],
+          [24, 130, 97],
+        ] as const) {
+          const x = randomF32(r, T * K);
+          const w = encodeWeights(randomF32(r, N * K), dtype).bytes;
+          const bias = randomF32(r, N);
+          const on = (isa: "avx2" | "avx512") => {
+            kernels.setIsa(isa);
+            const y = poisoned(T * N);
+            kernels.matmul(x, T, K, w, dtype, N, bias, y);
+            expect(allFinite(y)).toBe(true);
+            return y;
+          };
+          expect(sameBits(on("avx512"), on("avx2"))).toBe(true);
+        }
+      } finally {
+        kernels.setIsa(startIsa);
+      }
+    },
+  );
 });
