@@ -287,32 +287,60 @@ CK_AVX2 float dot_f16(const float* q, const f16* k, int32_t n) {
   return s;
 }
 
-CK_AVX2 void dot4_f16(const float* q, int64_t q_stride, const f16* k, int32_t n, float* out) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-  const float* q0 = q;
-  const float* q1 = q + q_stride;
-  const float* q2 = q + 2 * q_stride;
-  const float* q3 = q + 3 * q_stride;
+namespace {
+template <int G>
+CK_AVX2 void dot_group(const float* q, int64_t q_stride, const f16* k, int32_t n, float* out) {
+  __m256 acc[G];
+  for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_ps();
   const int32_t n8 = n & ~7;
   for (int32_t i = 0; i < n8; i += 8) {
     const __m256 kv = load_f16x8(k + i);
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i), kv, a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + i), kv, a1);
-    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + i), kv, a2);
-    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + i), kv, a3);
+    for (int g = 0; g < G; ++g) acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * q_stride + i), kv, acc[g]);
   }
-  float s0 = hsum(a0), s1 = hsum(a1), s2 = hsum(a2), s3 = hsum(a3);
+  float s[G];
+  for (int g = 0; g < G; ++g) s[g] = hsum(acc[g]);
   for (int32_t i = n8; i < n; ++i) {
     const float kf = f16_to_f32(k[i]);
-    s0 = fma1(q0[i], kf, s0);
-    s1 = fma1(q1[i], kf, s1);
-    s2 = fma1(q2[i], kf, s2);
-    s3 = fma1(q3[i], kf, s3);
+    for (int g = 0; g < G; ++g) s[g] = fma1(q[g * q_stride + i], kf, s[g]);
   }
-  out[0] = s0;
-  out[1] = s1;
-  out[2] = s2;
-  out[3] = s3;
+  for (int g = 0; g < G; ++g) out[g] = s[g];
+}
+
+template <int G>
+CK_AVX2 void axpy_group(const float* p, const f16* v, float* acc, int64_t acc_stride, int32_t n) {
+  __m256 pv[G];
+  for (int g = 0; g < G; ++g) pv[g] = _mm256_set1_ps(p[g]);
+  const int32_t n8 = n & ~7;
+  for (int32_t i = 0; i < n8; i += 8) {
+    const __m256 vv = load_f16x8(v + i);
+    for (int g = 0; g < G; ++g) {
+      float* a = acc + g * acc_stride + i;
+      _mm256_storeu_ps(a, _mm256_fmadd_ps(pv[g], vv, _mm256_loadu_ps(a)));
+    }
+  }
+  for (int32_t i = n8; i < n; ++i) {
+    const float vf = f16_to_f32(v[i]);
+    for (int g = 0; g < G; ++g) acc[g * acc_stride + i] = fma1(p[g], vf, acc[g * acc_stride + i]);
+  }
+}
+}  // namespace
+
+CK_AVX2 void dot_group_f16(const float* q, int64_t q_stride, int32_t G, const f16* k, int32_t n, float* out) {
+  switch (G) {
+    case 1: return dot_group<1>(q, q_stride, k, n, out);
+    case 2: return dot_group<2>(q, q_stride, k, n, out);
+    case 3: return dot_group<3>(q, q_stride, k, n, out);
+    default: return dot_group<4>(q, q_stride, k, n, out);
+  }
+}
+
+CK_AVX2 void axpy_group_f16(const float* p, int32_t G, const f16* v, float* acc, int64_t acc_stride, int32_t n) {
+  switch (G) {
+    case 1: return axpy_group<1>(p, v, acc, acc_stride, n);
+    case 2: return axpy_group<2>(p, v, acc, acc_stride, n);
+    case 3: return axpy_group<3>(p, v, acc, acc_stride, n);
+    default: return axpy_group<4>(p, v, acc, acc_stride, n);
+  }
 }
 
 CK_AVX2 void axpy_f16(float p, const f16* v, float* acc, int32_t n) {
@@ -321,30 +349,6 @@ CK_AVX2 void axpy_f16(float p, const f16* v, float* acc, int32_t n) {
   for (int32_t i = 0; i < n8; i += 8)
     _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(pv, load_f16x8(v + i), _mm256_loadu_ps(acc + i)));
   for (int32_t i = n8; i < n; ++i) acc[i] = fma1(p, f16_to_f32(v[i]), acc[i]);
-}
-
-CK_AVX2 void axpy4_f16(const float* p, const f16* v, float* acc, int64_t acc_stride, int32_t n) {
-  const __m256 p0 = _mm256_set1_ps(p[0]), p1 = _mm256_set1_ps(p[1]), p2 = _mm256_set1_ps(p[2]),
-               p3 = _mm256_set1_ps(p[3]);
-  float* a0 = acc;
-  float* a1 = acc + acc_stride;
-  float* a2 = acc + 2 * acc_stride;
-  float* a3 = acc + 3 * acc_stride;
-  const int32_t n8 = n & ~7;
-  for (int32_t i = 0; i < n8; i += 8) {
-    const __m256 vv = load_f16x8(v + i);
-    _mm256_storeu_ps(a0 + i, _mm256_fmadd_ps(p0, vv, _mm256_loadu_ps(a0 + i)));
-    _mm256_storeu_ps(a1 + i, _mm256_fmadd_ps(p1, vv, _mm256_loadu_ps(a1 + i)));
-    _mm256_storeu_ps(a2 + i, _mm256_fmadd_ps(p2, vv, _mm256_loadu_ps(a2 + i)));
-    _mm256_storeu_ps(a3 + i, _mm256_fmadd_ps(p3, vv, _mm256_loadu_ps(a3 + i)));
-  }
-  for (int32_t i = n8; i < n; ++i) {
-    const float vf = f16_to_f32(v[i]);
-    a0[i] = fma1(p[0], vf, a0[i]);
-    a1[i] = fma1(p[1], vf, a1[i]);
-    a2[i] = fma1(p[2], vf, a2[i]);
-    a3[i] = fma1(p[3], vf, a3[i]);
-  }
 }
 
 CK_AVX2 void f32_to_f16_row(const float* x, f16* y, int32_t n) {

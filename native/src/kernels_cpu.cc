@@ -169,7 +169,7 @@ inline void dot_heads_f16(const float* q, int64_t q_stride, int32_t G, const f16
   int32_t g = 0;
 #ifdef CK_HAVE_AVX2_PATH
   if (g_isa != Isa::Generic)
-    for (; g + 4 <= G; g += 4) avx2::dot4_f16(q + g * q_stride, q_stride, k, n, out + g);
+    for (; g < G; g += 4) avx2::dot_group_f16(q + g * q_stride, q_stride, std::min(4, G - g), k, n, out + g);
 #endif
   for (; g < G; ++g) out[g] = dot_f16(q + g * q_stride, k, n);
 }
@@ -187,9 +187,11 @@ inline void axpy_heads_f16(const float* p, int64_t p_stride, int32_t G, const f1
   int32_t g = 0;
 #ifdef CK_HAVE_AVX2_PATH
   if (g_isa != Isa::Generic) {
-    for (; g + 4 <= G; g += 4) {
-      const float pg[4] = {p[g * p_stride], p[(g + 1) * p_stride], p[(g + 2) * p_stride], p[(g + 3) * p_stride]};
-      avx2::axpy4_f16(pg, v, acc + g * acc_stride, acc_stride, n);
+    for (; g < G; g += 4) {
+      const int32_t gn = std::min(4, G - g);
+      float pg[4];
+      for (int32_t i = 0; i < gn; ++i) pg[i] = p[(g + i) * p_stride];
+      avx2::axpy_group_f16(pg, gn, v, acc + g * acc_stride, acc_stride, n);
     }
   }
 #endif
