@@ -595,23 +595,6 @@ Napi::Value EmbedJs(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
-// memcpy(dst: Uint8Array, src: Uint8Array): a multi-threaded copy on the
-// kernel pool, the bandwidth yardstick for the attention benchmark.
-Napi::Value MemcpyJs(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
-  Napi::Uint8Array dst = u8(env, info[0], "dst"), src = u8(env, info[1], "src");
-  need(env, dst.ByteLength() == src.ByteLength(), "memcpy: dst and src lengths differ");
-  const int64_t n = static_cast<int64_t>(src.ByteLength());
-  constexpr int64_t kChunk = 1 << 20;
-  uint8_t* d = dst.Data();
-  const uint8_t* s = src.Data();
-  parallel_for(kernel_pool(), (n + kChunk - 1) / kChunk, 1, [&](int64_t c0, int64_t c1) {
-    const int64_t b = c0 * kChunk, e = std::min(n, c1 * kChunk);
-    std::memcpy(d + b, s + b, static_cast<size_t>(e - b));
-  });
-  return env.Undefined();
-}
-
 // memread(src: Uint8Array): number — a multi-threaded streaming read of src
 // on the kernel pool (a sum of its 64-bit words, returned folded to 32 bits so
 // the reads cannot be optimised away): the read-only bandwidth yardstick.
@@ -639,6 +622,23 @@ Napi::Value MemreadJs(const Napi::CallbackInfo& info) {
   uint64_t total = 0;
   for (uint64_t s : sums) total += s;
   return Napi::Number::New(env, static_cast<double>(static_cast<uint32_t>(total ^ (total >> 32))));
+}
+
+// memcpy(dst: Uint8Array, src: Uint8Array): a multi-threaded copy on the
+// kernel pool, the bandwidth yardstick for the attention benchmark.
+Napi::Value MemcpyJs(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Napi::Uint8Array dst = u8(env, info[0], "dst"), src = u8(env, info[1], "src");
+  need(env, dst.ByteLength() == src.ByteLength(), "memcpy: dst and src lengths differ");
+  const int64_t n = static_cast<int64_t>(src.ByteLength());
+  constexpr int64_t kChunk = 1 << 20;
+  uint8_t* d = dst.Data();
+  const uint8_t* s = src.Data();
+  parallel_for(kernel_pool(), (n + kChunk - 1) / kChunk, 1, [&](int64_t c0, int64_t c1) {
+    const int64_t b = c0 * kChunk, e = std::min(n, c1 * kChunk);
+    std::memcpy(d + b, s + b, static_cast<size_t>(e - b));
+  });
+  return env.Undefined();
 }
 
 Napi::Object Features(Napi::Env env) {

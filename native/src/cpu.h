@@ -9,6 +9,7 @@
 // given element the same way.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels.h"
@@ -32,6 +33,13 @@ CpuFeatures cpu_features();
 Isa active_isa();
 // Returns false (and changes nothing) when the CPU lacks the ISA.
 bool set_isa(Isa isa);
+
+// Asks the OS to back the 2 MiB-aligned part of [p, p + bytes) with huge
+// pages (Linux transparent huge pages in "madvise" mode; a no-op elsewhere or
+// when refused). Call before the memory is first touched. Decode streams
+// every weight once per step, and with 4 KiB pages that stream needs a new
+// TLB entry every 4 KiB.
+void advise_huge_pages(void* p, size_t bytes);
 
 // Byte size of one element of a weight dtype.
 inline int64_t dtype_bytes(DType t) { return t == DType::F32 ? 4 : 2; }

@@ -8,31 +8,10 @@
 #include <stdexcept>
 #include <unordered_set>
 
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
-
 namespace ck {
 
 namespace {
 std::string at(const char* what, size_t i) { return std::string(what) + "[" + std::to_string(i) + "]"; }
-
-// Asks the kernel to back the 2 MiB-aligned part of [p, p + bytes) with huge
-// pages (Linux transparent huge pages in "madvise" mode; a hint elsewhere or
-// when refused). Decode streams every weight once per step, and with 4 KiB
-// pages a new TLB entry is needed every 4 KiB of that stream; before the
-// pages are first touched, so the faults themselves can be huge.
-void advise_huge_pages(void* p, size_t bytes) {
-#if defined(__linux__)
-  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
-  const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
-  const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(kHuge - 1);
-  if (e > b) madvise(reinterpret_cast<void*>(b), e - b, MADV_HUGEPAGE);
-#else
-  (void)p;
-  (void)bytes;
-#endif
-}
 }  // namespace
 
 F16Buffer F16Buffer::zeroed(int64_t elems) {

@@ -6,6 +6,10 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 #include "cpu.h"
 #include "thread_pool.h"
 
@@ -92,6 +96,18 @@ CpuFeatures cpu_features() {
   f.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
 #endif
   return f;
+}
+
+void advise_huge_pages(void* p, size_t bytes) {
+#if defined(__linux__)
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(kHuge - 1);
+  if (e > b) madvise(reinterpret_cast<void*>(b), e - b, MADV_HUGEPAGE);
+#else
+  (void)p;
+  (void)bytes;
+#endif
 }
 
 namespace {
