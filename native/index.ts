@@ -96,6 +96,8 @@ export interface CpuFeatures {
   readonly avx2: boolean;
   readonly fma: boolean;
   readonly f16c: boolean;
+  /** AVX-512 F and DQ: the batched GEMM's 512-bit column pairs. */
+  readonly avx512: boolean;
 }
 
 /** A backend that computes. */
@@ -179,9 +181,13 @@ interface NativeEngine {
 export interface Kernels {
   setThreads(n: number): void;
   threads(): number;
-  /** Switches the vector path (test hook); false when the CPU lacks it. */
-  setIsa(isa: "generic" | "avx2"): boolean;
-  isa(): "generic" | "avx2";
+  /**
+   * Switches the vector path (test hook); false when the CPU lacks it.
+   * "avx512" is the avx2 arithmetic bit for bit, with the batched GEMM on
+   * 512-bit column pairs.
+   */
+  setIsa(isa: "generic" | "avx2" | "avx512"): boolean;
+  isa(): "generic" | "avx2" | "avx512";
   /** f32 → f16 bits through the vector path that routed append uses. */
   f32ToF16(x: Float32Array, y: Uint16Array): void;
   /** f32 → f16 bits through the scalar conversion. */
@@ -255,6 +261,8 @@ export interface Kernels {
   embed(ids: Int32Array, table: Uint8Array, dtype: WeightDType, D: number, out: Float32Array): void;
   /** Multi-threaded copy: the memory-bandwidth yardstick. */
   memcpy(dst: Uint8Array, src: Uint8Array): void;
+  /** Multi-threaded streaming read (a checksum of src's 64-bit words): the read-bandwidth yardstick. */
+  memread(src: Uint8Array): number;
 }
 
 interface Addon {

@@ -396,12 +396,14 @@ Napi::Value GetThreads(const Napi::CallbackInfo& info) { return Napi::Number::Ne
 
 Napi::Value SetIsaJs(const Napi::CallbackInfo& info) {
   const std::string s = info[0].As<Napi::String>().Utf8Value();
-  need(info.Env(), s == "generic" || s == "avx2", "isa must be \"generic\" or \"avx2\"");
-  return Napi::Boolean::New(info.Env(), set_isa(s == "avx2" ? Isa::Avx2 : Isa::Generic));
+  need(info.Env(), s == "generic" || s == "avx2" || s == "avx512", "isa must be \"generic\", \"avx2\" or \"avx512\"");
+  return Napi::Boolean::New(info.Env(),
+                            set_isa(s == "avx512" ? Isa::Avx512 : s == "avx2" ? Isa::Avx2 : Isa::Generic));
 }
 
 Napi::Value GetIsa(const Napi::CallbackInfo& info) {
-  return Napi::String::New(info.Env(), active_isa() == Isa::Avx2 ? "avx2" : "generic");
+  const Isa isa = active_isa();
+  return Napi::String::New(info.Env(), isa == Isa::Avx512 ? "avx512" : isa == Isa::Avx2 ? "avx2" : "generic");
 }
 
 Napi::Value F32ToF16(const Napi::CallbackInfo& info) {
@@ -610,6 +612,35 @@ Napi::Value EmbedJs(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
+// memread(src: Uint8Array): number — a multi-threaded streaming read of src
+// on the kernel pool (a sum of its 64-bit words, returned folded to 32 bits so
+// the reads cannot be optimised away): the read-only bandwidth yardstick.
+Napi::Value MemreadJs(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Napi::Uint8Array src = u8(env, info[0], "src");
+  need(env, src.ByteLength() % 8 == 0, "memread: length must be a multiple of 8 bytes");
+  const int64_t words = static_cast<int64_t>(src.ByteLength() / 8);
+  constexpr int64_t kChunk = 1 << 17;  // words: 1 MiB
+  const int64_t chunks = (words + kChunk - 1) / kChunk;
+  std::vector<uint64_t> sums(static_cast<size_t>(chunks), 0);
+  const uint8_t* base = src.Data();
+  parallel_for(kernel_pool(), chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t b = c * kChunk, e = std::min(words, b + kChunk);
+      uint64_t s = 0;
+      for (int64_t i = b; i < e; ++i) {
+        uint64_t w;
+        std::memcpy(&w, base + i * 8, 8);
+        s += w;
+      }
+      sums[static_cast<size_t>(c)] = s;
+    }
+  });
+  uint64_t total = 0;
+  for (uint64_t s : sums) total += s;
+  return Napi::Number::New(env, static_cast<double>(static_cast<uint32_t>(total ^ (total >> 32))));
+}
+
 // memcpy(dst: Uint8Array, src: Uint8Array): a multi-threaded copy on the
 // kernel pool, the bandwidth yardstick for the attention benchmark.
 Napi::Value MemcpyJs(const Napi::CallbackInfo& info) {
@@ -645,6 +676,7 @@ Napi::Object Features(Napi::Env env) {
   o.Set("avx2", f.avx2);
   o.Set("fma", f.fma);
   o.Set("f16c", f.f16c);
+  o.Set("avx512", f.avx512);
   return o;
 }
 
@@ -671,6 +703,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   k.Set("swiglu", Napi::Function::New(env, SwigluJs));
   k.Set("embed", Napi::Function::New(env, EmbedJs));
   k.Set("memcpy", Napi::Function::New(env, MemcpyJs));
+  k.Set("memread", Napi::Function::New(env, MemreadJs));
   exports.Set("kernels", k);
   return exports;
 }

@@ -26,6 +26,8 @@ std::string Engine::set_weight(size_t index, DType dtype, const uint8_t* data, s
   Weight w;
   w.dtype = dtype;
   w.elems = elems;
+  w.bytes.reserve(bytes);
+  advise_huge_pages(w.bytes.data(), bytes);
   w.bytes.assign(data, data + bytes);
 
   auto to_f32 = [&](std::vector<float>& out) {
@@ -136,9 +138,11 @@ void Engine::forward(const StepBatch& b, Mode mode, float* logits) {
     f16* vc = mode == Mode::Paged ? v_pages_[static_cast<size_t>(l)].ptr.get() : v_ctx_[static_cast<size_t>(l)].ptr.get();
     // attention block: x += o_proj(attn(rope(q), rope(k), v)) of rmsnorm(x)
     rmsnorm(x.data(), L.input_norm.data(), L.input_norm.dtype, T, m.hidden, m.rms_eps, h.data(), &pool_);
-    matmul(h.data(), T, m.hidden, L.q.data(), L.q.dtype, qn, L.q_bias.empty() ? nullptr : L.q_bias.data(), q.data(), &pool_);
-    matmul(h.data(), T, m.hidden, L.k.data(), L.k.dtype, kn, L.k_bias.empty() ? nullptr : L.k_bias.data(), k.data(), &pool_);
-    matmul(h.data(), T, m.hidden, L.v.data(), L.v.dtype, vn, L.v_bias.empty() ? nullptr : L.v_bias.data(), v.data(), &pool_);
+    const MatmulOut qkv[3] = {
+        {L.q.data(), L.q.dtype, qn, L.q_bias.empty() ? nullptr : L.q_bias.data(), q.data()},
+        {L.k.data(), L.k.dtype, kn, L.k_bias.empty() ? nullptr : L.k_bias.data(), k.data()},
+        {L.v.data(), L.v.dtype, vn, L.v_bias.empty() ? nullptr : L.v_bias.data(), v.data()}};
+    matmul_multi(h.data(), T, m.hidden, qkv, 3, &pool_);
     rope(q.data(), T, m.n_heads, m.head_dim, b.positions.data(), inv_freq_.data(), &pool_);
     rope(k.data(), T, m.n_kv, m.head_dim, b.positions.data(), inv_freq_.data(), &pool_);
     routed_append(k.data(), slots, T, kn, kc, &pool_);
@@ -156,8 +160,9 @@ void Engine::forward(const StepBatch& b, Mode mode, float* logits) {
     for (int64_t i = 0; i < T * H; ++i) x[static_cast<size_t>(i)] += o[static_cast<size_t>(i)];
     // MLP block: x += down(swiglu(gate(h), up(h))) of h = rmsnorm(x)
     rmsnorm(x.data(), L.post_norm.data(), L.post_norm.dtype, T, m.hidden, m.rms_eps, h.data(), &pool_);
-    matmul(h.data(), T, m.hidden, L.gate.data(), L.gate.dtype, m.ffn, nullptr, g.data(), &pool_);
-    matmul(h.data(), T, m.hidden, L.up.data(), L.up.dtype, m.ffn, nullptr, u.data(), &pool_);
+    const MatmulOut gate_up[2] = {{L.gate.data(), L.gate.dtype, m.ffn, nullptr, g.data()},
+                                  {L.up.data(), L.up.dtype, m.ffn, nullptr, u.data()}};
+    matmul_multi(h.data(), T, m.hidden, gate_up, 2, &pool_);
     swiglu(g.data(), u.data(), T, m.ffn, g.data(), &pool_);
     matmul(g.data(), T, m.ffn, L.down.data(), L.down.dtype, m.hidden, nullptr, o.data(), &pool_);
     for (int64_t i = 0; i < T * H; ++i) x[static_cast<size_t>(i)] += o[static_cast<size_t>(i)];
