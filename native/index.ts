@@ -121,7 +121,7 @@ export interface CudaStatus {
 }
 
 export interface NativeBackends {
-  readonly cpu: { readonly isa: "generic" | "avx2"; readonly threads: number } & CpuFeatures;
+  readonly cpu: { readonly isa: "generic" | "avx2" | "avx512"; readonly threads: number } & CpuFeatures;
   readonly cuda: CudaStatus;
 }
 
