@@ -1,5 +1,5 @@
 import { join } from "node:path";
-import { defaultThreads, type Engine, features, kernels } from "../native/index.ts";
+import { defaultThreads, type Engine, features } from "../native/index.ts";
 import type { Decoder } from "../worker/model/decoder.ts";
 import { ContiguousDecoder } from "../worker/model/decoder-contiguous.ts";
 import { PageAllocator, PagedDecoder } from "../worker/model/decoder-paged.ts";
@@ -7,15 +7,21 @@ import { openEngine } from "../worker/model/engine.ts";
 import { generateModel } from "../worker/model/generate.ts";
 import { type LoadedModel, loadModelDir } from "../worker/model/model-dir.ts";
 import { Rng, seedRng } from "../worker/model/prng.ts";
+import { BANDWIDTH_BYTES, BandwidthProbe } from "./_bandwidth.ts";
 import { type Bench, round } from "./contract.ts";
 
 /**
  * Decode throughput of the `small` preset (12 layers, hidden 768, bf16),
  * paged and contiguous side by side, at batch 1, 4 and 16: prefill tokens/s
  * (one step of batch × prompt rows) and decode tokens/s (steps of one token
- * per sequence). Memory bandwidth is measured in the same run (a
- * multi-threaded memcpy, counting bytes read plus written) and compared with
- * what batch-1 decode implies: weight bytes read per token × tokens/s.
+ * per sequence). Memory bandwidth is measured in the same run by the shared
+ * probe (bench/_bandwidth.ts: memcpy bytes copied/s and streaming-read
+ * bytes/s) and compared with what batch-1 decode implies: weight bytes read
+ * per token × tokens/s. Decode only reads weights, so the goal ratio
+ * (issue 5: ≥ 0.6) is paged_b1_decode_over_read_bandwidth; the memcpy ratio
+ * is printed beside it. The probe's buffer is larger than any last-level
+ * cache, but the preset's 164 MB of weights may partly stay in a large one
+ * between steps, so the ratio can exceed 1 there.
  *
  * The model is generated once under .continuum/models/small (seed 0) and
  * reused.
@@ -32,20 +38,6 @@ async function smallModel(log: (l: string) => void): Promise<LoadedModel> {
     await generateModel({ preset: "small", out: MODEL_DIR, seed: 0, force: true });
     return loadModelDir(MODEL_DIR, { variant: "bench" });
   }
-}
-
-/** Best-of-n copy bandwidth in GB/s (read + write bytes). */
-function memcpyGbPerS(bytes: number, reps: number): number {
-  const src = new Uint8Array(bytes).fill(1);
-  const dst = new Uint8Array(bytes);
-  kernels.memcpy(dst, src); // touch the pages first
-  let best = Number.POSITIVE_INFINITY;
-  for (let i = 0; i < reps; i++) {
-    const t0 = performance.now();
-    kernels.memcpy(dst, src);
-    best = Math.min(best, performance.now() - t0);
-  }
-  return (2 * bytes) / (best / 1000) / 1e9;
 }
 
 interface Run {
@@ -91,13 +83,18 @@ const bench: Bench = {
     let weightBytes = 0;
     for (const [name, t] of model.weights.tensors)
       weightBytes += name === "model.embed_tokens.weight" && !spec.tiedEmbeddings ? 0 : t.data.byteLength;
-    const bwGbPerS = memcpyGbPerS(quick ? 128 * 2 ** 20 : 512 * 2 ** 20, quick ? 3 : 5);
-    log(`memcpy bandwidth ${round(bwGbPerS)} GB/s; weight bytes per token ${weightBytes}`);
+    const probe = new BandwidthProbe();
+    for (let i = 0; i < (quick ? 3 : 7); i++) probe.sample();
+    const bw = probe.result();
+    log(
+      `bandwidth: memcpy ${round(bw.memcpy_gb_per_s)} GB/s copied, read ${round(bw.read_gb_per_s)} GB/s; weight bytes per token ${weightBytes}`,
+    );
 
     const ctx = promptLen + steps + 2;
     const engines: Engine[] = [];
     const figures: Record<string, number> = {
-      memcpy_gb_per_s: round(bwGbPerS),
+      memcpy_gb_per_s: round(bw.memcpy_gb_per_s),
+      read_gb_per_s: round(bw.read_gb_per_s),
       weight_bytes_per_token: weightBytes,
     };
     try {
@@ -138,7 +135,8 @@ const bench: Bench = {
           f("paged_b16_prefill_tok_per_s") / f("contiguous_b16_prefill_tok_per_s"),
         ),
         paged_b16_over_b1_decode: round(f("paged_b16_decode_tok_per_s") / f("paged_b1_decode_tok_per_s")),
-        paged_b1_decode_over_memcpy_bandwidth: round(b1Bw / bwGbPerS),
+        paged_b1_decode_over_read_bandwidth: round(b1Bw / bw.read_gb_per_s),
+        paged_b1_decode_over_memcpy_bandwidth: round(b1Bw / bw.memcpy_gb_per_s),
       },
       env: {
         model: "small preset (seed 0)",
@@ -146,6 +144,7 @@ const bench: Bench = {
         prompt_tokens: promptLen,
         decode_steps: steps,
         page_tokens: PAGE,
+        bandwidth_bytes: BANDWIDTH_BYTES,
         threads: defaultThreads,
         cpu_features: features,
       },

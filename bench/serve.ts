@@ -94,7 +94,6 @@ async function smallModel(log: (l: string) => void): Promise<LoadedModel> {
  * device time (the native step) and the runtime's own per-step JS time.
  */
 class MeteredEngine implements Engine {
-  readonly backend = "cpu" as const;
   /** [rows, ms] of every step since the last reset. */
   steps: [number, number][] = [];
 
@@ -102,6 +101,9 @@ class MeteredEngine implements Engine {
 
   get spec() {
     return this.inner.spec;
+  }
+  get backend() {
+    return this.inner.backend;
   }
   get threads() {
     return this.inner.threads;
@@ -624,6 +626,7 @@ const bench: Bench = {
         ratios,
         env: {
           model: "small preset (seed 0)",
+          backend: engine.backend,
           threads: engine.threads,
           page_tokens: PAGE_TOKENS,
           physical_pages: PHYSICAL_PAGES,

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Builds the CUDA kernels, the CPU kernels (native/src) and the C++ harness
-# with nvcc (no Node, no CMake needed), then runs the harness: every CUDA
-# kernel against the CPU kernel on fresh random data, GPU determinism
-# (batch and chunking invariance), page transfers, and timings against the
-# device copy bandwidth measured in the same run.
+# Builds the CUDA kernels and engine, the CPU kernels and engine (native/src)
+# and the C++ harness with nvcc (no Node, no CMake needed), then runs the
+# harness: every CUDA kernel against the CPU kernel on fresh random data, GPU
+# determinism (batch and chunking invariance), page transfers, the CUDA
+# engine's step() logits against the CPU engine's on a small random model,
+# and timings against the device copy bandwidth measured in the same run.
 #
 #   native/gpu-check.sh [--build-only] [--quick] [seed]
 #
@@ -30,23 +31,31 @@ mkdir -p "$BUILD"
 # cuBLAS: linked when its header is reachable (the GPU image has it; this
 # project's CI machine does not).
 CUBLAS=()
+NO_CUBLAS=()
 if echo '#include <cublas_v2.h>' | nvcc -x cu -E - -o /dev/null 2>/dev/null; then
-  CUBLAS=(-lcublas)
-  echo "gpu-check: cuBLAS headers found: the cuBLAS path is built"
+  if echo 'int main(){}' | nvcc -x cu - -lcublas -o /dev/null 2>/dev/null; then
+    CUBLAS=(-lcublas)
+    echo "gpu-check: cuBLAS found: the cuBLAS path is built"
+  else
+    NO_CUBLAS=(-DCK_NO_CUBLAS)
+    echo "gpu-check: cuBLAS headers but no library: building without the cuBLAS path"
+  fi
 else
   echo "gpu-check: no cuBLAS headers: building without the cuBLAS path"
 fi
 
 NVFLAGS=(-std=c++17 -O3 -lineinfo
   -gencode "arch=compute_${ARCH},code=sm_${ARCH}" -gencode "arch=compute_${ARCH},code=compute_${ARCH}"
-  -Xcompiler -Wall,-Wextra,-pthread -Xptxas -warn-spills -Inative/src)
+  -Xcompiler -Wall,-Wextra,-pthread -Xptxas -warn-spills -Inative/src -DCK_WITH_CUDA=1 "${NO_CUBLAS[@]}")
 
 echo "gpu-check: compiling into $BUILD"
 t0=$(date +%s)
 objs=()
 pids=()
+# The harness links the CUDA engine and the CPU engine (backend.cc, engine.cc)
+# directly, to compare their step() logits without Node.
 for src in native/cuda/*.cu native/cuda/harness/*.cu native/src/kernels_cpu.cc native/src/kernels_avx2.cc \
-  native/src/thread_pool.cc; do
+  native/src/thread_pool.cc native/src/backend.cc native/src/engine.cc; do
   obj="$BUILD/$(basename "${src%.*}").o"
   objs+=("$obj")
   nvcc "${NVFLAGS[@]}" -c "$src" -o "$obj" &

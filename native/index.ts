@@ -12,6 +12,11 @@
  * Bad input (a page id or slot out of range, duplicate slots, lengths that
  * disagree, an unknown tensor, a freed engine) throws synchronously with the
  * reason and writes nothing.
+ *
+ * Two backends sit behind the one Engine: the CPU engine (always built) and
+ * the CUDA engine (built in when nvcc was found at build time, see
+ * native/build.mjs), chosen per engine by `EngineOptions.backend`;
+ * `nativeBackends()` says what this addon offers.
  */
 import { createRequire } from "node:module";
 import type { PageId } from "../schema/ids.ts";
@@ -91,11 +96,33 @@ export interface CpuFeatures {
   readonly avx2: boolean;
   readonly fma: boolean;
   readonly f16c: boolean;
+  /** AVX-512 F and DQ: the batched GEMM's 512-bit column pairs. */
+  readonly avx512: boolean;
 }
 
+/** A backend that computes. */
+export type BackendName = "cpu" | "cuda";
+/** What engine creation asks for: `auto` = CUDA when built and a device is present, else CPU. */
+export type BackendChoice = "auto" | BackendName;
+
 export interface EngineOptions {
-  /** Compute threads (the compute thread plus workers); default: all cores. */
+  /** Compute threads of the CPU backend (the compute thread plus workers); default: all cores. */
   readonly threads?: number;
+  /** Default "auto". */
+  readonly backend?: BackendChoice;
+}
+
+/** Whether this addon carries the CUDA backend and what the CUDA runtime sees. */
+export interface CudaStatus {
+  readonly built: boolean;
+  readonly devices: number;
+  /** Why no device is usable (absent when devices > 0). */
+  readonly reason?: string;
+}
+
+export interface NativeBackends {
+  readonly cpu: { readonly isa: "generic" | "avx2" | "avx512"; readonly threads: number } & CpuFeatures;
+  readonly cuda: CudaStatus;
 }
 
 /**
@@ -105,8 +132,9 @@ export interface EngineOptions {
  * is `pageBytes` = nLayers * pageSize * nKvHeads * (headDim + vHeadDim) * 2.
  */
 export interface Engine {
-  readonly backend: "cpu";
+  readonly backend: BackendName;
   readonly spec: ModelSpec;
+  /** Host threads that compute (the CUDA backend: 1, the one that queues device work). */
   readonly threads: number;
   /** Bytes of one page across all layers (0 before createPool). */
   readonly pageBytes: number;
@@ -146,15 +174,20 @@ interface NativeEngine {
   free(): void;
   readonly threads: number;
   readonly pageBytes: number;
+  readonly backend: BackendName;
 }
 
 /** Synchronous single-kernel hooks on a shared thread pool: for tests and benchmarks only. */
 export interface Kernels {
   setThreads(n: number): void;
   threads(): number;
-  /** Switches the vector path (test hook); false when the CPU lacks it. */
-  setIsa(isa: "generic" | "avx2"): boolean;
-  isa(): "generic" | "avx2";
+  /**
+   * Switches the vector path (test hook); false when the CPU lacks it.
+   * "avx512" is the avx2 arithmetic bit for bit, with the batched GEMM on
+   * 512-bit column pairs.
+   */
+  setIsa(isa: "generic" | "avx2" | "avx512"): boolean;
+  isa(): "generic" | "avx2" | "avx512";
   /** f32 → f16 bits through the vector path that routed append uses. */
   f32ToF16(x: Float32Array, y: Uint16Array): void;
   /** f32 → f16 bits through the scalar conversion. */
@@ -228,11 +261,18 @@ export interface Kernels {
   embed(ids: Int32Array, table: Uint8Array, dtype: WeightDType, D: number, out: Float32Array): void;
   /** Multi-threaded copy: the memory-bandwidth yardstick. */
   memcpy(dst: Uint8Array, src: Uint8Array): void;
+  /** Multi-threaded streaming read (a checksum of src's 64-bit words): the read-bandwidth yardstick. */
+  memread(src: Uint8Array): number;
 }
 
 interface Addon {
-  readonly Engine: new (spec: ModelSpec, invFreq: Float32Array, threads?: number) => NativeEngine;
-  readonly backend: "cpu";
+  readonly Engine: new (
+    spec: ModelSpec,
+    invFreq: Float32Array,
+    threads: number,
+    backend: BackendName,
+  ) => NativeEngine;
+  cudaProbe(): CudaStatus;
   readonly features: CpuFeatures;
   readonly defaultThreads: number;
   readonly kernels: Kernels;
@@ -252,11 +292,56 @@ function loadAddon(): Addon {
 
 const addon = loadAddon();
 
-/** Which backend computes, and what the CPU offers (for benchmark env lines). */
-export const backend: "cpu" = addon.backend;
+/** What the CPU offers (for benchmark env lines). */
 export const features: CpuFeatures = addon.features;
 export const defaultThreads: number = addon.defaultThreads;
 export const kernels: Kernels = addon.kernels;
+
+/**
+ * The backends this addon offers: the CPU's vector path and threads, and
+ * whether the CUDA backend is built in and how many devices it sees (the
+ * CUDA runtime is asked on each call; without a driver it answers 0 devices
+ * and the reason).
+ */
+export function nativeBackends(): NativeBackends {
+  return {
+    cpu: { isa: kernels.isa(), threads: defaultThreads, ...features },
+    cuda: addon.cudaProbe(),
+  };
+}
+
+export class BackendUnavailableError extends Error {
+  override readonly name = "BackendUnavailableError";
+}
+
+/**
+ * The backend an engine gets. Pure. `auto` takes CUDA when it is built and
+ * sees a device, else CPU; `cuda` without either throws saying which.
+ */
+export function chooseBackend(choice: BackendChoice, cuda: CudaStatus): BackendName {
+  switch (choice) {
+    case "cpu":
+      return "cpu";
+    case "auto":
+      return cuda.built && cuda.devices > 0 ? "cuda" : "cpu";
+    case "cuda":
+      if (!cuda.built) {
+        throw new BackendUnavailableError(
+          `backend "cuda" requested, but this native addon was built without the CUDA backend (${cuda.reason ?? "no nvcc at build time"}); rebuild with nvcc present (CONTINUUM_CUDA=on)`,
+        );
+      }
+      if (cuda.devices === 0) {
+        throw new BackendUnavailableError(
+          `backend "cuda" requested, but no CUDA device is usable: ${cuda.reason ?? "0 devices"}`,
+        );
+      }
+      return "cuda";
+    default:
+      throw new BackendUnavailableError(
+        `backend must be "auto", "cpu" or "cuda", got ${JSON.stringify(choice)}`,
+      );
+  }
+}
 
 // ---- model description ----------------------------------------------------------
 
@@ -417,10 +502,15 @@ function orderWeights(spec: ModelSpec, weights: Weights): { dtype: WeightDType; 
  * the process (exit 134). So every live engine is freed on "exit", while
  * the environment is still whole.
  */
-const liveEngines = new Set<CpuEngine>();
+const liveEngines = new Set<NativeBackedEngine>();
 let exitHookInstalled = false;
 
-function trackEngine(e: CpuEngine): void {
+/** Engines created and not yet freed, in this process. */
+export function liveEngineCount(): number {
+  return liveEngines.size;
+}
+
+function trackEngine(e: NativeBackedEngine): void {
   liveEngines.add(e);
   if (exitHookInstalled) return;
   exitHookInstalled = true;
@@ -429,8 +519,8 @@ function trackEngine(e: CpuEngine): void {
   });
 }
 
-class CpuEngine implements Engine {
-  readonly backend = "cpu" as const;
+class NativeBackedEngine implements Engine {
+  readonly backend: BackendName;
   #native: NativeEngine | null;
   #hasPool = false;
 
@@ -439,6 +529,7 @@ class CpuEngine implements Engine {
     native: NativeEngine,
   ) {
     this.#native = native;
+    this.backend = native.backend;
     trackEngine(this);
   }
 
@@ -499,8 +590,10 @@ function toIds(ids: Int32Array | readonly PageId[]): Int32Array {
 
 /**
  * Validates the spec and every tensor (a bad one throws naming it, before any
- * native memory is taken), then copies the weights into native memory on the
- * compute thread. A failure frees what was created.
+ * native memory is taken), chooses the backend (`opts.backend`, see
+ * chooseBackend: a forced one that is unavailable throws before anything is
+ * created), then copies the weights into the backend's memory (host or
+ * device) on the compute thread. A failure frees what was created.
  */
 export async function createEngine(
   spec: ModelSpec,
@@ -512,12 +605,15 @@ export async function createEngine(
   const threads = opts.threads ?? defaultThreads;
   if (!Number.isInteger(threads) || threads < 1)
     throw new RangeError(`threads must be a positive integer, got ${threads}`);
-  const native = new addon.Engine(spec, ropeInvFreq(spec), threads);
+  const choice = opts.backend ?? "auto";
+  // "cpu" never touches the CUDA runtime (the probe loads the driver).
+  const backend = choice === "cpu" ? "cpu" : chooseBackend(choice, addon.cudaProbe());
+  const native = new addon.Engine(spec, ropeInvFreq(spec), threads, backend);
   try {
     await native.loadWeights(ordered);
   } catch (e) {
     native.free();
     throw e;
   }
-  return new CpuEngine(spec, native);
+  return new NativeBackedEngine(spec, native);
 }

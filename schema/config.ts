@@ -113,7 +113,13 @@ export interface Config {
     peerPortBase: number;
     /** Heartbeat interval; keep it well under controller.heartbeatTtlMs and residentFreshMs. */
     heartbeatIntervalMs: number;
+    /** CPU backend compute threads; 0 = all cores. */
     threads: number;
+    /**
+     * Native engine backend: auto = CUDA when the addon was built with it and
+     * a device is present, else CPU; cuda without either fails at start saying
+     * which. Env: CONTINUUM_WORKER_BACKEND.
+     */
     backend: "auto" | "cpu" | "cuda";
     /**
      * Durable prefix reuse: checkpoints (capture finished prefixes into RAM,

@@ -18,7 +18,8 @@ const usage = [
   "Usage: continuum serve [--config FILE] [--port N] [--host H]",
   "",
   "The embedded default: the whole system in one process — the OpenAI-compatible HTTP",
-  "API, one worker runtime on the native CPU engine, and the model (model.dir, or the",
+  "API, one worker runtime on the native engine (worker.backend: auto = CUDA when built and a",
+  "device is present, else CPU), and the model (model.dir, or the",
   "generated `model.preset` under store.dataDir, written on first start).",
   "Listens on 127.0.0.1:8080 unless PORT, --port or controller.httpPort say otherwise.",
   "Ctrl-C stops it cleanly.",
@@ -41,7 +42,11 @@ const command: Command = {
       Effect.gen(function* () {
         const { model, id } = yield* Effect.promise(() => ensureModel(config, log));
         const engine = yield* resource(
-          () => loadEngine(model, config.pages, config.worker.threads || undefined),
+          () =>
+            loadEngine(model, config.pages, {
+              ...(config.worker.threads ? { threads: config.worker.threads } : {}),
+              backend: config.worker.backend,
+            }),
           (e) => e.free(),
         );
         // Durable prefixes (embedded catalog log + local chunk files): released after the runtime stops.

@@ -54,7 +54,11 @@ const command: Command = {
       Effect.gen(function* () {
         const { model, id: modelId } = yield* Effect.promise(() => ensureModel(config, log));
         const engine = yield* resource(
-          () => loadEngine(model, config.pages, config.worker.threads || undefined),
+          () =>
+            loadEngine(model, config.pages, {
+              ...(config.worker.threads ? { threads: config.worker.threads } : {}),
+              backend: config.worker.backend,
+            }),
           (e) => e.free(),
         );
         // This worker's durable prefixes: RAM and local files of its own (one

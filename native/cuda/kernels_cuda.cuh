@@ -105,7 +105,8 @@ void embed(const int32_t* ids, int32_t T, const void* embedding, ck::DType wt, i
 // gemm_cublas.cu. For f16/bf16 weights x is first rounded to the weight type
 // (cuBLAS GemmEx needs A and B of one type), so results also differ from
 // matmul() by that rounding (~1e-3 relative).
-#if defined(__has_include)
+// A build that finds the header but not the library defines CK_NO_CUBLAS.
+#if defined(__has_include) && !defined(CK_NO_CUBLAS)
 #if __has_include(<cublas_v2.h>)
 #define CK_HAVE_CUBLAS 1
 #endif

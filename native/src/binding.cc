@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "async_queue.h"
+#include "backend.h"
 #include "cpu.h"
 #include "engine.h"
 #include "kernels.h"
@@ -83,9 +84,9 @@ struct LoadJob : Job {
     const uint8_t* data;
     size_t bytes;
   };
-  Engine* engine;
+  Backend* engine;
   std::vector<Item> items;
-  LoadJob(Napi::Env env, Engine* e) : Job(env), engine(e) {}
+  LoadJob(Napi::Env env, Backend* e) : Job(env), engine(e) {}
   void execute() override {
     for (size_t i = 0; i < items.size(); ++i) {
       const std::string err = engine->set_weight(i, items[i].dtype, items[i].data, items[i].bytes);
@@ -95,12 +96,12 @@ struct LoadJob : Job {
 };
 
 struct StepJob : Job {
-  Engine* engine;
+  Backend* engine;
   StepBatch batch;
   bool paged;
   Napi::Reference<Napi::Float32Array> out;
   float* logits;
-  StepJob(Napi::Env env, Engine* e, StepBatch b, bool p)
+  StepJob(Napi::Env env, Backend* e, StepBatch b, bool p)
       : Job(env), engine(e), batch(std::move(b)), paged(p) {
     Napi::Float32Array a = Napi::Float32Array::New(env, batch.logit_rows.size() * static_cast<size_t>(engine->spec().vocab));
     logits = a.Data();
@@ -117,11 +118,11 @@ struct StepJob : Job {
 };
 
 struct DownloadJob : Job {
-  Engine* engine;
+  Backend* engine;
   std::vector<int32_t> ids;
   Napi::Reference<Napi::Uint8Array> out;
   uint8_t* bytes;
-  DownloadJob(Napi::Env env, Engine* e, std::vector<int32_t> i) : Job(env), engine(e), ids(std::move(i)) {
+  DownloadJob(Napi::Env env, Backend* e, std::vector<int32_t> i) : Job(env), engine(e), ids(std::move(i)) {
     Napi::Uint8Array a = Napi::Uint8Array::New(env, ids.size() * static_cast<size_t>(engine->page_bytes()));
     bytes = a.Data();
     out = Napi::Persistent(a);
@@ -131,18 +132,18 @@ struct DownloadJob : Job {
 };
 
 struct UploadJob : Job {
-  Engine* engine;
+  Backend* engine;
   std::vector<int32_t> ids;
   const uint8_t* bytes;
-  UploadJob(Napi::Env env, Engine* e, std::vector<int32_t> i, const uint8_t* b)
+  UploadJob(Napi::Env env, Backend* e, std::vector<int32_t> i, const uint8_t* b)
       : Job(env), engine(e), ids(std::move(i)), bytes(b) {}
   void execute() override { engine->upload_pages(ids, bytes); }
 };
 
 struct CopyJob : Job {
-  Engine* engine;
+  Backend* engine;
   int32_t src, dst;
-  CopyJob(Napi::Env env, Engine* e, int32_t s, int32_t d) : Job(env), engine(e), src(s), dst(d) {}
+  CopyJob(Napi::Env env, Backend* e, int32_t s, int32_t d) : Job(env), engine(e), src(s), dst(d) {}
   void execute() override { engine->copy_page(src, dst); }
 };
 
@@ -165,10 +166,11 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
                            InstanceMethod<&EngineWrap::Free>("free"),
                            InstanceAccessor<&EngineWrap::Threads>("threads"),
                            InstanceAccessor<&EngineWrap::PageBytes>("pageBytes"),
+                           InstanceAccessor<&EngineWrap::BackendName>("backend"),
                        });
   }
 
-  // new Engine(spec, invFreq: Float32Array, threads)
+  // new Engine(spec, invFreq: Float32Array, threads, backend: "cpu" | "cuda")
   explicit EngineWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<EngineWrap>(info) {
     Napi::Env env = info.Env();
     if (!info[0].IsObject()) throw Napi::TypeError::New(env, "spec must be an object");
@@ -195,7 +197,19 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
     need(env, inv.ElementLength() == static_cast<size_t>(m.head_dim / 2), "invFreq must have headDim / 2 entries");
     const int32_t threads = info[2].IsNumber() ? info[2].As<Napi::Number>().Int32Value() : default_threads();
     need(env, threads >= 1 && threads <= 1024, "threads must be in [1, 1024]");
-    engine_ = std::make_unique<Engine>(m, std::vector<float>(inv.Data(), inv.Data() + inv.ElementLength()), threads);
+    std::vector<float> inv_freq(inv.Data(), inv.Data() + inv.ElementLength());
+    const std::string backend = info[3].IsString() ? info[3].As<Napi::String>().Utf8Value() : "cpu";
+    if (backend == "cpu") {
+      engine_ = std::make_unique<Engine>(m, std::move(inv_freq), threads);
+    } else if (backend == "cuda") {
+      try {
+        engine_ = make_cuda_engine(m, std::move(inv_freq));
+      } catch (const std::exception& e) {
+        throw Napi::Error::New(env, e.what());
+      }
+    } else {
+      throw Napi::TypeError::New(env, "backend must be \"cpu\" or \"cuda\", got \"" + backend + "\"");
+    }
     compute_ = std::make_unique<AsyncQueue>(env, "continuum-compute", kQueueCapacity, /*background=*/true);
     transfer_ = std::make_unique<AsyncQueue>(env, "continuum-transfer", kQueueCapacity, /*background=*/false);
   }
@@ -209,7 +223,7 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
     engine_.reset();
   }
 
-  Engine* live(Napi::Env env) {
+  Backend* live(Napi::Env env) {
     if (!engine_) throw Napi::Error::New(env, "engine freed");
     return engine_.get();
   }
@@ -232,7 +246,7 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
   // loadWeights([{dtype, data: Uint8Array}] in tensorNames() order) -> Promise<void>
   Napi::Value LoadWeights(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    Engine* e = live(env);
+    Backend* e = live(env);
     if (!info[0].IsArray()) throw Napi::TypeError::New(env, "weights must be an array");
     Napi::Array arr = info[0].As<Napi::Array>();
     const std::vector<TensorSlot> slots = e->tensor_slots();
@@ -257,7 +271,7 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
 
   Napi::Value CreatePool(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    Engine* e = live(env);
+    Backend* e = live(env);
     const std::string err = e->create_pool(info[0].As<Napi::Number>().Int64Value(), info[1].As<Napi::Number>().Int32Value());
     need(env, err.empty(), err);
     return env.Undefined();
@@ -265,7 +279,7 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
 
   Napi::Value CreateContiguousCache(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    Engine* e = live(env);
+    Backend* e = live(env);
     const std::string err = e->create_contiguous(info[0].As<Napi::Number>().Int32Value(), info[1].As<Napi::Number>().Int32Value());
     need(env, err.empty(), err);
     return env.Undefined();
@@ -289,7 +303,7 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
 
   Napi::Value submit_step(const Napi::CallbackInfo& info, bool paged) {
     Napi::Env env = info.Env();
-    Engine* e = live(env);
+    Backend* e = live(env);
     StepBatch b = read_batch(env, info[0], paged);
     const std::string err = paged ? e->validate_paged(b) : e->validate_contiguous(b);
     need(env, err.empty(), err);
@@ -301,7 +315,7 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
   Napi::Value Step(const Napi::CallbackInfo& info) { return submit_step(info, true); }
   Napi::Value StepContiguous(const Napi::CallbackInfo& info) { return submit_step(info, false); }
 
-  std::vector<int32_t> page_ids(Napi::Env env, Napi::Value v, Engine* e) {
+  std::vector<int32_t> page_ids(Napi::Env env, Napi::Value v, Backend* e) {
     Napi::Int32Array a = i32(env, v, "pageIds");
     std::vector<int32_t> ids(a.Data(), a.Data() + a.ElementLength());
     const std::string err = e->validate_pages(ids);
@@ -311,7 +325,7 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
 
   Napi::Value DownloadPages(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    Engine* e = live(env);
+    Backend* e = live(env);
     auto* job = new DownloadJob(env, e, page_ids(env, info[0], e));
     job->keep(Value());
     return transfer_->submit(env, job);
@@ -319,7 +333,7 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
 
   Napi::Value UploadPages(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    Engine* e = live(env);
+    Backend* e = live(env);
     std::vector<int32_t> ids = page_ids(env, info[0], e);
     Napi::Uint8Array bytes = u8(env, info[1], "bytes");
     const size_t want = ids.size() * static_cast<size_t>(e->page_bytes());
@@ -334,7 +348,7 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
 
   Napi::Value CopyPage(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    Engine* e = live(env);
+    Backend* e = live(env);
     if (!info[0].IsNumber() || !info[1].IsNumber()) throw Napi::TypeError::New(env, "copyPage(src, dst) takes two page ids");
     const int32_t src = info[0].As<Napi::Number>().Int32Value();
     const int32_t dst = info[1].As<Napi::Number>().Int32Value();
@@ -351,11 +365,14 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
   }
 
   Napi::Value Threads(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), live(info.Env())->threads()); }
+  Napi::Value BackendName(const Napi::CallbackInfo& info) {
+    return Napi::String::New(info.Env(), live(info.Env())->name());
+  }
   Napi::Value PageBytes(const Napi::CallbackInfo& info) {
     return Napi::Number::New(info.Env(), static_cast<double>(live(info.Env())->page_bytes()));
   }
 
-  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Backend> engine_;
   std::unique_ptr<AsyncQueue> compute_, transfer_;
 };
 
@@ -379,12 +396,14 @@ Napi::Value GetThreads(const Napi::CallbackInfo& info) { return Napi::Number::Ne
 
 Napi::Value SetIsaJs(const Napi::CallbackInfo& info) {
   const std::string s = info[0].As<Napi::String>().Utf8Value();
-  need(info.Env(), s == "generic" || s == "avx2", "isa must be \"generic\" or \"avx2\"");
-  return Napi::Boolean::New(info.Env(), set_isa(s == "avx2" ? Isa::Avx2 : Isa::Generic));
+  need(info.Env(), s == "generic" || s == "avx2" || s == "avx512", "isa must be \"generic\", \"avx2\" or \"avx512\"");
+  return Napi::Boolean::New(info.Env(),
+                            set_isa(s == "avx512" ? Isa::Avx512 : s == "avx2" ? Isa::Avx2 : Isa::Generic));
 }
 
 Napi::Value GetIsa(const Napi::CallbackInfo& info) {
-  return Napi::String::New(info.Env(), active_isa() == Isa::Avx2 ? "avx2" : "generic");
+  const Isa isa = active_isa();
+  return Napi::String::New(info.Env(), isa == Isa::Avx512 ? "avx512" : isa == Isa::Avx2 ? "avx2" : "generic");
 }
 
 Napi::Value F32ToF16(const Napi::CallbackInfo& info) {
@@ -593,6 +612,35 @@ Napi::Value EmbedJs(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
+// memread(src: Uint8Array): number — a multi-threaded streaming read of src
+// on the kernel pool (a sum of its 64-bit words, returned folded to 32 bits so
+// the reads cannot be optimised away): the read-only bandwidth yardstick.
+Napi::Value MemreadJs(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Napi::Uint8Array src = u8(env, info[0], "src");
+  need(env, src.ByteLength() % 8 == 0, "memread: length must be a multiple of 8 bytes");
+  const int64_t words = static_cast<int64_t>(src.ByteLength() / 8);
+  constexpr int64_t kChunk = 1 << 17;  // words: 1 MiB
+  const int64_t chunks = (words + kChunk - 1) / kChunk;
+  std::vector<uint64_t> sums(static_cast<size_t>(chunks), 0);
+  const uint8_t* base = src.Data();
+  parallel_for(kernel_pool(), chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t b = c * kChunk, e = std::min(words, b + kChunk);
+      uint64_t s = 0;
+      for (int64_t i = b; i < e; ++i) {
+        uint64_t w;
+        std::memcpy(&w, base + i * 8, 8);
+        s += w;
+      }
+      sums[static_cast<size_t>(c)] = s;
+    }
+  });
+  uint64_t total = 0;
+  for (uint64_t s : sums) total += s;
+  return Napi::Number::New(env, static_cast<double>(static_cast<uint32_t>(total ^ (total >> 32))));
+}
+
 // memcpy(dst: Uint8Array, src: Uint8Array): a multi-threaded copy on the
 // kernel pool, the bandwidth yardstick for the attention benchmark.
 Napi::Value MemcpyJs(const Napi::CallbackInfo& info) {
@@ -610,18 +658,31 @@ Napi::Value MemcpyJs(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
+// cudaProbe() -> {built, devices, reason}: whether this addon carries the
+// CUDA backend, and how many devices the runtime sees (or why none).
+Napi::Value CudaProbeJs(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  const CudaProbe p = cuda_probe();
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("built", p.built);
+  o.Set("devices", p.devices);
+  if (!p.reason.empty()) o.Set("reason", p.reason);
+  return o;
+}
+
 Napi::Object Features(Napi::Env env) {
   const CpuFeatures f = cpu_features();
   Napi::Object o = Napi::Object::New(env);
   o.Set("avx2", f.avx2);
   o.Set("fma", f.fma);
   o.Set("f16c", f.f16c);
+  o.Set("avx512", f.avx512);
   return o;
 }
 
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("Engine", EngineWrap::Init(env));
-  exports.Set("backend", "cpu");
+  exports.Set("cudaProbe", Napi::Function::New(env, CudaProbeJs));
   exports.Set("features", Features(env));
   exports.Set("defaultThreads", Napi::Number::New(env, default_threads()));
   Napi::Object k = Napi::Object::New(env);
@@ -642,6 +703,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   k.Set("swiglu", Napi::Function::New(env, SwigluJs));
   k.Set("embed", Napi::Function::New(env, EmbedJs));
   k.Set("memcpy", Napi::Function::New(env, MemcpyJs));
+  k.Set("memread", Napi::Function::New(env, MemreadJs));
   exports.Set("kernels", k);
   return exports;
 }

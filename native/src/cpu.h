@@ -9,24 +9,37 @@
 // given element the same way.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels.h"
 
 namespace ck {
 
-enum class Isa : int32_t { Generic = 0, Avx2 = 1 };
+// Avx512 is the Avx2 arithmetic, bit for bit: the batched GEMM packs two
+// output columns' 8-lane accumulators into one 512-bit register (low half
+// column c, high half column c + 1), so each lane still does exactly the
+// 8-lane FMA sequence of the Avx2 path, at twice the FMAs per instruction.
+enum class Isa : int32_t { Generic = 0, Avx2 = 1, Avx512 = 2 };
 
 struct CpuFeatures {
   bool avx2 = false;
   bool fma = false;
   bool f16c = false;
+  bool avx512 = false;  // AVX-512 F and DQ (what the column-pair GEMM uses)
 };
 
 CpuFeatures cpu_features();
 Isa active_isa();
 // Returns false (and changes nothing) when the CPU lacks the ISA.
 bool set_isa(Isa isa);
+
+// Asks the OS to back the 2 MiB-aligned part of [p, p + bytes) with huge
+// pages (Linux transparent huge pages in "madvise" mode; a no-op elsewhere or
+// when refused). Call before the memory is first touched. Decode streams
+// every weight once per step, and with 4 KiB pages that stream needs a new
+// TLB entry every 4 KiB.
+void advise_huge_pages(void* p, size_t bytes);
 
 // Byte size of one element of a weight dtype.
 inline int64_t dtype_bytes(DType t) { return t == DType::F32 ? 4 : 2; }
@@ -51,18 +64,22 @@ namespace avx2 {
 // 8-lane f32 accumulator over i in steps of 8 (FMA), a fixed horizontal sum,
 // then the tail i >= n & ~7 added in order with scalar FMA.
 float dot_f16(const float* q, const f16* k, int32_t n);
-// out[g] = dot_f16(q + g * q_stride, k, n) for g < 4, sharing the k loads;
-// bit-identical to four dot_f16 calls.
-void dot4_f16(const float* q, int64_t q_stride, const f16* k, int32_t n, float* out);
+// out[g] = dot_f16(q + g * q_stride, k, n) for g < G, 1 <= G <= 4, sharing
+// the k loads; bit-identical to G dot_f16 calls.
+void dot_group_f16(const float* q, int64_t q_stride, int32_t G, const f16* k, int32_t n, float* out);
 void axpy_f16(float p, const f16* v, float* acc, int32_t n);
-// axpy_f16(p[g], v, acc + g * acc_stride, n) for g < 4, converting v once;
-// bit-identical to four axpy_f16 calls.
-void axpy4_f16(const float* p, const f16* v, float* acc, int64_t acc_stride, int32_t n);
+// axpy_f16(p[g], v, acc + g * acc_stride, n) for g < G, 1 <= G <= 4,
+// converting v once; bit-identical to G axpy_f16 calls.
+void axpy_group_f16(const float* p, int32_t G, const f16* v, float* acc, int64_t acc_stride, int32_t n);
 void f32_to_f16_row(const float* x, f16* y, int32_t n);
 // Same per-element order as dot_f16 (8-lane FMA, fixed hsum, scalar FMA tail)
 // whatever the tile shape, so a row's bits never depend on T.
 void matmul_columns(const float* x, int32_t T, int32_t K, const void* W, DType wt, int32_t N,
                     const float* bias, float* y, int32_t n0, int32_t n1);
+// The same, with batches of 8+ rows on 512-bit column pairs (Isa::Avx512):
+// bit-identical to matmul_columns.
+void matmul_columns_pairs(const float* x, int32_t T, int32_t K, const void* W, DType wt, int32_t N,
+                          const float* bias, float* y, int32_t n0, int32_t n1);
 }  // namespace avx2
 #endif
 

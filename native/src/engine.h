@@ -13,18 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "backend.h"
 #include "kernels.h"
 #include "thread_pool.h"
 
 namespace ck {
-
-struct ModelSpec {
-  int32_t n_layers = 0, hidden = 0, n_heads = 0, n_kv = 0, head_dim = 0, v_head_dim = 0, ffn = 0, vocab = 0;
-  float rms_eps = 1e-6f;
-  bool attention_bias = false;
-  bool tied_embeddings = false;
-  int32_t max_position = 0;
-};
 
 struct Weight {
   DType dtype = DType::F32;
@@ -38,12 +31,6 @@ struct LayerWeights {
   std::vector<float> q_bias, k_bias, v_bias;  // f32 copies (empty without attention bias)
 };
 
-// One expected tensor of the canonical load order.
-struct TensorSlot {
-  std::string name;
-  std::vector<int64_t> shape;
-};
-
 // A page-sized buffer of f16 from calloc: the OS zero-fills lazily, so a big
 // pool costs nothing until it is touched.
 struct F16Buffer {
@@ -55,49 +42,38 @@ struct F16Buffer {
   static F16Buffer zeroed(int64_t elems);
 };
 
-// A ragged batch as the engine reads it (owned copies of the caller's arrays).
-struct StepBatch {
-  std::vector<int32_t> tokens, positions, row_seq, slots, page_table, logit_rows;
-  int32_t pt_stride = 0;
-  int32_t T() const { return static_cast<int32_t>(tokens.size()); }
-};
-
-class Engine {
+class Engine final : public Backend {
  public:
   Engine(const ModelSpec& spec, std::vector<float> inv_freq, int32_t threads);
 
-  const ModelSpec& spec() const { return spec_; }
-  int32_t threads() const { return pool_.threads(); }
+  const char* name() const override { return "cpu"; }
+  const ModelSpec& spec() const override { return spec_; }
+  int32_t threads() const override { return pool_.threads(); }
 
-  // The canonical tensor order loadWeights expects (Hugging Face names).
-  std::vector<TensorSlot> tensor_slots() const;
-  // Copies one tensor in; returns an error message, empty on success.
-  std::string set_weight(size_t index, DType dtype, const uint8_t* data, size_t bytes);
+  // Copies one tensor in (tensor_slots() order); returns an error message, empty on success.
+  std::string set_weight(size_t index, DType dtype, const uint8_t* data, size_t bytes) override;
 
   // Paged K/V pools, one K and one V per layer: [num_pages, page_size, n_kv, head_dim].
-  std::string create_pool(int64_t num_pages, int32_t page_size);
-  bool has_pool() const { return num_pages_ > 0; }
-  int64_t num_pages() const { return num_pages_; }
-  int32_t page_size() const { return page_size_; }
-  // Bytes of one page across all layers, K then V per layer (the transfer unit).
-  int64_t page_bytes() const;
+  std::string create_pool(int64_t num_pages, int32_t page_size) override;
+  int64_t num_pages() const override { return num_pages_; }
+  int32_t page_size() const override { return page_size_; }
 
   // Contiguous oracle cache: [num_seqs, ctx_cap, n_kv, head_dim] per layer.
-  std::string create_contiguous(int32_t num_seqs, int32_t ctx_cap);
+  std::string create_contiguous(int32_t num_seqs, int32_t ctx_cap) override;
 
   // Empty when the batch is valid for step()/step_contiguous().
-  std::string validate_paged(const StepBatch& b) const;
-  std::string validate_contiguous(const StepBatch& b) const;
+  std::string validate_paged(const StepBatch& b) const override;
+  std::string validate_contiguous(const StepBatch& b) const override;
 
   // Full forward; logits [logit_rows.size(), vocab]. Call only after validation.
-  void step(const StepBatch& b, float* logits);
-  void step_contiguous(const StepBatch& b, float* logits);
+  void step(const StepBatch& b, float* logits) override;
+  void step_contiguous(const StepBatch& b, float* logits) override;
 
   // Transfers (validated by validate_pages first).
-  std::string validate_pages(const std::vector<int32_t>& ids) const;
-  void download_pages(const std::vector<int32_t>& ids, uint8_t* out) const;
-  void upload_pages(const std::vector<int32_t>& ids, const uint8_t* in);
-  void copy_page(int32_t src, int32_t dst);
+  std::string validate_pages(const std::vector<int32_t>& ids) const override;
+  void download_pages(const std::vector<int32_t>& ids, uint8_t* out) override;
+  void upload_pages(const std::vector<int32_t>& ids, const uint8_t* in) override;
+  void copy_page(int32_t src, int32_t dst) override;
 
  private:
   enum class Mode { Paged, Contiguous };

@@ -88,6 +88,19 @@ void contiguous_attention(const ContiguousAttention& a, ThreadPool* pool);
 void matmul(const float* x, int32_t T, int32_t K, const void* W, DType wt, int32_t N, const float* bias,
             float* y, ThreadPool* pool);
 
+// Several products of the same x [T, K] (q/k/v, or gate/up) in ONE parallel
+// region: outs[i].y [T, outs[i].N] = x · outs[i].W^T (+ outs[i].bias). Every
+// element is computed exactly as matmul computes it; only the hand-offs
+// between threads are fewer.
+struct MatmulOut {
+  const void* W;
+  DType wt;
+  int32_t N;
+  const float* bias;  // [N] or nullptr
+  float* y;
+};
+void matmul_multi(const float* x, int32_t T, int32_t K, const MatmulOut* outs, int32_t n_outs, ThreadPool* pool);
+
 // y[t,:] = x[t,:] / sqrt(mean(x[t,:]^2) + eps) * w   (RMSNorm; w in `wt`)
 void rmsnorm(const float* x, const void* w, DType wt, int32_t T, int32_t D, float eps, float* y,
              ThreadPool* pool);

@@ -8,6 +8,8 @@
 
 #include <immintrin.h>
 
+#include <vector>
+
 #define CK_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 namespace ck {
@@ -58,19 +60,37 @@ inline float load_w1(const void* W, int64_t i) {
   }
 }
 
-// One register tile: rows [r0, r0+R) × columns [c0, c0+C). Each element has
-// its own 8-lane accumulator walked over k ascending, so its value is the
-// same for any R and C.
-template <int R, int C, DType WT>
-CK_AVX2 void tile(const float* x, int32_t K, const void* W, const float* bias, float* y, int32_t N, int32_t r0,
-                  int32_t c0) {
+template <DType WT>
+inline const void* weight_row(const void* W, int64_t row, int32_t K) {
+  return static_cast<const uint8_t*>(W) + row * K * dtype_bytes(WT);
+}
+
+// One register tile: rows [r0, r0+R) × columns [c0, c0+C); Wc points at
+// weight row c0 (row c0 + c at element c·K). Each element has its own 8-lane
+// accumulator walked over k ascending, so its value is the same for any R
+// and C, and for f32 weights the same as for the bf16/f16 weights they were
+// exactly converted from.
+//
+// pf (or nullptr) points at the weight rows the NEXT tile will read, C rows
+// of K elements of PF: they are prefetched one cache line per row as k
+// reaches it, so the memory stream of the next tile overlaps this tile's
+// FMAs (the hardware prefetcher alone leaves the core waiting at the start of
+// every tile).
+template <int R, int C, DType WT, DType PF = WT>
+CK_AVX2 void tile(const float* x, int32_t K, const void* Wc, const float* bias, float* y, int32_t N, int32_t r0,
+                  int32_t c0, const void* pf = nullptr) {
+  constexpr int32_t kLine = static_cast<int32_t>(64 / (PF == DType::F32 ? 4 : 2));  // PF elements per line
+  const char* pfb = static_cast<const char*>(pf);
+  const int64_t pf_row = static_cast<int64_t>(K) * (PF == DType::F32 ? 4 : 2);
   __m256 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   const int32_t K8 = K & ~7;
   for (int32_t k = 0; k < K8; k += 8) {
+    if (pfb != nullptr && k % kLine == 0)
+      for (int c = 0; c < C; ++c) _mm_prefetch(pfb + c * pf_row + k * (64 / kLine), _MM_HINT_T0);
     __m256 w[C];
-    for (int c = 0; c < C; ++c) w[c] = load_w8<WT>(W, static_cast<int64_t>(c0 + c) * K + k);
+    for (int c = 0; c < C; ++c) w[c] = load_w8<WT>(Wc, static_cast<int64_t>(c) * K + k);
     for (int r = 0; r < R; ++r) {
       const __m256 xv = _mm256_loadu_ps(x + static_cast<int64_t>(r0 + r) * K + k);
       for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(xv, w[c], acc[r][c]);
@@ -79,44 +99,181 @@ CK_AVX2 void tile(const float* x, int32_t K, const void* W, const float* bias, f
   for (int r = 0; r < R; ++r) {
     const float* xr = x + static_cast<int64_t>(r0 + r) * K;
     for (int c = 0; c < C; ++c) {
-      const int64_t wrow = static_cast<int64_t>(c0 + c) * K;
+      const int64_t wrow = static_cast<int64_t>(c) * K;
       float s = hsum(acc[r][c]);
-      for (int32_t k = K8; k < K; ++k) s = fma1(xr[k], load_w1<WT>(W, wrow + k), s);
+      for (int32_t k = K8; k < K; ++k) s = fma1(xr[k], load_w1<WT>(Wc, wrow + k), s);
       if (bias != nullptr) s += bias[c0 + c];
       y[static_cast<int64_t>(r0 + r) * N + c0 + c] = s;
     }
   }
 }
 
+// rows [0, C) of W (a pointer at its row c0) as f32 into out [C, K]: exact,
+// so a tile over `out` computes the same bits as one over W.
+template <int C, DType WT>
+CK_AVX2 void widen_rows(const void* Wc, int32_t K, float* out) {
+  const int32_t K8 = K & ~7;
+  for (int c = 0; c < C; ++c) {
+    const int64_t row = static_cast<int64_t>(c) * K;
+    for (int32_t k = 0; k < K8; k += 8) _mm256_storeu_ps(out + row + k, load_w8<WT>(Wc, row + k));
+    for (int32_t k = K8; k < K; ++k) out[row + k] = load_w1<WT>(Wc, row + k);
+  }
+}
+
+// The widened weight rows of the current column triplet, per thread.
+thread_local std::vector<float> tl_wide;
+
 // Register budget (16 ymm): 4 rows × 3 columns = 12 accumulators + 3 weight
 // vectors; a single row takes 8 columns (8 accumulators + 8 weight vectors).
+// Loop order: column triplets outside, row quads inside, so a triplet's
+// weight rows come from memory once and stay in L1 for every row quad. With
+// several row quads, 16-bit weights are first widened to f32 (exact) so the
+// quads share one conversion and the inner loop is loads and FMAs only
+// (the bf16 shift would otherwise take an FMA port every third FMA).
+// Rows [0, T4) of columns [n0, n1), T4 a multiple of 4.
+template <DType WT>
+CK_AVX2 void quads(const float* x, int32_t T4, int32_t K, const void* W, int32_t N, const float* bias, float* y,
+                   int32_t n0, int32_t n1) {
+  if (T4 == 0) return;
+  const bool widen = WT != DType::F32 && T4 >= 8;
+  if (widen && tl_wide.size() < static_cast<size_t>(3) * K) tl_wide.resize(static_cast<size_t>(3) * K);
+  int32_t c = n0;
+  for (; c + 3 <= n1; c += 3) {
+    const void* Wc = weight_row<WT>(W, c, K);
+    // The first quad prefetches the next triplet's rows.
+    const void* next = c + 6 <= N ? weight_row<WT>(W, c + 3, K) : nullptr;
+    if (widen) {
+      widen_rows<3, WT>(Wc, K, tl_wide.data());
+      for (int32_t r = 0; r < T4; r += 4)
+        tile<4, 3, DType::F32, WT>(x, K, tl_wide.data(), bias, y, N, r, c, r == 0 ? next : nullptr);
+    } else {
+      for (int32_t r = 0; r < T4; r += 4) tile<4, 3, WT>(x, K, Wc, bias, y, N, r, c, r == 0 ? next : nullptr);
+    }
+  }
+  const void* Wc = weight_row<WT>(W, c, K);
+  for (int32_t r = 0; r < T4; r += 4) {
+    switch (n1 - c) {
+      case 2: tile<4, 2, WT>(x, K, Wc, bias, y, N, r, c); break;
+      case 1: tile<4, 1, WT>(x, K, Wc, bias, y, N, r, c); break;
+      default: break;
+    }
+  }
+}
+
+// Rows [r0, T) one at a time, columns [n0, n1).
+template <DType WT>
+CK_AVX2 void single_rows(const float* x, int32_t r0, int32_t T, int32_t K, const void* W, int32_t N,
+                         const float* bias, float* y, int32_t n0, int32_t n1) {
+  for (int32_t r = r0; r < T; ++r) {
+    int32_t c = n0;
+    // Only the first single row streams the weights from memory; it
+    // prefetches the next 8 rows (past n1 too: the next block is usually
+    // this thread's or its neighbour's next one, and the lines land in the
+    // shared L3 either way).
+    for (; c + 8 <= n1; c += 8)
+      tile<1, 8, WT>(x, K, weight_row<WT>(W, c, K), bias, y, N, r, c,
+                     r == r0 && c + 16 <= N ? weight_row<WT>(W, c + 8, K) : nullptr);
+    const void* Wc = weight_row<WT>(W, c, K);
+    switch (n1 - c) {
+      case 7: tile<1, 7, WT>(x, K, Wc, bias, y, N, r, c); break;
+      case 6: tile<1, 6, WT>(x, K, Wc, bias, y, N, r, c); break;
+      case 5: tile<1, 5, WT>(x, K, Wc, bias, y, N, r, c); break;
+      case 4: tile<1, 4, WT>(x, K, Wc, bias, y, N, r, c); break;
+      case 3: tile<1, 3, WT>(x, K, Wc, bias, y, N, r, c); break;
+      case 2: tile<1, 2, WT>(x, K, Wc, bias, y, N, r, c); break;
+      case 1: tile<1, 1, WT>(x, K, Wc, bias, y, N, r, c); break;
+      default: break;
+    }
+  }
+}
+
 template <DType WT>
 CK_AVX2 void columns(const float* x, int32_t T, int32_t K, const void* W, int32_t N, const float* bias,
                      float* y, int32_t n0, int32_t n1) {
-  int32_t r = 0;
-  for (; r + 4 <= T; r += 4) {
-    int32_t c = n0;
-    for (; c + 3 <= n1; c += 3) tile<4, 3, WT>(x, K, W, bias, y, N, r, c);
-    switch (n1 - c) {
-      case 2: tile<4, 2, WT>(x, K, W, bias, y, N, r, c); break;
-      case 1: tile<4, 1, WT>(x, K, W, bias, y, N, r, c); break;
-      default: break;
+  const int32_t T4 = T & ~3;
+  quads<WT>(x, T4, K, W, N, bias, y, n0, n1);
+  single_rows<WT>(x, T4, T, K, W, N, bias, y, n0, n1);
+}
+
+// ---- 512-bit column pairs (Isa::Avx512) ----------------------------------
+// Register budget (32 zmm): 4 rows × 3 column pairs = 12 accumulators, 3
+// weight vectors, 1 broadcast x. The low half of accumulator (r, p) is
+// element (r, c0 + 2p), the high half element (r, c0 + 2p + 1); x's 8 values
+// are broadcast to both halves, so each half runs exactly the 8-lane FMA
+// sequence of `tile`, then the same hsum and scalar tail: the same bits.
+
+#define CK_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512dq")))
+
+// Rows c0 .. c0 + 2P - 1 of W (Wc points at row c0), k < K & ~7, as f32 in
+// pair order: out[(p · K8 + k) · 2 + h · 8 + i] = W[c0 + 2p + h][k + i].
+template <int P, DType WT>
+CK_AVX2 void widen_pairs(const void* Wc, int32_t K, float* out) {
+  const int32_t K8 = K & ~7;
+  for (int p = 0; p < P; ++p)
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = static_cast<int64_t>(2 * p + h) * K;
+      float* o = out + static_cast<int64_t>(p) * K8 * 2 + h * 8;
+      for (int32_t k = 0; k < K8; k += 8) _mm256_storeu_ps(o + 2 * k, load_w8<WT>(Wc, row + k));
+    }
+}
+
+template <int R, int P, DType WT>
+CK_AVX512 void tile_pairs(const float* x, int32_t K, const float* wide, const void* Wc, const float* bias, float* y,
+                          int32_t N, int32_t r0, int32_t c0, const void* pf) {
+  constexpr int32_t kLine = static_cast<int32_t>(64 / (WT == DType::F32 ? 4 : 2));
+  const char* pfb = static_cast<const char*>(pf);
+  const int64_t pf_row = static_cast<int64_t>(K) * (WT == DType::F32 ? 4 : 2);
+  __m512 acc[R][P];
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
+  const int32_t K8 = K & ~7;
+  for (int32_t k = 0; k < K8; k += 8) {
+    if (pfb != nullptr && k % kLine == 0)
+      for (int c = 0; c < 2 * P; ++c) _mm_prefetch(pfb + c * pf_row + k * (64 / kLine), _MM_HINT_T0);
+    __m512 w[P];
+    for (int p = 0; p < P; ++p) w[p] = _mm512_loadu_ps(wide + (static_cast<int64_t>(p) * K8 + k) * 2);
+    for (int r = 0; r < R; ++r) {
+      const __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + static_cast<int64_t>(r0 + r) * K + k));
+      for (int p = 0; p < P; ++p) acc[r][p] = _mm512_fmadd_ps(xv, w[p], acc[r][p]);
     }
   }
-  for (; r < T; ++r) {
-    int32_t c = n0;
-    for (; c + 8 <= n1; c += 8) tile<1, 8, WT>(x, K, W, bias, y, N, r, c);
-    switch (n1 - c) {
-      case 7: tile<1, 7, WT>(x, K, W, bias, y, N, r, c); break;
-      case 6: tile<1, 6, WT>(x, K, W, bias, y, N, r, c); break;
-      case 5: tile<1, 5, WT>(x, K, W, bias, y, N, r, c); break;
-      case 4: tile<1, 4, WT>(x, K, W, bias, y, N, r, c); break;
-      case 3: tile<1, 3, WT>(x, K, W, bias, y, N, r, c); break;
-      case 2: tile<1, 2, WT>(x, K, W, bias, y, N, r, c); break;
-      case 1: tile<1, 1, WT>(x, K, W, bias, y, N, r, c); break;
-      default: break;
+  for (int r = 0; r < R; ++r) {
+    const float* xr = x + static_cast<int64_t>(r0 + r) * K;
+    for (int p = 0; p < P; ++p) {
+      for (int h = 0; h < 2; ++h) {
+        const int c = 2 * p + h;
+        const __m256 half = h == 0 ? _mm512_castps512_ps256(acc[r][p]) : _mm512_extractf32x8_ps(acc[r][p], 1);
+        const int64_t wrow = static_cast<int64_t>(c) * K;
+        float s = hsum(half);
+        for (int32_t k = K8; k < K; ++k) s = fma1(xr[k], load_w1<WT>(Wc, wrow + k), s);
+        if (bias != nullptr) s += bias[c0 + c];
+        y[static_cast<int64_t>(r0 + r) * N + c0 + c] = s;
+      }
     }
   }
+}
+
+thread_local std::vector<float> tl_wide_pairs;
+
+// As columns(), but batches of 8+ rows run column sextets (3 pairs) on
+// 512-bit registers; leftover columns and rows take the 256-bit tiles.
+template <DType WT>
+CK_AVX512 void columns_pairs(const float* x, int32_t T, int32_t K, const void* W, int32_t N, const float* bias,
+                             float* y, int32_t n0, int32_t n1) {
+  const int32_t T4 = T & ~3;
+  if (T4 < 8) return columns<WT>(x, T, K, W, N, bias, y, n0, n1);
+  if (tl_wide_pairs.size() < static_cast<size_t>(6) * K) tl_wide_pairs.resize(static_cast<size_t>(6) * K);
+  float* wide = tl_wide_pairs.data();
+  int32_t c = n0;
+  for (; c + 6 <= n1; c += 6) {
+    const void* Wc = weight_row<WT>(W, c, K);
+    // The first quad prefetches the next sextet's rows.
+    const void* next = c + 12 <= N ? weight_row<WT>(W, c + 6, K) : nullptr;
+    widen_pairs<3, WT>(Wc, K, wide);
+    for (int32_t r = 0; r < T4; r += 4) tile_pairs<4, 3, WT>(x, K, wide, Wc, bias, y, N, r, c, r == 0 ? next : nullptr);
+  }
+  quads<WT>(x, T4, K, W, N, bias, y, c, n1);
+  single_rows<WT>(x, T4, T, K, W, N, bias, y, n0, n1);
 }
 
 }  // namespace
@@ -130,32 +287,60 @@ CK_AVX2 float dot_f16(const float* q, const f16* k, int32_t n) {
   return s;
 }
 
-CK_AVX2 void dot4_f16(const float* q, int64_t q_stride, const f16* k, int32_t n, float* out) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-  const float* q0 = q;
-  const float* q1 = q + q_stride;
-  const float* q2 = q + 2 * q_stride;
-  const float* q3 = q + 3 * q_stride;
+namespace {
+template <int G>
+CK_AVX2 void dot_group(const float* q, int64_t q_stride, const f16* k, int32_t n, float* out) {
+  __m256 acc[G];
+  for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_ps();
   const int32_t n8 = n & ~7;
   for (int32_t i = 0; i < n8; i += 8) {
     const __m256 kv = load_f16x8(k + i);
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i), kv, a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + i), kv, a1);
-    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + i), kv, a2);
-    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + i), kv, a3);
+    for (int g = 0; g < G; ++g) acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * q_stride + i), kv, acc[g]);
   }
-  float s0 = hsum(a0), s1 = hsum(a1), s2 = hsum(a2), s3 = hsum(a3);
+  float s[G];
+  for (int g = 0; g < G; ++g) s[g] = hsum(acc[g]);
   for (int32_t i = n8; i < n; ++i) {
     const float kf = f16_to_f32(k[i]);
-    s0 = fma1(q0[i], kf, s0);
-    s1 = fma1(q1[i], kf, s1);
-    s2 = fma1(q2[i], kf, s2);
-    s3 = fma1(q3[i], kf, s3);
+    for (int g = 0; g < G; ++g) s[g] = fma1(q[g * q_stride + i], kf, s[g]);
   }
-  out[0] = s0;
-  out[1] = s1;
-  out[2] = s2;
-  out[3] = s3;
+  for (int g = 0; g < G; ++g) out[g] = s[g];
+}
+
+template <int G>
+CK_AVX2 void axpy_group(const float* p, const f16* v, float* acc, int64_t acc_stride, int32_t n) {
+  __m256 pv[G];
+  for (int g = 0; g < G; ++g) pv[g] = _mm256_set1_ps(p[g]);
+  const int32_t n8 = n & ~7;
+  for (int32_t i = 0; i < n8; i += 8) {
+    const __m256 vv = load_f16x8(v + i);
+    for (int g = 0; g < G; ++g) {
+      float* a = acc + g * acc_stride + i;
+      _mm256_storeu_ps(a, _mm256_fmadd_ps(pv[g], vv, _mm256_loadu_ps(a)));
+    }
+  }
+  for (int32_t i = n8; i < n; ++i) {
+    const float vf = f16_to_f32(v[i]);
+    for (int g = 0; g < G; ++g) acc[g * acc_stride + i] = fma1(p[g], vf, acc[g * acc_stride + i]);
+  }
+}
+}  // namespace
+
+CK_AVX2 void dot_group_f16(const float* q, int64_t q_stride, int32_t G, const f16* k, int32_t n, float* out) {
+  switch (G) {
+    case 1: return dot_group<1>(q, q_stride, k, n, out);
+    case 2: return dot_group<2>(q, q_stride, k, n, out);
+    case 3: return dot_group<3>(q, q_stride, k, n, out);
+    default: return dot_group<4>(q, q_stride, k, n, out);
+  }
+}
+
+CK_AVX2 void axpy_group_f16(const float* p, int32_t G, const f16* v, float* acc, int64_t acc_stride, int32_t n) {
+  switch (G) {
+    case 1: return axpy_group<1>(p, v, acc, acc_stride, n);
+    case 2: return axpy_group<2>(p, v, acc, acc_stride, n);
+    case 3: return axpy_group<3>(p, v, acc, acc_stride, n);
+    default: return axpy_group<4>(p, v, acc, acc_stride, n);
+  }
 }
 
 CK_AVX2 void axpy_f16(float p, const f16* v, float* acc, int32_t n) {
@@ -164,30 +349,6 @@ CK_AVX2 void axpy_f16(float p, const f16* v, float* acc, int32_t n) {
   for (int32_t i = 0; i < n8; i += 8)
     _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(pv, load_f16x8(v + i), _mm256_loadu_ps(acc + i)));
   for (int32_t i = n8; i < n; ++i) acc[i] = fma1(p, f16_to_f32(v[i]), acc[i]);
-}
-
-CK_AVX2 void axpy4_f16(const float* p, const f16* v, float* acc, int64_t acc_stride, int32_t n) {
-  const __m256 p0 = _mm256_set1_ps(p[0]), p1 = _mm256_set1_ps(p[1]), p2 = _mm256_set1_ps(p[2]),
-               p3 = _mm256_set1_ps(p[3]);
-  float* a0 = acc;
-  float* a1 = acc + acc_stride;
-  float* a2 = acc + 2 * acc_stride;
-  float* a3 = acc + 3 * acc_stride;
-  const int32_t n8 = n & ~7;
-  for (int32_t i = 0; i < n8; i += 8) {
-    const __m256 vv = load_f16x8(v + i);
-    _mm256_storeu_ps(a0 + i, _mm256_fmadd_ps(p0, vv, _mm256_loadu_ps(a0 + i)));
-    _mm256_storeu_ps(a1 + i, _mm256_fmadd_ps(p1, vv, _mm256_loadu_ps(a1 + i)));
-    _mm256_storeu_ps(a2 + i, _mm256_fmadd_ps(p2, vv, _mm256_loadu_ps(a2 + i)));
-    _mm256_storeu_ps(a3 + i, _mm256_fmadd_ps(p3, vv, _mm256_loadu_ps(a3 + i)));
-  }
-  for (int32_t i = n8; i < n; ++i) {
-    const float vf = f16_to_f32(v[i]);
-    a0[i] = fma1(p[0], vf, a0[i]);
-    a1[i] = fma1(p[1], vf, a1[i]);
-    a2[i] = fma1(p[2], vf, a2[i]);
-    a3[i] = fma1(p[3], vf, a3[i]);
-  }
 }
 
 CK_AVX2 void f32_to_f16_row(const float* x, f16* y, int32_t n) {
@@ -207,6 +368,15 @@ CK_AVX2 void matmul_columns(const float* x, int32_t T, int32_t K, const void* W,
     case DType::F32: columns<DType::F32>(x, T, K, W, N, bias, y, n0, n1); break;
     case DType::F16: columns<DType::F16>(x, T, K, W, N, bias, y, n0, n1); break;
     case DType::BF16: columns<DType::BF16>(x, T, K, W, N, bias, y, n0, n1); break;
+  }
+}
+
+CK_AVX512 void matmul_columns_pairs(const float* x, int32_t T, int32_t K, const void* W, DType wt, int32_t N,
+                                   const float* bias, float* y, int32_t n0, int32_t n1) {
+  switch (wt) {
+    case DType::F32: columns_pairs<DType::F32>(x, T, K, W, N, bias, y, n0, n1); break;
+    case DType::F16: columns_pairs<DType::F16>(x, T, K, W, N, bias, y, n0, n1); break;
+    case DType::BF16: columns_pairs<DType::BF16>(x, T, K, W, N, bias, y, n0, n1); break;
   }
 }
 

@@ -6,6 +6,10 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 #include "cpu.h"
 #include "thread_pool.h"
 
@@ -89,14 +93,28 @@ CpuFeatures cpu_features() {
   unsigned a, b, c, d;
   __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
   f.f16c = (c >> 29) & 1u;
+  f.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
 #endif
   return f;
+}
+
+void advise_huge_pages(void* p, size_t bytes) {
+#if defined(__linux__)
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(kHuge - 1);
+  if (e > b) madvise(reinterpret_cast<void*>(b), e - b, MADV_HUGEPAGE);
+#else
+  (void)p;
+  (void)bytes;
+#endif
 }
 
 namespace {
 Isa detect_isa() {
   const CpuFeatures f = cpu_features();
-  return (f.avx2 && f.fma && f.f16c) ? Isa::Avx2 : Isa::Generic;
+  if (!(f.avx2 && f.fma && f.f16c)) return Isa::Generic;
+  return f.avx512 ? Isa::Avx512 : Isa::Avx2;
 }
 Isa g_isa = detect_isa();
 }  // namespace
@@ -104,7 +122,7 @@ Isa g_isa = detect_isa();
 Isa active_isa() { return g_isa; }
 
 bool set_isa(Isa isa) {
-  if (isa == Isa::Avx2 && detect_isa() != Isa::Avx2) return false;
+  if (static_cast<int32_t>(isa) > static_cast<int32_t>(detect_isa())) return false;
   g_isa = isa;
   return true;
 }
@@ -157,7 +175,7 @@ namespace {
 
 inline float dot_f16(const float* q, const f16* k, int32_t n) {
 #ifdef CK_HAVE_AVX2_PATH
-  if (g_isa == Isa::Avx2) return avx2::dot_f16(q, k, n);
+  if (g_isa != Isa::Generic) return avx2::dot_f16(q, k, n);
 #endif
   return generic::dot_f16(q, k, n);
 }
@@ -166,15 +184,15 @@ inline float dot_f16(const float* q, const f16* k, int32_t n) {
 inline void dot_heads_f16(const float* q, int64_t q_stride, int32_t G, const f16* k, int32_t n, float* out) {
   int32_t g = 0;
 #ifdef CK_HAVE_AVX2_PATH
-  if (g_isa == Isa::Avx2)
-    for (; g + 4 <= G; g += 4) avx2::dot4_f16(q + g * q_stride, q_stride, k, n, out + g);
+  if (g_isa != Isa::Generic)
+    for (; g < G; g += 4) avx2::dot_group_f16(q + g * q_stride, q_stride, std::min(4, G - g), k, n, out + g);
 #endif
   for (; g < G; ++g) out[g] = dot_f16(q + g * q_stride, k, n);
 }
 
 inline void axpy_f16(float p, const f16* v, float* acc, int32_t n) {
 #ifdef CK_HAVE_AVX2_PATH
-  if (g_isa == Isa::Avx2) return avx2::axpy_f16(p, v, acc, n);
+  if (g_isa != Isa::Generic) return avx2::axpy_f16(p, v, acc, n);
 #endif
   generic::axpy_f16(p, v, acc, n);
 }
@@ -184,10 +202,12 @@ inline void axpy_heads_f16(const float* p, int64_t p_stride, int32_t G, const f1
                            int64_t acc_stride, int32_t n) {
   int32_t g = 0;
 #ifdef CK_HAVE_AVX2_PATH
-  if (g_isa == Isa::Avx2) {
-    for (; g + 4 <= G; g += 4) {
-      const float pg[4] = {p[g * p_stride], p[(g + 1) * p_stride], p[(g + 2) * p_stride], p[(g + 3) * p_stride]};
-      avx2::axpy4_f16(pg, v, acc + g * acc_stride, acc_stride, n);
+  if (g_isa != Isa::Generic) {
+    for (; g < G; g += 4) {
+      const int32_t gn = std::min(4, G - g);
+      float pg[4];
+      for (int32_t i = 0; i < gn; ++i) pg[i] = p[(g + i) * p_stride];
+      avx2::axpy_group_f16(pg, gn, v, acc + g * acc_stride, acc_stride, n);
     }
   }
 #endif
@@ -196,7 +216,7 @@ inline void axpy_heads_f16(const float* p, int64_t p_stride, int32_t G, const f1
 
 inline void f32_to_f16_row(const float* x, f16* y, int32_t n) {
 #ifdef CK_HAVE_AVX2_PATH
-  if (g_isa == Isa::Avx2) return avx2::f32_to_f16_row(x, y, n);
+  if (g_isa != Isa::Generic) return avx2::f32_to_f16_row(x, y, n);
 #endif
   generic::f32_to_f16_row(x, y, n);
 }
@@ -204,7 +224,8 @@ inline void f32_to_f16_row(const float* x, f16* y, int32_t n) {
 inline void matmul_columns(const float* x, int32_t T, int32_t K, const void* W, DType wt, int32_t N,
                            const float* bias, float* y, int32_t n0, int32_t n1) {
 #ifdef CK_HAVE_AVX2_PATH
-  if (g_isa == Isa::Avx2) return avx2::matmul_columns(x, T, K, W, wt, N, bias, y, n0, n1);
+  if (g_isa == Isa::Avx512) return avx2::matmul_columns_pairs(x, T, K, W, wt, N, bias, y, n0, n1);
+  if (g_isa != Isa::Generic) return avx2::matmul_columns(x, T, K, W, wt, N, bias, y, n0, n1);
 #endif
   generic::matmul_columns(x, T, K, W, wt, N, bias, y, n0, n1);
 }
@@ -236,7 +257,10 @@ void routed_append(const float* rows, const int32_t* slots, int32_t B, int32_t r
 //   p_j = exp(s_j - m),  l = sum_j p_j        (j ascending)
 //   out = (sum_j p_j v_j) / l                 (j ascending, per lane)
 // The key locator is the only difference between the paged and contiguous
-// versions, so both give the same bits for the same keys.
+// versions, so both give the same bits for the same keys. It answers in
+// runs: key j's K and V rows (kv head 0) and how many keys from j on sit at
+// consecutive slots (to the end of j's page, or of the context), so the page
+// table is read and divided once per page, not once per key and head.
 
 namespace {
 
@@ -249,10 +273,27 @@ struct AttentionShape {
 thread_local std::vector<float> tl_scores;
 thread_local std::vector<float> tl_sums;  // [G]
 
-template <typename KeyRow>
-void attend(const AttentionShape& sh, const float* q, const int32_t* row_pos, float* out, KeyRow key_row,
+// A run of keys: rows j .. j + n - 1 start at k / v (kv head 0) and step by
+// one slot.
+struct KeyRun {
+  const f16* k;
+  const f16* v;
+  int32_t n;
+};
+
+// Asks for `bytes` from p on into the cache (a hint: no fault, no effect on
+// results).
+inline void prefetch_bytes(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 3);
+}
+
+template <typename Locate>
+void attend(const AttentionShape& sh, const float* q, const int32_t* row_pos, float* out, Locate locate,
             ThreadPool* pool) {
   const int32_t G = sh.n_heads / sh.n_kv;
+  const int64_t k_row = static_cast<int64_t>(sh.n_kv) * sh.head_dim;
+  const int64_t v_row = static_cast<int64_t>(sh.n_kv) * sh.v_head_dim;
   // Work item: (row t, a block of KB consecutive kv heads). A key's K (and V)
   // rows for those heads are adjacent in memory, so an item streams through
   // its keys sequentially instead of striding over the other heads. KB only
@@ -277,17 +318,27 @@ void attend(const AttentionShape& sh, const float* q, const int32_t* row_pos, fl
       if (scores.size() < static_cast<size_t>(NH) * L) scores.resize(static_cast<size_t>(NH) * L);
       float dots[64];
       // Pass 1: s_j = scale * (q_h . k_j), stored head-major [NH, L].
-      for (int32_t j = 0; j < L; ++j) {
-        for (int32_t kk = 0; kk < kvn; ++kk) {
-          const f16* k = nullptr;
-          const f16* v = nullptr;
-          key_row(t, j, kv0 + kk, &k, &v);
-          for (int32_t g0 = 0; g0 < G; g0 += 64) {
-            const int32_t gn = std::min(64, G - g0);
-            dot_heads_f16(qb + static_cast<int64_t>(kk * G + g0) * sh.head_dim, sh.head_dim, gn, k, sh.head_dim, dots);
-            for (int32_t g = 0; g < gn; ++g) scores[static_cast<size_t>(kk * G + g0 + g) * L + j] = sh.scale * dots[g];
+      // While a run is read, its successor (the next page, somewhere else
+      // in the pool) is prefetched row by row: the hardware prefetcher does
+      // not follow a jump, and the contiguous cache has no jumps to follow.
+      const int64_t k_bytes = static_cast<int64_t>(kvn) * sh.head_dim * 2;
+      const int64_t v_bytes = static_cast<int64_t>(kvn) * sh.v_head_dim * 2;
+      for (int32_t j0 = 0; j0 < L;) {
+        const KeyRun run = locate(t, j0, L - j0);
+        const KeyRun next = j0 + run.n < L ? locate(t, j0 + run.n, L - j0 - run.n) : KeyRun{nullptr, nullptr, 0};
+        for (int32_t jj = 0; jj < run.n; ++jj) {
+          const int32_t j = j0 + jj;
+          if (jj < next.n) prefetch_bytes(next.k + jj * k_row + static_cast<int64_t>(kv0) * sh.head_dim, k_bytes);
+          for (int32_t kk = 0; kk < kvn; ++kk) {
+            const f16* k = run.k + jj * k_row + static_cast<int64_t>(kv0 + kk) * sh.head_dim;
+            for (int32_t g0 = 0; g0 < G; g0 += 64) {
+              const int32_t gn = std::min(64, G - g0);
+              dot_heads_f16(qb + static_cast<int64_t>(kk * G + g0) * sh.head_dim, sh.head_dim, gn, k, sh.head_dim, dots);
+              for (int32_t g = 0; g < gn; ++g) scores[static_cast<size_t>(kk * G + g0 + g) * L + j] = sh.scale * dots[g];
+            }
           }
         }
+        j0 += run.n;
       }
       // Pass 2: per head, the max, then p_j = exp(s_j - m) in place and
       // l = sum_j p_j, j ascending.
@@ -307,14 +358,19 @@ void attend(const AttentionShape& sh, const float* q, const int32_t* row_pos, fl
         std::fill(o, o + sh.v_head_dim, 0.0f);
       }
       // Pass 3: o_h += p_j v_j, j ascending, every head of the item per V row.
-      for (int32_t j = 0; j < L; ++j) {
-        for (int32_t kk = 0; kk < kvn; ++kk) {
-          const f16* k = nullptr;
-          const f16* v = nullptr;
-          key_row(t, j, kv0 + kk, &k, &v);
-          axpy_heads_f16(scores.data() + static_cast<size_t>(kk * G) * L + j, L, G, v,
-                         ob + static_cast<int64_t>(kk * G) * sh.v_head_dim, sh.v_head_dim, sh.v_head_dim);
+      for (int32_t j0 = 0; j0 < L;) {
+        const KeyRun run = locate(t, j0, L - j0);
+        const KeyRun next = j0 + run.n < L ? locate(t, j0 + run.n, L - j0 - run.n) : KeyRun{nullptr, nullptr, 0};
+        for (int32_t jj = 0; jj < run.n; ++jj) {
+          const int32_t j = j0 + jj;
+          if (jj < next.n) prefetch_bytes(next.v + jj * v_row + static_cast<int64_t>(kv0) * sh.v_head_dim, v_bytes);
+          for (int32_t kk = 0; kk < kvn; ++kk) {
+            const f16* v = run.v + jj * v_row + static_cast<int64_t>(kv0 + kk) * sh.v_head_dim;
+            axpy_heads_f16(scores.data() + static_cast<size_t>(kk * G) * L + j, L, G, v,
+                           ob + static_cast<int64_t>(kk * G) * sh.v_head_dim, sh.v_head_dim, sh.v_head_dim);
+          }
         }
+        j0 += run.n;
       }
       for (int32_t hh = 0; hh < NH; ++hh) {
         const float inv = 1.0f / sums[static_cast<size_t>(hh)];
@@ -332,25 +388,26 @@ void paged_attention(const PagedAttention& a, ThreadPool* pool) {
   const int64_t k_row = static_cast<int64_t>(a.n_kv) * a.head_dim;
   const int64_t v_row = static_cast<int64_t>(a.n_kv) * a.v_head_dim;
   const int32_t ps = a.page_size;
-  auto key_row = [&](int32_t t, int32_t j, int32_t kvh, const f16** k, const f16** v) {
+  // Keys j .. up to the end of j's page (at most `left`).
+  auto locate = [&](int32_t t, int32_t j, int32_t left) {
     const int64_t page = a.page_table[static_cast<int64_t>(a.row_seq[t]) * a.pt_stride + j / ps];
-    const int64_t slot = page * ps + j % ps;
-    *k = a.k_pages + slot * k_row + static_cast<int64_t>(kvh) * a.head_dim;
-    *v = a.v_pages + slot * v_row + static_cast<int64_t>(kvh) * a.v_head_dim;
+    const int32_t off = j % ps;
+    const int64_t slot = page * ps + off;
+    return KeyRun{a.k_pages + slot * k_row, a.v_pages + slot * v_row, std::min(left, ps - off)};
   };
-  attend(sh, a.q, a.row_pos, a.out, key_row, pool);
+  attend(sh, a.q, a.row_pos, a.out, locate, pool);
 }
 
 void contiguous_attention(const ContiguousAttention& a, ThreadPool* pool) {
   const AttentionShape sh{a.T, a.n_heads, a.n_kv, a.head_dim, a.v_head_dim, a.scale};
   const int64_t k_row = static_cast<int64_t>(a.n_kv) * a.head_dim;
   const int64_t v_row = static_cast<int64_t>(a.n_kv) * a.v_head_dim;
-  auto key_row = [&](int32_t t, int32_t j, int32_t kvh, const f16** k, const f16** v) {
+  // Keys j .. L - 1 are consecutive: one run.
+  auto locate = [&](int32_t t, int32_t j, int32_t left) {
     const int64_t slot = static_cast<int64_t>(a.row_seq[t]) * a.ctx_cap + j;
-    *k = a.k + slot * k_row + static_cast<int64_t>(kvh) * a.head_dim;
-    *v = a.v + slot * v_row + static_cast<int64_t>(kvh) * a.v_head_dim;
+    return KeyRun{a.k + slot * k_row, a.v + slot * v_row, left};
   };
-  attend(sh, a.q, a.row_pos, a.out, key_row, pool);
+  attend(sh, a.q, a.row_pos, a.out, locate, pool);
 }
 
 // ---- dense ops -------------------------------------------------------------
@@ -369,6 +426,22 @@ void matmul(const float* x, int32_t T, int32_t K, const void* W, DType wt, int32
       const int32_t n0 = static_cast<int32_t>(b * kMatmulBlock);
       const int32_t n1 = std::min(N, n0 + kMatmulBlock);
       matmul_columns(x, T, K, W, wt, N, bias, y, n0, n1);
+    }
+  });
+}
+
+void matmul_multi(const float* x, int32_t T, int32_t K, const MatmulOut* outs, int32_t n_outs, ThreadPool* pool) {
+  // Work items: the column blocks of every output, output after output.
+  std::vector<int64_t> first(static_cast<size_t>(n_outs) + 1, 0);  // first[i] = items before output i
+  for (int32_t i = 0; i < n_outs; ++i)
+    first[static_cast<size_t>(i) + 1] = first[static_cast<size_t>(i)] + (outs[i].N + kMatmulBlock - 1) / kMatmulBlock;
+  parallel_for(pool, first.back(), 1, [&](int64_t b0, int64_t b1) {
+    int32_t i = 0;
+    for (int64_t b = b0; b < b1; ++b) {
+      while (b >= first[static_cast<size_t>(i) + 1]) ++i;
+      const MatmulOut& o = outs[i];
+      const int32_t n0 = static_cast<int32_t>((b - first[static_cast<size_t>(i)]) * kMatmulBlock);
+      matmul_columns(x, T, K, o.W, o.wt, o.N, o.bias, o.y, n0, std::min(o.N, n0 + kMatmulBlock));
     }
   });
 }

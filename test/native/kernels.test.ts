@@ -25,9 +25,11 @@ afterAll(() => {
 });
 
 // Every numeric test runs on each vector path this CPU has: the portable one
-// always, AVX2/FMA/F16C when cpuid reports them.
-const isas = (["generic", "avx2"] as const).filter(
-  (i) => i === "generic" || (features.avx2 && features.fma && features.f16c),
+// always, AVX2/FMA/F16C when cpuid reports them, and the AVX-512 column-pair
+// GEMM on top of them when cpuid reports AVX-512 F and DQ.
+const hasAvx2 = features.avx2 && features.fma && features.f16c;
+const isas = (["generic", "avx2", "avx512"] as const).filter(
+  (i) => i === "generic" || (hasAvx2 && (i === "avx2" || features.avx512)),
 );
 
 function f16Of(x: number, path: "vector" | "scalar"): number {
@@ -399,34 +401,39 @@ describe.each(isas)("attention on the %s path", (isa) => {
 });
 
 describe.each(isas)("determinism on the %s path: a row's bits do not depend on its batch", (isa) => {
-  it("matmul: one row alone and inside batches of 2..16 random neighbours, on 1 and 2 threads", () => {
-    kernels.setIsa(isa);
-    const r = rng(8);
-    const K = 203;
-    const N = 101;
-    const w = encodeWeights(randomF32(r, N * K), "f16").bytes;
-    const bias = randomF32(r, N);
-    const row = randomF32(r, K);
-    const alone = poisoned(N);
-    kernels.matmul(row, 1, K, w, "f16", N, bias, alone);
-    const threads = kernels.threads();
-    try {
-      for (const nThreads of [1, 2]) {
-        kernels.setThreads(nThreads);
-        for (let B = 2; B <= 16; B++) {
-          const at = Math.floor(r() * B);
-          const x = randomF32(r, B * K, 5);
-          x.set(row, at * K);
-          const y = poisoned(B * N);
-          kernels.matmul(x, B, K, w, "f16", N, bias, y);
-          expect(allFinite(y)).toBe(true);
-          expect(sameBits(y.subarray(at * N, (at + 1) * N), alone)).toBe(true);
+  // f16/bf16 weights take a different inner loop once a batch has 8+ rows
+  // (widened to f32 once per column triplet), so every dtype is checked.
+  it.each(["f16", "bf16", "f32"] as const)(
+    "matmul with %s weights: one row alone and inside batches of 2..16 random neighbours, on 1 and 2 threads",
+    (dtype) => {
+      kernels.setIsa(isa);
+      const r = rng(8);
+      const K = 203;
+      const N = 101;
+      const w = encodeWeights(randomF32(r, N * K), dtype).bytes;
+      const bias = randomF32(r, N);
+      const row = randomF32(r, K);
+      const alone = poisoned(N);
+      kernels.matmul(row, 1, K, w, dtype, N, bias, alone);
+      const threads = kernels.threads();
+      try {
+        for (const nThreads of [1, 2]) {
+          kernels.setThreads(nThreads);
+          for (let B = 2; B <= 16; B++) {
+            const at = Math.floor(r() * B);
+            const x = randomF32(r, B * K, 5);
+            x.set(row, at * K);
+            const y = poisoned(B * N);
+            kernels.matmul(x, B, K, w, dtype, N, bias, y);
+            expect(allFinite(y)).toBe(true);
+            expect(sameBits(y.subarray(at * N, (at + 1) * N), alone)).toBe(true);
+          }
         }
+      } finally {
+        kernels.setThreads(threads);
       }
-    } finally {
-      kernels.setThreads(threads);
-    }
-  });
+    },
+  );
 
   it("attention: one decode row alone and inside batches of 2..16 random rows", () => {
     kernels.setIsa(isa);
@@ -481,4 +488,35 @@ describe("Llama-3 rotary frequencies", () => {
     }
     expect(kept > 0 && divided > 0 && blended > 0).toBe(true);
   });
+});
+
+describe.runIf(isas.includes("avx512"))("the avx512 path is the avx2 arithmetic", () => {
+  it.each(["f16", "bf16", "f32"] as const)(
+    "matmul with %s weights gives the same bits on both paths (column pairs, leftover columns and rows)",
+    (dtype) => {
+      const r = rng(11);
+      try {
+        for (const [T, K, N] of [
+          [16, 203, 101],
+          [13, 64, 50],
+          [8, 7, 6],
+          [24, 130, 97],
+        ] as const) {
+          const x = randomF32(r, T * K);
+          const w = encodeWeights(randomF32(r, N * K), dtype).bytes;
+          const bias = randomF32(r, N);
+          const on = (isa: "avx2" | "avx512") => {
+            kernels.setIsa(isa);
+            const y = poisoned(T * N);
+            kernels.matmul(x, T, K, w, dtype, N, bias, y);
+            expect(allFinite(y)).toBe(true);
+            return y;
+          };
+          expect(sameBits(on("avx512"), on("avx2"))).toBe(true);
+        }
+      } finally {
+        kernels.setIsa(startIsa);
+      }
+    },
+  );
 });

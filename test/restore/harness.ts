@@ -127,7 +127,7 @@ export async function startWorker(model: LoadedModel, spec: WorkerSpec): Promise
     logger: silentLogger,
     ...spec.runtime,
   };
-  const engine = await loadEngine(model, ropts, 1);
+  const engine = await loadEngine(model, ropts, { threads: 1 });
   const cache = await DurableCache.open({
     engine,
     fingerprint: model.fingerprint,
@@ -209,7 +209,7 @@ export class Device {
   }
 
   static async open(model: LoadedModel): Promise<Device> {
-    return new Device(await loadEngine(model, { physicalPages: 256, pageTokens: PAGE }, 1));
+    return new Device(await loadEngine(model, { physicalPages: 256, pageTokens: PAGE }, { threads: 1 }));
   }
 
   openRoute(name: string, totalTokens: number): ContinuationId {

@@ -60,7 +60,7 @@ export async function openRuntime(
     logger: silentLogger,
     ...overrides,
   };
-  const engine = await loadEngine(model, opts, 2);
+  const engine = await loadEngine(model, opts, { threads: 2 });
   const runtime = new WorkerRuntime(wrap ? wrap(engine) : engine, opts);
   return {
     runtime,

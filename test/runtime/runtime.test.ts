@@ -218,7 +218,7 @@ describe("worker runtime (tiny model, real engine)", () => {
     const served = await Effect.runPromise(
       Effect.scoped(
         Effect.gen(function* () {
-          engine = yield* scopedEngine(model, { physicalPages: 64, pageTokens: 16 }, 2);
+          engine = yield* scopedEngine(model, { physicalPages: 64, pageTokens: 16 }, { threads: 2 });
           const rt = yield* WorkerRuntime.scoped(engine, {
             fingerprint: model.fingerprint,
             vocab: model.config.spec.vocab,

@@ -1,5 +1,5 @@
 import { Effect, type Scope } from "effect";
-import type { Engine } from "../../native/index.ts";
+import type { Engine, EngineOptions } from "../../native/index.ts";
 import { openEngine } from "../model/engine.ts";
 import type { LoadedModel } from "../model/model-dir.ts";
 
@@ -7,9 +7,9 @@ import type { LoadedModel } from "../model/model-dir.ts";
 export async function loadEngine(
   model: LoadedModel,
   pool: { readonly physicalPages: number; readonly pageTokens: number },
-  threads?: number,
+  opts: EngineOptions = {},
 ): Promise<Engine> {
-  const engine = await openEngine(model.config.spec, model.weights, threads ? { threads } : {});
+  const engine = await openEngine(model.config.spec, model.weights, opts);
   try {
     engine.createPool(pool.physicalPages, pool.pageTokens);
   } catch (err) {
@@ -23,10 +23,10 @@ export async function loadEngine(
 export function scopedEngine(
   model: LoadedModel,
   pool: { readonly physicalPages: number; readonly pageTokens: number },
-  threads?: number,
+  opts: EngineOptions = {},
 ): Effect.Effect<Engine, unknown, Scope.Scope> {
   return Effect.acquireRelease(
-    Effect.tryPromise({ try: () => loadEngine(model, pool, threads), catch: (e) => e }),
+    Effect.tryPromise({ try: () => loadEngine(model, pool, opts), catch: (e) => e }),
     (engine) => Effect.sync(() => engine.free()),
   );
 }

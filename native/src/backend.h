@@ -1,0 +1,136 @@
+// The engine interface both backends implement (the CPU Engine in engine.h,
+// the CUDA engine in native/cuda/engine_cuda.cuh) and the N-API binding calls
+// through. Pure C++ (no CUDA headers), so binding.cc compiles the same with or
+// without the CUDA backend built in.
+//
+// Also the model-shape logic both backends share, so they agree to the byte:
+// the canonical tensor order and each tensor's role, and the validation of
+// batches and page lists (a bad one is refused with a message before anything
+// is written, whatever the backend).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels.h"
+
+namespace ck {
+
+struct ModelSpec {
+  int32_t n_layers = 0, hidden = 0, n_heads = 0, n_kv = 0, head_dim = 0, v_head_dim = 0, ffn = 0, vocab = 0;
+  float rms_eps = 1e-6f;
+  bool attention_bias = false;
+  bool tied_embeddings = false;
+  int32_t max_position = 0;
+};
+
+// One expected tensor of the canonical load order.
+struct TensorSlot {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+// A ragged batch as the engine reads it (owned copies of the caller's arrays).
+struct StepBatch {
+  std::vector<int32_t> tokens, positions, row_seq, slots, page_table, logit_rows;
+  int32_t pt_stride = 0;
+  int32_t T() const { return static_cast<int32_t>(tokens.size()); }
+};
+
+// ---- the canonical tensor order (Hugging Face names) ---------------------------
+std::vector<TensorSlot> tensor_slots(const ModelSpec& spec);
+
+// What tensor `index` of tensor_slots(spec) is. Layer-level roles carry their layer.
+enum class WeightRole {
+  Embed,
+  InputNorm,
+  Q,
+  K,
+  V,
+  QBias,
+  KBias,
+  VBias,
+  O,
+  PostNorm,
+  Gate,
+  Up,
+  Down,
+  FinalNorm,
+  LmHead
+};
+struct WeightPlace {
+  WeightRole role;
+  int32_t layer;  // -1 for model-level tensors
+};
+// index must be < tensor_slots(spec).size().
+WeightPlace weight_place(const ModelSpec& spec, size_t index);
+// Empty when `bytes` of `dtype` fit slot `index`, else why not.
+std::string check_weight(const ModelSpec& spec, size_t index, DType dtype, size_t bytes);
+
+// ---- validation shared by the backends (empty string = valid) -------------------
+// Paged batch against a pool of num_pages pages of page_size slots (num_pages 0: no pool).
+std::string validate_paged_batch(const StepBatch& b, const ModelSpec& spec, int64_t num_pages, int32_t page_size);
+// Contiguous batch against a cache of ctx_seqs sequences of ctx_cap positions (ctx_seqs 0: no cache).
+std::string validate_contiguous_batch(const StepBatch& b, const ModelSpec& spec, int32_t ctx_seqs, int32_t ctx_cap);
+// Page ids of a transfer: each a page of the pool, none twice.
+std::string validate_page_ids(const std::vector<int32_t>& ids, int64_t num_pages);
+// Arguments of create_pool / create_contiguous.
+std::string validate_pool_shape(int64_t num_pages, int32_t page_size);
+std::string validate_contiguous_shape(const ModelSpec& spec, int32_t num_seqs, int32_t ctx_cap);
+// Bytes of one page across all layers, K then V per layer (the transfer unit).
+int64_t page_bytes_of(const ModelSpec& spec, int32_t page_size);
+
+// ---- the interface ------------------------------------------------------------------
+// Calls that return std::string return "" on success, else the reason (and
+// change nothing). step/step_contiguous/transfers are called only after the
+// matching validate_* returned ""; a device failure inside them throws
+// (std::runtime_error with the reason). The binding serializes compute calls
+// on one thread and transfer calls on another.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  // "cpu" or "cuda".
+  virtual const char* name() const = 0;
+  virtual const ModelSpec& spec() const = 0;
+  // Host threads that compute (the CUDA engine: 1, its submitting thread).
+  virtual int32_t threads() const = 0;
+
+  std::vector<TensorSlot> tensor_slots() const { return ck::tensor_slots(spec()); }
+  virtual std::string set_weight(size_t index, DType dtype, const uint8_t* data, size_t bytes) = 0;
+
+  virtual std::string create_pool(int64_t num_pages, int32_t page_size) = 0;
+  virtual int64_t num_pages() const = 0;
+  virtual int32_t page_size() const = 0;
+  bool has_pool() const { return num_pages() > 0; }
+  int64_t page_bytes() const { return page_bytes_of(spec(), page_size()); }
+  virtual std::string create_contiguous(int32_t num_seqs, int32_t ctx_cap) = 0;
+
+  virtual std::string validate_paged(const StepBatch& b) const = 0;
+  virtual std::string validate_contiguous(const StepBatch& b) const = 0;
+  // Full forward; logits [logit_rows.size(), vocab] in host memory.
+  virtual void step(const StepBatch& b, float* logits) = 0;
+  virtual void step_contiguous(const StepBatch& b, float* logits) = 0;
+
+  virtual std::string validate_pages(const std::vector<int32_t>& ids) const = 0;
+  virtual void download_pages(const std::vector<int32_t>& ids, uint8_t* out) = 0;
+  virtual void upload_pages(const std::vector<int32_t>& ids, const uint8_t* in) = 0;
+  virtual void copy_page(int32_t src, int32_t dst) = 0;
+};
+
+// ---- the CUDA backend as the binding sees it --------------------------------------
+// Implemented in native/cuda/engine_cuda.cu when the addon is built with
+// CK_WITH_CUDA; otherwise cuda_probe() says "not built" and make_cuda_engine
+// is never called.
+struct CudaProbe {
+  bool built = false;
+  int32_t devices = 0;
+  std::string reason;  // why no device is usable (empty when devices > 0)
+};
+CudaProbe cuda_probe();
+// Throws std::runtime_error with the reason when no engine can be made (no
+// device, a spec the CUDA kernels do not support).
+std::unique_ptr<Backend> make_cuda_engine(const ModelSpec& spec, std::vector<float> inv_freq);
+
+}  // namespace ck
