@@ -92,7 +92,11 @@ describe("catalog writer faults (real Kafka, real processes)", () => {
           acked.add(id);
         }),
       );
-      if (!killed && (await client.endOffset()) >= 300) {
+      // Mid-stream whatever the machine's speed: once 600 are proposed, wait
+      // for the active writer to have appended 300, then kill it while the
+      // remaining 1,400 are still to come.
+      if (!killed && i + wave >= 600) {
+        await until(async () => (await client.endOffset()) >= 300);
         a.child.kill("SIGKILL");
         killed = true;
       }
