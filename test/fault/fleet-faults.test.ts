@@ -232,6 +232,13 @@ describe("fleet faults (cluster up: real Kafka, real S3, real processes)", () =>
     });
     expect(inS3).toBeGreaterThanOrEqual(10);
 
+    // The router must see the prefix resident on the holder before the next
+    // request: wait for a heartbeat that carries its cached pages (until then
+    // both workers look alike and the tie goes by worker id).
+    await until("the holder's heartbeat showing its resident prefix", async () => {
+      const w = (await clusterStatus(state)).fleet.find((f) => f.workerId === holder);
+      return (w?.status?.residentPages ?? 0) >= 80 ? true : undefined;
+    });
     // Mid-decode: the same prefix (resident on the holder), 640 tokens to generate.
     const stream = await client.completions.create({
       model: "tiny",
