@@ -528,23 +528,30 @@ describe("fleet faults (cluster up: real Kafka, real S3, real processes)", () =>
     );
     // Writes resume. A worker captures a new prefix when its admission expects
     // the capture to pay, and else, after at most 8 declines in a row, as a
-    // probe that re-measures the cost (worker/checkpoint/admission.ts); so of
-    // 2 × (8 + 1) + 1 new prefixes over two workers, some are captured. Their
-    // chunks are uploaded to the returned S3 and published as ready there.
+    // probe that re-measures the cost (worker/checkpoint/admission.ts). Its
+    // captures run one at a time behind the outage prefix's upload, whose
+    // retries may outlast a burst of fast requests (and a queued probe's route
+    // may be evicted meanwhile), so new prefixes keep coming, one at a time,
+    // until one is whole in S3: at most 60, each of whose 4 chunks of 128 is
+    // uploaded to the returned S3 and published as ready there, in chain order.
     const fresh: string[][] = [];
-    for (let i = 0; i < 19; i++) {
+    const wholeInS3 = async () => {
+      let whole = 0;
+      for (const nodes of fresh) if ((await s3ReadyOf(nodes)) === nodes.length) whole++;
+      return whole > 0 ? whole * 4 : undefined;
+    };
+    let resumed: number | undefined;
+    for (let i = 0; i < 60 && resumed === undefined; i++) {
       const p = tokens(600, 100 + i);
       const r = await client.completions.create({ model: "tiny", prompt: p, max_tokens: 2, temperature: 0 });
       expect(r.choices).toHaveLength(1);
-      fresh.push(planChain(fingerprint, p, config.pages.chunkTokens).map((b) => b.nodeId));
+      const nodes = planChain(fingerprint, p, config.pages.chunkTokens).map((b) => b.nodeId);
+      expect(nodes).toHaveLength(4);
+      fresh.push(nodes);
+      await new Promise((r) => setTimeout(r, 250));
+      resumed = await wholeInS3();
     }
-    // A captured 600-token prompt has its 4 chunks of 128 uploaded and published, in chain order.
-    expect(fresh.every((nodes) => nodes.length === 4)).toBe(true);
-    const resumed = await until("a prefix computed after S3 returned, whole in S3", async () => {
-      const whole = [];
-      for (const nodes of fresh) if ((await s3ReadyOf(nodes)) === nodes.length) whole.push(nodes);
-      return whole.length > 0 ? whole.length * 4 : undefined;
-    });
+    resumed ??= await until("a prefix computed after S3 returned, whole in S3", wholeInS3);
     // Every S3 replica the catalog calls ready, including any proposed during the outage, is in S3 and verifies.
     expect(await catalogMatchesS3()).toBeGreaterThanOrEqual(readyBefore + resumed);
   }, 300_000);
