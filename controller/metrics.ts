@@ -41,21 +41,18 @@ export class Counter extends Metric {
   }
 }
 
-/**
- * A counter whose values its owner keeps (plain counters of a hub, a service,
- * a restorer) and the registry reads at each scrape. The owner's values only
- * grow; label sets come from a fixed enum the owner defines.
- */
-export class CounterView extends Metric {
+/** A metric whose labelled values are read from their owner at each scrape. */
+abstract class ReadMetric extends Metric {
   constructor(
     name: string,
     help: string,
+    private readonly type: "counter" | "gauge",
     private readonly read: () => ReadonlyArray<readonly [Labels, number]>,
   ) {
     super(name, help);
   }
   render(): string[] {
-    const out = [`# HELP ${this.name} ${this.help}`, `# TYPE ${this.name} counter`];
+    const out = [`# HELP ${this.name} ${this.help}`, `# TYPE ${this.name} ${this.type}`];
     for (const [labels, v] of this.read().slice(0, MAX_LABEL_SETS)) {
       const k = labelKey(labels);
       out.push(`${this.name}${k ? `{${k}}` : ""} ${v}`);
@@ -64,21 +61,20 @@ export class CounterView extends Metric {
   }
 }
 
-export class Gauge extends Metric {
-  constructor(
-    name: string,
-    help: string,
-    private readonly read: () => ReadonlyArray<readonly [Labels, number]>,
-  ) {
-    super(name, help);
+/**
+ * A counter whose values its owner keeps (plain counters of a hub, a service,
+ * a restorer) and the registry reads at each scrape. The owner's values only
+ * grow; label sets come from a fixed enum the owner defines.
+ */
+export class CounterView extends ReadMetric {
+  constructor(name: string, help: string, read: () => ReadonlyArray<readonly [Labels, number]>) {
+    super(name, help, "counter", read);
   }
-  render(): string[] {
-    const out = [`# HELP ${this.name} ${this.help}`, `# TYPE ${this.name} gauge`];
-    for (const [labels, v] of this.read().slice(0, MAX_LABEL_SETS)) {
-      const k = labelKey(labels);
-      out.push(`${this.name}${k ? `{${k}}` : ""} ${v}`);
-    }
-    return out;
+}
+
+export class Gauge extends ReadMetric {
+  constructor(name: string, help: string, read: () => ReadonlyArray<readonly [Labels, number]>) {
+    super(name, help, "gauge", read);
   }
 }
 
