@@ -142,7 +142,13 @@ export interface CatalogWriterOptions<D extends WriterDb> {
   readonly newDb: () => D;
   readonly logger: Logger;
   readonly maxProposalBytes?: number;
-  /** Consecutive lease losses without a committed batch before the writer gives up (default 10). */
+  /**
+   * Consecutive lease losses without a committed batch before the writer gives
+   * up (default 60). With the backoff capped at 5 s that is at least
+   * 0.1 + 0.2 + … + 3.2 + 54 × 5 ≈ 276 s of outage: a broker restart (tens of
+   * seconds, each attempt refused at once) must not exhaust it, or the fleet
+   * is left without a writer.
+   */
   readonly maxConsecutiveFailures?: number;
   readonly clock?: () => number;
 }
@@ -166,7 +172,7 @@ export class CatalogWriter<D extends WriterDb> {
   async run(): Promise<void> {
     const { log, logger } = this.opts;
     const limits = { maxProposalBytes: this.opts.maxProposalBytes ?? DEFAULT_MAX_PROPOSAL_BYTES };
-    const maxFailures = this.opts.maxConsecutiveFailures ?? 10;
+    const maxFailures = this.opts.maxConsecutiveFailures ?? 60;
     const clock = this.opts.clock ?? Date.now;
     let failures = 0;
     while (!this.stopping.signal.aborted) {
