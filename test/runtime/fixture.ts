@@ -7,6 +7,7 @@ import { generateModel } from "../../worker/model/generate.ts";
 import { type LoadedModel, loadModelDir } from "../../worker/model/model-dir.ts";
 import { loadEngine } from "../../worker/runtime/engine-load.ts";
 import { type RuntimeOptions, WorkerRuntime } from "../../worker/runtime/runtime.ts";
+import type { RuntimeEvent } from "../../worker/runtime/sequence.ts";
 
 /** The tiny generated model, loaded once per test file. */
 export async function tinyModel(): Promise<{ model: LoadedModel; cleanup: () => Promise<void> }> {
@@ -70,4 +71,25 @@ export async function openRuntime(
       engine.free();
     },
   };
+}
+
+/** A deterministic prompt of `length` token ids in [5, 505) from `seed`. */
+export function prompt(seed: number, length: number): number[] {
+  let x = seed * 2654435761;
+  return Array.from({ length }, () => {
+    x = (x * 1103515245 + 12345) >>> 0;
+    return 5 + (x % 500);
+  });
+}
+
+/** Drains a request's events: its tokens and the event that ended it. */
+export async function collect(
+  events: AsyncIterable<RuntimeEvent>,
+): Promise<{ tokens: number[]; end: RuntimeEvent }> {
+  const tokens: number[] = [];
+  for await (const ev of events) {
+    if (ev.type === "token") tokens.push(ev.token);
+    else return { tokens, end: ev };
+  }
+  throw new Error("stream ended without an end event");
 }

@@ -3,8 +3,7 @@ import type { Engine, StepBatch } from "../../native/index.ts";
 import { RequestId } from "../../schema/ids.ts";
 import type { LoadedModel } from "../../worker/model/model-dir.ts";
 import type { SubmitRequest } from "../../worker/runtime/runtime.ts";
-import type { RuntimeEvent } from "../../worker/runtime/sequence.ts";
-import { startRuntime, tinyModel } from "./fixture.ts";
+import { collect, prompt, startRuntime, tinyModel } from "./fixture.ts";
 
 let model: LoadedModel;
 let cleanup: () => Promise<void>;
@@ -30,25 +29,6 @@ function request(id: string, prompt: number[], maxTokens: number, seed = 1): Sub
     seed,
     stopTokenIds: [],
   };
-}
-
-function prompt(seed: number, length: number): number[] {
-  let x = seed * 2654435761;
-  return Array.from({ length }, () => {
-    x = (x * 1103515245 + 12345) >>> 0;
-    return 5 + (x % 500);
-  });
-}
-
-async function collect(
-  events: AsyncIterable<RuntimeEvent>,
-): Promise<{ tokens: number[]; end: RuntimeEvent }> {
-  const tokens: number[] = [];
-  for await (const ev of events) {
-    if (ev.type === "token") tokens.push(ev.token);
-    else return { tokens, end: ev };
-  }
-  throw new Error("stream ended without an end event");
 }
 
 /**

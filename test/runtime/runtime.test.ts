@@ -7,7 +7,7 @@ import type { LoadedModel } from "../../worker/model/model-dir.ts";
 import { scopedEngine } from "../../worker/runtime/engine-load.ts";
 import { type SubmitRequest, WorkerRuntime } from "../../worker/runtime/runtime.ts";
 import type { RuntimeEvent } from "../../worker/runtime/sequence.ts";
-import { openRuntime, type RuntimeFixture, startRuntime, tinyModel } from "./fixture.ts";
+import { collect, openRuntime, prompt, type RuntimeFixture, startRuntime, tinyModel } from "./fixture.ts";
 
 let model: LoadedModel;
 let cleanup: () => Promise<void>;
@@ -39,29 +39,11 @@ function request(
   };
 }
 
-async function collect(
-  events: AsyncIterable<RuntimeEvent>,
-): Promise<{ tokens: number[]; end: RuntimeEvent }> {
-  const tokens: number[] = [];
-  for await (const ev of events) {
-    if (ev.type === "token") tokens.push(ev.token);
-    else return { tokens, end: ev };
-  }
-  throw new Error("stream ended without an end event");
-}
-
 async function run(rt: WorkerRuntime, req: SubmitRequest) {
   return collect(rt.submit(req).events);
 }
 
 /** A deterministic pseudo-random prompt over the tiny vocabulary. */
-function prompt(seed: number, length: number): number[] {
-  let x = seed * 2654435761;
-  return Array.from({ length }, () => {
-    x = (x * 1103515245 + 12345) >>> 0;
-    return 5 + (x % 500);
-  });
-}
 
 function expectNoLeak(f: RuntimeFixture) {
   const snap = f.runtime.pages.snapshot();
