@@ -418,9 +418,11 @@ const bench: Bench = {
     const log = opts.log;
     const figures: Record<string, number | string | boolean | null> = {};
     const loadAtStart = loadavg()[0]!;
+    // For profiling the pipeline alone (`node --cpu-prof`): CONTINUUM_BENCH_CATALOG=e2e skips the in-process apply rates and lookups.
+    const e2eOnly = process.env.CONTINUUM_BENCH_CATALOG === "e2e";
 
     log("apply rates (pre-resolved txs, one replica db)…");
-    const applyN = q ? 10_000 : 40_000;
+    const applyN = e2eOnly ? 1_000 : q ? 10_000 : 40_000;
     const lazy = applyRate(applyN, false);
     const eager = applyRate(applyN, true);
     figures.replica_apply_pubs_per_s = round(lazy);
@@ -450,7 +452,7 @@ const bench: Bench = {
       await p.close();
     }
 
-    const chunks = 200_000;
+    const chunks = e2eOnly ? 2_000 : 200_000;
     log(`lookup catalog of ${chunks} chunks…`);
     const t0 = performance.now();
     const big = bigCatalog(chunks, log);

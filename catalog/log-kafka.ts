@@ -13,6 +13,14 @@ import {
   type Transaction,
 } from "kafkajs";
 import {
+  mayBePacked,
+  PROPOSAL_BATCH,
+  pack,
+  TX_BATCH,
+  TX_RECORD_TARGET_BYTES,
+  unpack,
+} from "./kafka-records.ts";
+import {
   CatalogLogError,
   checkOffset,
   type FullCatalogLog,
@@ -97,10 +105,26 @@ export interface BatchLimits {
 }
 
 /**
- * Proposals per produce request: everything queued within one event-loop
- * turn (the linger) up to 2,000 proposals or 1 MiB, whichever comes first.
+ * Proposals per produce request, packed in one record (a
+ * `catalog.proposal.batch`, catalog/kafka-records.ts): everything queued
+ * within one event-loop turn (the linger) up to 2,000 proposals or 1 MiB,
+ * whichever comes first. Must fit PROPOSAL_BATCH's bounds (checked at open).
  */
 export const DEFAULT_PROPOSAL_SEND: BatchLimits = { maxRecords: 2_000, maxBytes: MAX_SEND_BYTES };
+
+/** msgpack overhead of a packed record: the map with v and kind (< 64 bytes) plus a bin32 header (5 bytes) per item. */
+const packedBytesBound = (l: BatchLimits): number => l.maxBytes + 5 * l.maxRecords + 64;
+
+/** Checks that proposal groups of `l` always fit one proposal batch record. */
+function checkProposalSend(l: BatchLimits): BatchLimits {
+  checkBatchLimits("proposalSend", l);
+  if (l.maxRecords > PROPOSAL_BATCH.maxItems || packedBytesBound(l) > PROPOSAL_BATCH.maxBytes) {
+    throw new CatalogLogError(
+      `proposalSend: ${l.maxRecords} proposals / ${l.maxBytes} bytes do not fit one proposal batch (at most ${PROPOSAL_BATCH.maxItems} proposals and ${PROPOSAL_BATCH.maxBytes} bytes with framing)`,
+    );
+  }
+  return l;
+}
 /**
  * Proposals per writer transaction. A transaction costs five broker round
  * trips (AddPartitionsToTxn, Produce, AddOffsetsToTxn, TxnOffsetCommit,
@@ -141,15 +165,32 @@ export function nextGroupSize(sizes: ArrayLike<number>, from: number, limits: Ba
   return n;
 }
 
-/** Splits `items` into consecutive groups by nextGroupSize. Pure. */
-export function groupBy<T>(items: readonly T[], size: (t: T) => number, limits: BatchLimits): T[][] {
-  const sizes = items.map(size);
+/**
+ * Splits consecutive records into groups by the proposals they carry: each
+ * group holds 1..maxRecords proposals and at most maxBytes bytes, unless its
+ * single record alone exceeds a bound. Pure.
+ */
+export function groupUnits<T extends { readonly items: readonly Uint8Array[] }>(
+  units: readonly T[],
+  limits: BatchLimits,
+): T[][] {
   const out: T[][] = [];
-  for (let at = 0; at < items.length; ) {
-    const n = nextGroupSize(sizes, at, limits);
-    out.push(items.slice(at, at + n));
-    at += n;
+  let cur: T[] = [];
+  let count = 0;
+  let bytes = 0;
+  for (const u of units) {
+    const size = u.items.reduce((s, b) => s + b.byteLength, 0);
+    if (cur.length > 0 && (count + u.items.length > limits.maxRecords || bytes + size > limits.maxBytes)) {
+      out.push(cur);
+      cur = [];
+      count = 0;
+      bytes = 0;
+    }
+    cur.push(u);
+    count += u.items.length;
+    bytes += size;
   }
+  if (cur.length > 0) out.push(cur);
   return out;
 }
 
@@ -314,6 +355,50 @@ function chunksBySize<T extends { value: Buffer }>(messages: readonly T[]): T[][
 }
 
 /**
+ * Packs consecutive txs into `catalog.tx.batch` records (at most
+ * TX_BATCH.maxItems txs and TX_RECORD_TARGET_BYTES each, or one larger tx
+ * alone), each stamped with the logical offset of its first tx.
+ */
+function packTxs(
+  txs: readonly Uint8Array[],
+  from: number,
+): Array<{ value: Buffer; headers: Record<string, string> }> {
+  const sizes = txs.map((t) => t.byteLength);
+  const out: Array<{ value: Buffer; headers: Record<string, string> }> = [];
+  const limits = { maxRecords: TX_BATCH.maxItems, maxBytes: TX_RECORD_TARGET_BYTES };
+  for (let at = 0; at < txs.length; ) {
+    const n = nextGroupSize(sizes, at, limits);
+    out.push({
+      value: pack(TX_BATCH, txs.slice(at, at + n)),
+      headers: { [OFFSET_HEADER]: String(from + at) },
+    });
+    at += n;
+  }
+  return out;
+}
+
+/** The proposals in one record of the proposals topic: a batch's items, or the record itself (a single proposal, or bytes the writer will reject). */
+function proposalItems(value: Uint8Array): Uint8Array[] {
+  if (!mayBePacked(PROPOSAL_BATCH, value)) return [value];
+  try {
+    return unpack(PROPOSAL_BATCH, value) ?? [value];
+  } catch {
+    // Malformed or over the bounds: handed over whole, and decideBatch turns it into one rejection naming why.
+    return [value];
+  }
+}
+
+/** The txs of one catalog.tx record (a packed record, or one tx as a writer before packing wrote it). */
+function txItems(value: Uint8Array, topic: string, kafkaOffset: string): Uint8Array[] {
+  if (!mayBePacked(TX_BATCH, value)) return [value];
+  try {
+    return unpack(TX_BATCH, value) ?? [value];
+  } catch (err) {
+    throw new CatalogLogError(`${topic}@${kafkaOffset}: ${(err as Error).message}`);
+  }
+}
+
+/**
  * Group commit for proposals: callers queue; one produce request at a time
  * (the idempotent producer allows one in flight) carries the queue's head —
  * at most `limits.maxRecords` proposals and `limits.maxBytes` bytes — with
@@ -329,7 +414,8 @@ class ProposalBatcher {
   private readonly spaceFreed: Array<() => void> = [];
 
   constructor(
-    private readonly send: (values: readonly Buffer[]) => Promise<void>,
+    /** Appends one record value (acks=all). */
+    private readonly send: (value: Buffer) => Promise<void>,
     private readonly limits: BatchLimits,
     private readonly onSent?: (proposals: number, bytes: number) => void,
   ) {}
@@ -339,6 +425,7 @@ class ProposalBatcher {
       await new Promise<void>((r) => this.spaceFreed.push(r));
     }
     return new Promise((done, fail) => {
+      // A copy: the caller may reuse its buffer once propose() returns.
       this.queue.push({ value: Buffer.from(bytes), done, fail });
       if (!this.sending) {
         this.sending = true;
@@ -349,20 +436,27 @@ class ProposalBatcher {
 
   private async drain(): Promise<void> {
     while (this.queue.length > 0) {
-      const n = nextGroupSize(
-        this.queue.map((m) => m.value.length),
-        0,
-        this.limits,
-      );
-      const taken = this.queue.slice(0, n);
-      this.queue = this.queue.slice(n);
+      let n = 0;
+      let bytes = 0;
+      while (n < this.queue.length && n < this.limits.maxRecords) {
+        const size = this.queue[n]!.value.length;
+        if (n > 0 && bytes + size > this.limits.maxBytes) break;
+        bytes += size;
+        n++;
+      }
+      const taken = this.queue.splice(0, n);
       for (const w of this.spaceFreed.splice(0)) w();
       try {
-        await this.send(taken.map((m) => m.value));
-        this.onSent?.(
-          taken.length,
-          taken.reduce((sum, m) => sum + m.value.length, 0),
-        );
+        // One proposal goes as it is; several go packed in one record (the writer unpacks them).
+        const value =
+          n === 1
+            ? taken[0]!.value
+            : pack(
+                PROPOSAL_BATCH,
+                taken.map((m) => m.value),
+              );
+        await this.send(value);
+        this.onSent?.(n, bytes);
         for (const m of taken) m.done();
       } catch (err) {
         for (const m of taken) m.fail(err as Error);
@@ -386,7 +480,7 @@ export class KafkaLog implements FullCatalogLog {
     this.kafka = kafkaClient(opts.brokers, opts.clientId, opts.logLevel);
     this.admin = this.kafka.admin();
     this.maxBatch = opts.maxBatch ?? DEFAULT_MAX_BATCH;
-    this.proposalSend = checkBatchLimits("proposalSend", opts.proposalSend ?? DEFAULT_PROPOSAL_SEND);
+    this.proposalSend = checkProposalSend(opts.proposalSend ?? DEFAULT_PROPOSAL_SEND);
     // An explicit maxBatch without writerTx bounds writer transactions too (as it did before writerTx existed).
     this.writerTx = checkBatchLimits(
       "writerTx",
@@ -400,7 +494,7 @@ export class KafkaLog implements FullCatalogLog {
   /** Connects, and creates the topics if they are missing. */
   static async open(opts: KafkaLogOptions): Promise<KafkaLog> {
     if (opts.brokers.length === 0) throw new CatalogLogError("Kafka log: no brokers configured");
-    if (opts.proposalSend) checkBatchLimits("proposalSend", opts.proposalSend);
+    if (opts.proposalSend) checkProposalSend(opts.proposalSend);
     if (opts.writerTx) checkBatchLimits("writerTx", opts.writerTx);
     await ensureTopics(opts.brokers, opts.topics);
     const log = new KafkaLog(opts);
@@ -426,8 +520,8 @@ export class KafkaLog implements FullCatalogLog {
       this.proposer = {
         ready: producer.connect(),
         batcher: new ProposalBatcher(
-          async (values) => {
-            await producer.send({ topic, acks: -1, messages: values.map((value) => ({ value })) });
+          async (value) => {
+            await producer.send({ topic, acks: -1, messages: [{ value }] });
           },
           this.proposalSend,
           this.opts.onProposalSend,
@@ -505,8 +599,13 @@ export class KafkaLog implements FullCatalogLog {
       maxWaitTimeInMs: 100,
     });
     let next = fromOffset;
-    // Partition offset to resume from after a rejoin (restart after a broker outage): one past the last record handed out.
-    let kafkaNext = fromOffset;
+    // catalog.tx records are packed (at most TX_BATCH.maxItems txs each), so the record holding logical
+    // offset N is preceded by at least ⌊N / maxItems⌋ records and sits at partition offset ≥ that:
+    // a safe place to start reading, skipping what is below N. Rejections are one per record, and each
+    // record takes a partition offset of its own, so partition offset ≥ logical offset there.
+    const packed = topic === this.opts.topics.tx;
+    // Partition offset to read from at a (re)join: the start above, then one past the last record handed out.
+    let kafkaNext = packed ? Math.floor(fromOffset / TX_BATCH.maxItems) : fromOffset;
     await consumer.connect();
     await consumer.subscribe({ topic, fromBeginning: true });
     consumer.on(consumer.events.GROUP_JOIN, () =>
@@ -518,15 +617,20 @@ export class KafkaLog implements FullCatalogLog {
         const records: LogRecord[] = [];
         let lastKafka = "";
         for (const m of batch.messages) {
-          const offset = logicalOffset(m.headers, topic, m.offset);
+          const first = logicalOffset(m.headers, topic, m.offset);
           lastKafka = m.offset;
-          if (offset < next) continue;
-          if (offset !== next + records.length) {
-            throw new CatalogLogError(
-              `${topic}@${m.offset}: logical offset ${offset}, expected ${next + records.length}`,
-            );
+          const value = view(m.value);
+          const items = packed ? txItems(value, topic, m.offset) : [value];
+          for (let j = 0; j < items.length; j++) {
+            const offset = first + j;
+            if (offset < next) continue;
+            if (offset !== next + records.length) {
+              throw new CatalogLogError(
+                `${topic}@${m.offset}: logical offset ${offset}, expected ${next + records.length}`,
+              );
+            }
+            records.push({ offset, bytes: items[j]! });
           }
-          records.push({ offset, bytes: view(m.value) });
         }
         for (let i = 0; i < records.length; i += this.maxBatch) {
           if (!isRunning() || isStale()) return;
@@ -791,14 +895,21 @@ class KafkaWriterLease implements WriterLease {
       // rejects `inFlight`, the loop stops, and the lease is lost — the
       // writer then discards its db, which may hold decided, uncommitted
       // groups (WriterLease contract).
-      for (const part of groupBy(fresh, (m) => m.value?.length ?? 0, this.txLimits)) {
+      // A group ends on a record boundary (a packed record is consumed whole) and holds at most
+      // txLimits.maxRecords proposals and maxBytes bytes, unless one record alone exceeds them.
+      const units = fresh.map((m) => ({ m, items: proposalItems(view(m.value)) }));
+      for (const part of groupUnits(units, this.txLimits)) {
         if (this.state !== "running" || !isRunning() || isStale()) break;
-        const records = part.map((m) => ({ offset: Number(m.offset), bytes: view(m.value) }));
+        const records: LogRecord[] = [];
+        for (const u of part) {
+          const offset = Number(u.m.offset);
+          for (const bytes of u.items) records.push({ offset, bytes });
+        }
         const result = await decideSliced(handler, records);
         if (inFlight !== undefined) await inFlight;
         next = records[records.length - 1]!.offset + 1;
         const consumed = next;
-        const lastOffset = part[part.length - 1]!.offset;
+        const lastOffset = part[part.length - 1]!.m.offset;
         inFlight = this.commit(result, consumed).then(async () => {
           this.proposalsOffset = consumed;
           resolveOffset(lastOffset);
@@ -826,7 +937,7 @@ class KafkaWriterLease implements WriterLease {
           value: Buffer.from(r.buffer, r.byteOffset, r.byteLength),
           headers: { [OFFSET_HEADER]: String(from + i) },
         }));
-      for (const part of chunksBySize(stamp(c.tx, this.txEnd))) {
+      for (const part of chunksBySize(packTxs(c.tx, this.txEnd))) {
         await retryConcurrent(() => txn.send({ topic: this.topics.tx, acks: -1, messages: part }));
       }
       for (const part of chunksBySize(stamp(c.rejections, this.rejEnd))) {

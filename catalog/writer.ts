@@ -9,6 +9,7 @@ import {
 import type { Logger } from "../schema/log.ts";
 import { decodeMessage, encodeMessage, WireError } from "../schema/wire.ts";
 import type { ResolveResult } from "./db.ts";
+import { mayBePacked, PackedRecordError, PROPOSAL_BATCH, unpack } from "./kafka-records.ts";
 import {
   CatalogLogError,
   type LogRecord,
@@ -83,28 +84,28 @@ export function decideBatch(
   const tx: Uint8Array[] = [];
   const rejections: Uint8Array[] = [];
   const reject = (r: Rejection) => rejections.push(encodeMessage(RejectionMsg, r));
-  for (const rec of proposals) {
-    if (rec.bytes.length > limits.maxProposalBytes) {
+  const decideOne = (offset: number, bytes: Uint8Array): void => {
+    if (bytes.length > limits.maxProposalBytes) {
       reject({
         proposalId: null,
         clientId: null,
-        reason: `oversized: proposal of ${rec.bytes.length} bytes exceeds the ${limits.maxProposalBytes}-byte limit`,
-        proposalOffset: rec.offset,
+        reason: `oversized: proposal of ${bytes.length} bytes exceeds the ${limits.maxProposalBytes}-byte limit`,
+        proposalOffset: offset,
       });
-      continue;
+      return;
     }
     let p: Proposal;
     try {
-      p = decodeMessage(ProposalMsg, rec.bytes);
+      p = decodeMessage(ProposalMsg, bytes);
     } catch (err) {
       if (!(err instanceof WireError)) throw err;
       reject({
         proposalId: null,
         clientId: null,
         reason: `malformed: ${err.message}`,
-        proposalOffset: rec.offset,
+        proposalOffset: offset,
       });
-      continue;
+      return;
     }
     const r = db.resolve(p);
     if (!r.ok) {
@@ -112,9 +113,9 @@ export function decideBatch(
         proposalId: p.id,
         clientId: p.clientId,
         reason: r.duplicate ? `duplicate: ${r.reason}` : r.reason,
-        proposalOffset: rec.offset,
+        proposalOffset: offset,
       });
-      continue;
+      return;
     }
     const record: TxRecord = {
       txNo: db.lastTxNo + 1,
@@ -123,16 +124,41 @@ export function decideBatch(
       time: now,
       datoms: r.datoms,
     };
-    let bytes: Uint8Array;
+    let encoded: Uint8Array;
     try {
-      bytes = encodeMessage(TxMsg, record);
+      encoded = encodeMessage(TxMsg, record);
     } catch (err) {
       if (!(err instanceof WireError)) throw err;
-      reject({ proposalId: p.id, clientId: p.clientId, reason: err.message, proposalOffset: rec.offset });
-      continue;
+      reject({ proposalId: p.id, clientId: p.clientId, reason: err.message, proposalOffset: offset });
+      return;
     }
     db.apply(record);
-    tx.push(bytes);
+    tx.push(encoded);
+  };
+  for (const rec of proposals) {
+    // A proposal batch (catalog/kafka-records.ts) that the transport handed over whole — the embedded
+    // log never unpacks, and the Kafka log hands over one it could not unpack — is decided item by item,
+    // or refused as a whole with the reason; its items are never unpacked again.
+    if (mayBePacked(PROPOSAL_BATCH, rec.bytes)) {
+      let items: Uint8Array[] | undefined;
+      try {
+        items = unpack(PROPOSAL_BATCH, rec.bytes);
+      } catch (err) {
+        if (!(err instanceof PackedRecordError)) throw err;
+        reject({
+          proposalId: null,
+          clientId: null,
+          reason: `${err.problem}: ${err.message}`,
+          proposalOffset: rec.offset,
+        });
+        continue;
+      }
+      if (items !== undefined) {
+        for (const item of items) decideOne(rec.offset, item);
+        continue;
+      }
+    }
+    decideOne(rec.offset, rec.bytes);
   }
   return { tx, rejections, accepted: tx.length, rejected: rejections.length };
 }

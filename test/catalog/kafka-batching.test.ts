@@ -1,11 +1,12 @@
 import { randomUUID } from "node:crypto";
 import { Kafka, logLevel } from "kafkajs";
 import { afterAll, describe, expect, it } from "vitest";
+import { mayBePacked, PROPOSAL_BATCH, TX_BATCH, unpack } from "../../catalog/kafka-records.ts";
 import type { LogRecord, WriterCommit } from "../../catalog/log.ts";
 import {
   type BatchLimits,
   checkBatchLimits,
-  groupBy,
+  groupUnits,
   KafkaLog,
   type KafkaTopics,
   nextGroupSize,
@@ -34,20 +35,28 @@ function sizes(n: number, seed: number, max: number): number[] {
 }
 
 describe("record grouping (pure)", () => {
-  it("every group holds 1..maxRecords records, stays within maxBytes unless one record alone exceeds it, and the groups concatenate to the input", () => {
+  it("writer groups end on record boundaries, hold at most maxRecords proposals and maxBytes unless one record alone exceeds them, and concatenate to the input", () => {
     for (const [seed, limits] of [
       [1, { maxRecords: 7, maxBytes: 1_000 }],
       [2, { maxRecords: 1, maxBytes: 10 }],
       [3, { maxRecords: 500, maxBytes: 300 }],
       [4, { maxRecords: 3, maxBytes: 1 << 20 }],
     ] as const) {
-      const items = sizes(2_000, seed, 400).map((size, i) => ({ i, size }));
-      const groups = groupBy(items, (t) => t.size, limits);
+      // Records of 1-3 proposals (a packed record is never split) of 1..400 bytes each.
+      const counts = sizes(2_000, seed + 100, 3);
+      const items = sizes(2_000, seed, 400).map((size, i) => ({
+        i,
+        items: Array.from({ length: counts[i]! }, () => new Uint8Array(size)),
+      }));
+      const groups = groupUnits(items, limits);
       for (const g of groups) {
         expect(g.length).toBeGreaterThanOrEqual(1);
-        expect(g.length).toBeLessThanOrEqual(limits.maxRecords);
-        const total = g.reduce((s, t) => s + t.size, 0);
-        if (g.length > 1) expect(total).toBeLessThanOrEqual(limits.maxBytes);
+        const proposals = g.reduce((s, t) => s + t.items.length, 0);
+        const total = g.reduce((s, t) => s + t.items.reduce((b, x) => b + x.length, 0), 0);
+        if (g.length > 1) {
+          expect(proposals).toBeLessThanOrEqual(limits.maxRecords);
+          expect(total).toBeLessThanOrEqual(limits.maxBytes);
+        }
       }
       expect(groups.flat().map((t) => t.i)).toEqual(items.map((t) => t.i));
     }
@@ -81,32 +90,26 @@ function admin() {
   }).admin();
 }
 
-/** The partition offsets of every committed record of `topic` (a read_committed consumer; markers take offsets but are not records). */
-async function committedPartitionOffsets(topic: string, count: number): Promise<number[]> {
+/** Committed records of `topic` from its start (a read_committed consumer), with partition offsets and values, until `enough` holds. */
+async function committedRecords(
+  topic: string,
+  enough: (records: ReadonlyArray<{ offset: number; value: Buffer }>) => boolean,
+): Promise<Array<{ offset: number; value: Buffer }>> {
   const kafka = new Kafka({ clientId: "batching-test", brokers: kafkaBrokers(), logLevel: logLevel.NOTHING });
   const consumer = kafka.consumer({ groupId: `batching-test.${randomUUID()}`, readUncommitted: false });
-  const offsets: number[] = [];
+  const out: Array<{ offset: number; value: Buffer }> = [];
   await consumer.connect();
   try {
     await consumer.subscribe({ topic, fromBeginning: true });
     await consumer.run({
       eachBatch: async ({ batch }) => {
-        for (const m of batch.messages) offsets.push(Number(m.offset));
+        for (const m of batch.messages)
+          out.push({ offset: Number(m.offset), value: m.value ?? Buffer.alloc(0) });
       },
     });
-    await until(() => offsets.length >= count);
+    await until(() => enough(out));
   } finally {
     await consumer.disconnect();
-  }
-  return offsets;
-}
-
-/** Runs of consecutive partition offsets: in a transactional topic each run is one transaction (its commit marker takes the next offset). */
-function runs(offsets: readonly number[]): number[] {
-  const out: number[] = [];
-  for (let i = 0; i < offsets.length; i++) {
-    if (i > 0 && offsets[i] === offsets[i - 1]! + 1) out[out.length - 1]!++;
-    else out.push(1);
   }
   return out;
 }
@@ -142,7 +145,7 @@ describe("Kafka log batching (real broker)", () => {
     }
   });
 
-  it("proposer: no produce request exceeds its bounds, and every acknowledged proposal is in the topic", async () => {
+  it("proposer: one packed record per produce request within its bounds, and every acknowledged proposal is in the topic, in order", async () => {
     const topics = uniqueTopics();
     const limits = { maxRecords: 7, maxBytes: 1_500 };
     const sends: Array<{ proposals: number; bytes: number }> = [];
@@ -160,19 +163,37 @@ describe("Kafka log batching (real broker)", () => {
     }
     // Proposed together, they are grouped: far fewer requests than proposals.
     expect(sends.length).toBeLessThan(payloads.length / 2);
-    const a = admin();
-    await a.connect();
-    try {
-      const [p] = await a.fetchTopicOffsets(topics.proposals);
-      expect(Number(p!.high)).toBe(payloads.length);
-    } finally {
-      await a.disconnect();
-    }
+    // One record per request: a lone proposal as it is, several packed in a catalog.proposal.batch.
+    const records = await committedRecords(topics.proposals, (r) => r.length >= sends.length);
+    expect(records).toHaveLength(sends.length);
+    const items = records.map((r) =>
+      mayBePacked(PROPOSAL_BATCH, r.value) ? unpack(PROPOSAL_BATCH, r.value)! : [r.value],
+    );
+    expect(items.map((i) => i.length)).toEqual(sends.map((s) => s.proposals));
+    expect(records.filter((r) => r.value.includes("catalog.proposal.batch")).length).toBe(
+      sends.filter((s) => s.proposals > 1).length,
+    );
+    expect(items.flat().map(text)).toEqual(payloads);
   });
 
-  it("writer: no transaction holds more than writerTx.maxRecords proposals; records are dense and each proposal appears once", async () => {
+  it("a proposal batch bound the batch record cannot hold is refused at open, naming it", async () => {
+    await expect(
+      KafkaLog.open({
+        brokers: kafkaBrokers(),
+        clientId: "batching-test",
+        topics: uniqueTopics(),
+        proposalSend: { maxRecords: PROPOSAL_BATCH.maxItems + 1, maxBytes: 1 << 20 },
+      }),
+    ).rejects.toThrow(/proposalSend: 4097 proposals .* do not fit one proposal batch/);
+  });
+
+  it("writer: no transaction holds more than writerTx.maxRecords proposals; txs are packed per transaction, dense, and each proposal appears once", async () => {
     const topics = uniqueTopics();
-    const log = await open(topics, { writerTx: { maxRecords: 5, maxBytes: 1 << 20 } });
+    // Proposal records of at most 2 proposals: a writer group ends on a record boundary, so 5 is reachable exactly as 2 + 2 + 1.
+    const log = await open(topics, {
+      writerTx: { maxRecords: 5, maxBytes: 1 << 20 },
+      proposalSend: { maxRecords: 2, maxBytes: 1 << 20 },
+    });
     const n = 63;
     await Promise.all(Array.from({ length: n }, (_, i) => log.propose(bytes(`p${i}`))));
     const lease = await log.acquireWriter();
@@ -183,7 +204,10 @@ describe("Kafka log batching (real broker)", () => {
     const records = await collect(log, 0, n);
     expect(records.map((r) => r.offset)).toEqual(Array.from({ length: n }, (_, i) => i));
     expect(records.map((r) => text(r.bytes))).toEqual(Array.from({ length: n }, (_, i) => `tx:p${i}`));
-    const txns = runs(await committedPartitionOffsets(topics.tx, n));
+    // Each transaction's ≤ 5 txs fit one packed record: records are transactions here.
+    const txCount = (r: { value: Buffer }) => unpack(TX_BATCH, r.value)?.length ?? 0;
+    const txRecords = await committedRecords(topics.tx, (rs) => rs.reduce((s, r) => s + txCount(r), 0) >= n);
+    const txns = txRecords.map(txCount);
     expect(txns.reduce((s, x) => s + x, 0)).toBe(n);
     for (const size of txns) expect(size).toBeLessThanOrEqual(5);
     expect(txns.length).toBeGreaterThanOrEqual(Math.ceil(n / 5));
