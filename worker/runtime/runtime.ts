@@ -26,7 +26,7 @@ import type { PrefixRestorer, RouteCheckpointer } from "../restore/hooks.ts";
 import { type Admission, type Preemption, planIteration } from "../scheduler/plan-iteration.ts";
 import { type Budgets, phaseOf, type RequestRecord } from "../scheduler/request.ts";
 import { buildBatch, type Lane } from "./batch.ts";
-import { PrefillPacer } from "./prefill-pacer.ts";
+import { PrefillPacer, type StepShape } from "./prefill-pacer.ts";
 import { type RuntimeEvent, Sequence } from "./sequence.ts";
 
 export interface RuntimeOptions {
@@ -114,6 +114,27 @@ export interface RuntimeStats {
 function emit(seq: Sequence, ev: RuntimeEvent): void {
   if (!seq.events.push(ev))
     throw new Error(`request ${seq.id}: event channel refused ${ev.type} (full or closed)`);
+}
+
+/** A step's rows by kind and the keys they attend: a row at position p attends p + 1. */
+function stepShape(lanes: readonly Lane[]): StepShape {
+  let decodeRows = 0;
+  let decodeKeys = 0;
+  let prefillRows = 0;
+  let prefillKeys = 0;
+  for (const l of lanes) {
+    const t = l.tokens.length;
+    // Σ_{k<t} (firstPosition + k + 1)
+    const keys = t * (l.firstPosition + 1) + (t * (t - 1)) / 2;
+    if (l.wantLogits) {
+      decodeRows += t;
+      decodeKeys += keys;
+    } else {
+      prefillRows += t;
+      prefillKeys += keys;
+    }
+  }
+  return { decodeRows, decodeKeys, prefillRows, prefillKeys };
 }
 
 /** A finished request's full pages, kept as a recomputable prefix cache until evicted. */
@@ -366,10 +387,18 @@ export class WorkerRuntime {
     if (this.seqs.size === 0) return false;
     const now = this.counters.steps;
     const records = [...this.seqs.values()].map((s) => this.record(s));
-    let decodeLanes = 0;
-    for (const r of records)
-      if (r.state === "running" && r.runnable && phaseOf(r).phase === "decode") decodeLanes++;
-    const plan = planIteration(records, this.budgets(decodeLanes));
+    // The pacer's inputs: the decode lanes' rows and keys (a decode row at
+    // position p attends p + 1 keys), and the furthest prefill's next row.
+    const decodes = { rows: 0, keys: 0 };
+    let prefillAt = 0;
+    for (const r of records) {
+      const phase = phaseOf(r).phase;
+      if (phase === "decode" && r.state === "running" && r.runnable) {
+        decodes.rows++;
+        decodes.keys += r.processed + 1;
+      } else if (phase === "prefill") prefillAt = Math.max(prefillAt, r.processed);
+    }
+    const plan = planIteration(records, this.budgets(decodes, prefillAt));
     for (const p of plan.preempt) this.preempt(p, now);
     let admitted = 0;
     for (const a of plan.admit) if (this.admit(a, now)) admitted++;
@@ -430,7 +459,7 @@ export class WorkerRuntime {
     }
     this.releaseLease(lease);
     this.recordCosts(stepMs, prefillRows, built.rows);
-    this.pacer?.observe(built.rows - prefillRows, prefillRows, stepMs);
+    this.pacer?.observe(stepShape(lanes), stepMs);
     const vocab = this.opts.vocab;
     for (const [i, seq] of laneSeqs.entries()) {
       const at = built.logitIndex[i]!;
@@ -475,15 +504,17 @@ export class WorkerRuntime {
   // ---- scheduler inputs ----------------------------------------------------
 
   /**
-   * `decodeLanes`: running requests in their decode phase. While there are
-   * any, the pacer's tile caps the step's prefill rows, all lanes together
-   * (the step's rows are at most decodeLanes + tile), so several prompts
-   * prefilling at once cannot stretch the step beyond the pace either.
+   * `decodes`: the running requests in their decode phase (rows, keys).
+   * While there are any, the pacer's tile caps the step's prefill rows, all
+   * lanes together (the step's rows are at most decodes + tile), so several
+   * prompts prefilling at once cannot stretch the step beyond the pace
+   * either; `prefillAt` is the furthest prefill's next position.
    */
-  private budgets(decodeLanes: number): Budgets {
+  private budgets(decodes: { rows: number; keys: number }, prefillAt: number): Budgets {
     const o = this.opts;
     const c = this.calibrator.value;
-    const tile = this.pacer ? this.pacer.tile(decodeLanes > 0) : o.prefillTile;
+    const decodeLanes = decodes.rows;
+    const tile = this.pacer ? this.pacer.tile(decodeLanes > 0 ? decodes : null, prefillAt) : o.prefillTile;
     return {
       model: o.fingerprint,
       pageTokens: o.pageTokens,
