@@ -56,7 +56,7 @@ describe("proposal batch records (pure)", () => {
     expect(rej[2]!.reason).toMatch(/^oversized: proposal of 5000 bytes/);
 
     const single = CatalogDb.empty();
-    items.forEach((bytes) => decideBatch(single, [{ offset: 7, bytes }], 1, limits));
+    for (const bytes of items) decideBatch(single, [{ offset: 7, bytes }], 1, limits);
     expect(batched.dbHash()).toBe(single.dbHash());
   });
 
