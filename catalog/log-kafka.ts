@@ -38,13 +38,15 @@ import {
  *
  * Logical offsets. catalog.tx is written only inside Kafka transactions, so
  * its partition offsets have holes (commit/abort markers, aborted records).
- * Every record the writer appends carries a header `continuum-offset` with its
- * logical offset (decimal): the n-th committed record says n. Readers hand out
+ * Every record the writer appends carries a header `continuum-offset` with the
+ * logical offset (decimal) of its first message: the n-th committed tx is n. Readers hand out
  * logical offsets; the embedded log and Kafka therefore agree on offsets, and
- * a snapshot at offset N means the same in both. Since each committed record
- * occupies its own partition offset, partition offset ≥ logical offset, so a
- * reader starting at logical N seeks the partition to N and skips what is
- * below N (at most one marker per writer transaction plus aborted records).
+ * a snapshot at offset N means the same in both. A tx record holds up to
+ * 512 txs and is stamped with its first tx's logical offset; each record
+ * occupies its own partition offset, so the record holding logical N sits at
+ * partition offset ≥ ⌊N / 512⌋, where a reader starting at N begins, skipping
+ * what is below N. (Rejections are one per record: there partition offset ≥
+ * logical offset and a reader seeks to N itself.)
  *
  * Exactly-once writer (see catalog/writer.ts for the loop):
  *   - one consumer group `<proposals>.writer` on the single-partition proposals
@@ -56,10 +58,11 @@ import {
  *     initializes it, which bumps the producer epoch: the previous holder (a
  *     zombie that lost its group membership but still runs) is fenced, and its
  *     open transaction is aborted before we read any state;
- *   - per group of proposals (at most `writerTx` proposals and bytes): begin
- *     → send tx records → send rejections → sendOffsets (proposals consumed,
+ *   - per group of proposals (at most `writerTx` proposals and bytes, ending
+ *     on a record boundary): begin → send packed tx records and rejections
+ *     (one produce request up to 1 MiB) → sendOffsets (proposals consumed,
  *     with metadata {"txEnd","rejEnd"}) → commit. Groups are pipelined: the
- *     next group is decided while this one commits, and its commit starts
+ *     next group is decided (even fetched) while this one commits, and its commit starts
  *     only after this one succeeded; a failure loses the lease, and the
  *     writer discards its db (which may hold decided, uncommitted groups). The
  *     committed group offset and its metadata change atomically with the
@@ -75,11 +78,19 @@ import {
  * within one event-loop turn, bounded by `proposalSend`, one request in
  * flight, each caller answered after the broker acknowledged (acks=all).
  *
- * Wire: one Kafka record per catalog tx, rejection and proposal (catalog/
- * WIRE.md). Packing a writer group into one record was measured and not
- * done: kafkajs spends ~10 µs encoding and ~1.5 µs decoding per record here,
- * about 4% of a publication's CPU across the three processes, not worth a
- * wire change for third-party consumers.
+ * Wire (catalog/WIRE.md, catalog/kafka-records.ts): proposals proposed
+ * together travel as one packed record (`catalog.proposal.batch`), and the
+ * writer's txs of one transaction as packed records of up to 512
+ * (`catalog.tx.batch`); rejections stay one per record. kafkajs spends
+ * ~25-35 µs per produced record here (an encoder with a zeroed 512-byte
+ * buffer per record, varints, headers, copies, measured with --cpu-prof):
+ * with one record per proposal and per tx that was about a third of each
+ * publication's CPU in both the proposer and the writer. Packing cut the
+ * CPU per publication from ~103 to ~43 µs (proposer + replica) and from
+ * ~114 to ~60 µs (writer) in the bench. The lease unpacks proposal batches
+ * (each proposal is handed to the writer on its own; a batch that does not
+ * unpack is handed over whole and rejected), and readers unpack tx records,
+ * so the CatalogLog contract is the same as the embedded log's.
  */
 
 export const OFFSET_HEADER = "continuum-offset";

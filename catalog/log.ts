@@ -67,8 +67,9 @@ export interface WriterLease {
   /** Offset in catalog.proposals of the first proposal not yet committed. */
   readonly proposalsOffset: number;
   /**
-   * Delivers uncommitted proposals in batches (offsets increasing from
-   * `proposalsOffset`) and commits the results of one or more consecutive
+   * Delivers uncommitted proposals in batches (offsets non-decreasing from
+   * `proposalsOffset`; proposals a transport packed in one record share its
+   * offset, and are committed together) and commits the results of one or more consecutive
    * handler calls together with "consumed up to their last proposal + 1"
    * atomically, in order. An implementation may pipeline: call the handler
    * for the next batches while the previous commit is in flight (so the

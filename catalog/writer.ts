@@ -53,7 +53,10 @@ import {
  *    a rejection naming the earlier application.
  *  - Bad input never stops the writer: bytes over `maxProposalBytes`, bytes
  *    that do not decode as a proposal, and proposals that fail validation
- *    each become a rejection with a reason.
+ *    each become a rejection with a reason. A proposal batch
+ *    (`catalog.proposal.batch`, catalog/kafka-records.ts) is decided
+ *    proposal by proposal; one that does not unpack, or is over its bounds,
+ *    is one rejection.
  */
 
 /** What the writer needs of a catalog db (catalog/db.ts CatalogDb satisfies it). */
