@@ -132,46 +132,46 @@ function topK(logits: ArrayLike<number>, k: number): number[] {
   const n = logits.length;
   const ids = new Int32Array(k);
   const vals = new Float64Array(k);
-  /** Entry a comes after entry b in sampling order (smaller logit, or equal with the larger id). */
-  const after = (a: number, b: number): boolean =>
-    vals[a]! < vals[b]! || (vals[a] === vals[b] && ids[a]! > ids[b]!);
-  const swap = (a: number, b: number): void => {
-    const id = ids[a]!;
-    const v = vals[a]!;
-    ids[a] = ids[b]!;
-    vals[a] = vals[b]!;
-    ids[b] = id;
-    vals[b] = v;
-  };
+  // Entry i comes after entry j in sampling order when
+  //   vals[i] < vals[j] || (vals[i] === vals[j] && ids[i] > ids[j]),
+  // written out below: this loop runs once per token over the vocabulary.
   for (let i = 0; i < k; i++) {
-    ids[i] = i;
-    vals[i] = logits[i]!;
-    // Sift up while the new entry comes after its parent.
-    for (let c = i; c > 0; ) {
-      const parent = (c - 1) >> 1;
-      if (!after(c, parent)) break;
-      swap(c, parent);
-      c = parent;
+    const v = logits[i]!;
+    // Sift up: move parents that the new entry comes after down into the hole.
+    let c = i;
+    while (c > 0) {
+      const p = (c - 1) >> 1;
+      if (!(v < vals[p]! || (v === vals[p] && i > ids[p]!))) break;
+      ids[c] = ids[p]!;
+      vals[c] = vals[p]!;
+      c = p;
     }
+    ids[c] = i;
+    vals[c] = v;
   }
+  let root = vals[0]!;
   for (let id = k; id < n; id++) {
     const x = logits[id]!;
-    if (!(x > vals[0]!)) continue;
-    ids[0] = id;
-    vals[0] = x;
-    for (let i = 0; ; ) {
+    if (!(x > root)) continue;
+    // Replace the root; sift down: move up the child that comes after the other while it comes after x.
+    let i = 0;
+    for (;;) {
       const l = 2 * i + 1;
+      if (l >= k) break;
+      let c = l;
       const r = l + 1;
-      let worst = i;
-      if (l < k && after(l, worst)) worst = l;
-      if (r < k && after(r, worst)) worst = r;
-      if (worst === i) break;
-      swap(i, worst);
-      i = worst;
+      if (r < k && (vals[r]! < vals[l]! || (vals[r] === vals[l] && ids[r]! > ids[l]!))) c = r;
+      if (!(vals[c]! < x || (vals[c] === x && ids[c]! > id))) break;
+      ids[i] = ids[c]!;
+      vals[i] = vals[c]!;
+      i = c;
     }
+    ids[i] = id;
+    vals[i] = x;
+    root = vals[0]!;
   }
   const order = Array.from({ length: k }, (_, i) => i);
-  order.sort((a, b) => (after(a, b) ? 1 : -1));
+  order.sort((a, b) => vals[b]! - vals[a]! || ids[a]! - ids[b]!);
   return order.map((i) => ids[i]!);
 }
 
