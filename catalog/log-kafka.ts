@@ -232,6 +232,10 @@ export interface KafkaLogOptions {
 export const writerGroupId = (t: KafkaTopics): string => `${t.proposals}.writer`;
 export const writerTransactionalId = (t: KafkaTopics): string => `${t.tx}.writer`;
 
+/** kafkajs's message for the CONCURRENT_TRANSACTIONS error code (51). */
+const CONCURRENT_TRANSACTIONS_TEXT =
+  "The producer attempted to update a transaction while another concurrent operation";
+
 function kafkaClient(
   brokers: readonly string[],
   clientId: string,
@@ -253,6 +257,10 @@ function kafkaClient(
       () =>
       ({ namespace, level: lvl, log }: LogEntry) => {
         const { message, timestamp: _t, logger: _l, ...rest } = log;
+        // kafkajs logs each CONCURRENT_TRANSACTIONS answer as an error before retrying it; a writer meets one
+        // on nearly every back-to-back transaction (the previous commit's markers are still being written).
+        // A retry that finally fails fails the commit, which the writer reports (writer.lease_lost).
+        if (`${message} ${String(rest.error)}`.includes(CONCURRENT_TRANSACTIONS_TEXT)) return;
         process.stderr.write(
           `${JSON.stringify({ t: new Date().toISOString(), src: "kafkajs", level: lvl, ns: namespace, msg: message, ...rest })}\n`,
         );
