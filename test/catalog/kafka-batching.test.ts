@@ -213,6 +213,29 @@ describe("Kafka log batching (real broker)", () => {
     expect(txns.length).toBeGreaterThanOrEqual(Math.ceil(n / 5));
   });
 
+  it("reader: a subscription from any logical offset finds it inside packed tx records (records hold up to 512 txs, far fewer partition offsets than txs)", async () => {
+    const topics = uniqueTopics();
+    const log = await open(topics, { writerTx: { maxRecords: 4_000, maxBytes: 4 << 20 } });
+    const n = 1_500;
+    await Promise.all(Array.from({ length: n }, (_, i) => log.propose(bytes(`p${i}`))));
+    const lease = await log.acquireWriter();
+    const running = lease.run(echo);
+    await until(async () => (await log.endOffset()) >= n);
+    await lease.stop();
+    await running;
+    const txRecords = await committedRecords(
+      topics.tx,
+      (rs) => rs.reduce((s, r) => s + (unpack(TX_BATCH, r.value)?.length ?? 0), 0) >= n,
+    );
+    // Packed: the last tx's record sits at a partition offset far below its logical offset.
+    expect(txRecords[txRecords.length - 1]!.offset).toBeLessThan(n / 100);
+    for (const from of [0, 511, 512, 513, 1_024, 1_200, n - 1]) {
+      const got = await collect(log, from, n - from);
+      expect(got.map((r) => r.offset)).toEqual(Array.from({ length: n - from }, (_, i) => from + i));
+      expect(text(got[0]!.bytes)).toBe(`tx:p${from}`);
+    }
+  });
+
   it("writer: a handler failure while the previous transaction commits leaves only whole transactions; the next lease resumes after the last", async () => {
     const topics = uniqueTopics();
     const log = await open(topics, { writerTx: { maxRecords: 5, maxBytes: 1 << 20 } });
