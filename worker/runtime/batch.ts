@@ -1,5 +1,6 @@
 import type { StepBatch } from "../../native/index.ts";
 import type { PageId } from "../../schema/ids.ts";
+import type { StepShape } from "./prefill-pacer.ts";
 
 /** One lane of a step: consecutive rows of one sequence. */
 export interface Lane {
@@ -74,4 +75,29 @@ export function buildBatch(lanes: readonly Lane[]): BuiltBatch {
     logitIndex,
     rows,
   };
+}
+
+/**
+ * A step's rows by kind (decode lanes want logits, prefill lanes do not)
+ * and the keys each kind attends: a row at position p attends p + 1 keys,
+ * so a lane of t rows from position p₀ attends t·(p₀ + 1) + t(t − 1)/2.
+ * Pure; the pacer's cost model reads it.
+ */
+export function stepShape(lanes: readonly Lane[]): StepShape {
+  let decodeRows = 0;
+  let decodeKeys = 0;
+  let prefillRows = 0;
+  let prefillKeys = 0;
+  for (const l of lanes) {
+    const t = l.tokens.length;
+    const keys = t * (l.firstPosition + 1) + (t * (t - 1)) / 2;
+    if (l.wantLogits) {
+      decodeRows += t;
+      decodeKeys += keys;
+    } else {
+      prefillRows += t;
+      prefillKeys += keys;
+    }
+  }
+  return { decodeRows, decodeKeys, prefillRows, prefillKeys };
 }

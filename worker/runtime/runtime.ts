@@ -25,8 +25,8 @@ import {
 import type { PrefixRestorer, RouteCheckpointer } from "../restore/hooks.ts";
 import { type Admission, type Preemption, planIteration } from "../scheduler/plan-iteration.ts";
 import { type Budgets, phaseOf, type RequestRecord } from "../scheduler/request.ts";
-import { buildBatch, type Lane } from "./batch.ts";
-import { PrefillPacer, type StepShape } from "./prefill-pacer.ts";
+import { buildBatch, type Lane, stepShape } from "./batch.ts";
+import { PrefillPacer } from "./prefill-pacer.ts";
 import { type RuntimeEvent, Sequence } from "./sequence.ts";
 
 export interface RuntimeOptions {
@@ -114,27 +114,6 @@ export interface RuntimeStats {
 function emit(seq: Sequence, ev: RuntimeEvent): void {
   if (!seq.events.push(ev))
     throw new Error(`request ${seq.id}: event channel refused ${ev.type} (full or closed)`);
-}
-
-/** A step's rows by kind and the keys they attend: a row at position p attends p + 1. */
-function stepShape(lanes: readonly Lane[]): StepShape {
-  let decodeRows = 0;
-  let decodeKeys = 0;
-  let prefillRows = 0;
-  let prefillKeys = 0;
-  for (const l of lanes) {
-    const t = l.tokens.length;
-    // Σ_{k<t} (firstPosition + k + 1)
-    const keys = t * (l.firstPosition + 1) + (t * (t - 1)) / 2;
-    if (l.wantLogits) {
-      decodeRows += t;
-      decodeKeys += keys;
-    } else {
-      prefillRows += t;
-      prefillKeys += keys;
-    }
-  }
-  return { decodeRows, decodeKeys, prefillRows, prefillKeys };
 }
 
 /** A finished request's full pages, kept as a recomputable prefix cache until evicted. */
