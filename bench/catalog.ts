@@ -4,6 +4,7 @@ import { readFileSync } from "node:fs";
 import { loadavg } from "node:os";
 import { fileURLToPath } from "node:url";
 import { CatalogDb } from "../catalog/db.ts";
+import { TX_BATCH } from "../catalog/kafka-records.ts";
 import type { FullCatalogLog } from "../catalog/log.ts";
 import { EmbeddedLog } from "../catalog/log-embedded.ts";
 import { DEFAULT_PROPOSAL_SEND, DEFAULT_WRITER_TX, KafkaLog } from "../catalog/log-kafka.ts";
@@ -39,6 +40,10 @@ import { type Bench, type BenchOptions, percentile, round } from "./contract.ts"
  *    prefix, and ready runs by worker and tier, on a catalog of 200,000 chunks.
  *  - beside them, apply rates of the two replica modes (entity store with a
  *    lazily folded Datalog view vs. folding every batch into DataScript).
+ * CONTINUUM_BENCH_CATALOG=e2e shrinks the in-process parts (apply rates,
+ * lookup catalog) to almost nothing, for profiling the pipeline alone
+ * (`node --cpu-prof bin/continuum.mjs bench catalog`: the writer process
+ * writes its own profile beside this one's).
  */
 
 const CHUNK = 16;
@@ -479,6 +484,7 @@ const bench: Bench = {
         chain_chunks: 128,
         kafka_writer_tx_max_proposals: DEFAULT_WRITER_TX.maxRecords,
         kafka_proposal_send_max_proposals: DEFAULT_PROPOSAL_SEND.maxRecords,
+        kafka_tx_record_max_txs: TX_BATCH.maxItems,
         chunk_tokens: CHUNK,
         workers: WORKERS.length,
       },
