@@ -38,8 +38,9 @@ export interface Config {
     prefillTile: number;
     /**
      * While requests decode, a step with prefill rows may take at most this
-     * many times a decode-only step (prefill tiles shrink to fit); 0 turns
-     * pacing off and tiles are always prefillTile.
+     * many times the decode-only step it replaces, as the runtime's fitted
+     * step-cost model predicts it (prefill tiles shrink to fit, down to
+     * minPrefillTokens); 0 turns pacing off and tiles are always prefillTile.
      */
     decodePace: number;
   };
@@ -148,7 +149,7 @@ export const defaultConfig: Config = {
     maxBatchSeqs: 64,
     minPrefillTokens: 64,
     prefillTile: 256,
-    decodePace: 1.6,
+    decodePace: 1.8,
   },
   store: {
     dataDir: ".continuum",
