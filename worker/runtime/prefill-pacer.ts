@@ -21,13 +21,15 @@
  * prefill is not paced (maxTile). The caller caps the step's prefill rows
  * (all lanes together) at T.
  *
- * The fit must survive a noisy machine, where one step can take twice its
- * usual time or finish early:
- *   - it is least squares over the last `window` steps that had decode rows
- *     (plus the last `window` / 4 decode-only steps, kept longer: they pin
- *     down the decode-only end of the model while a long prefill leaves no
- *     fresh ones), refitted without the steps whose residual exceeds
- *     3 × the median residual, so a stalled or early step does not move it;
+ * The fit must survive a noisy machine, where one step can take several
+ * times its usual time or finish early:
+ *   - it is a least-absolute-deviations fit (the median, not the mean, of
+ *     the steps: iteratively reweighted least squares) over the last
+ *     `window` steps that had decode rows, plus the last `window` / 4
+ *     decode-only steps, kept longer: they pin down the decode-only end of
+ *     the model while a long prefill leaves no fresh ones. The coefficients
+ *     are the machine's, not the context's, so an old step is as good a
+ *     sample as a new one until the machine's speed changes;
  *   - coefficients are non-negative (the best non-negative fit: among the
  *     least-squares fits on each subset of the three terms, the one with
  *     every coefficient ≥ 0 and the smallest error);
@@ -49,12 +51,14 @@ export class PrefillPacer {
   private lastRows: number;
   private mixedSeen = false;
   private fit: CostFit | null = null;
+  /** Steps were observed since the fit. */
+  private stale = false;
 
   constructor(
     readonly pace: number,
     readonly minTile: number,
     readonly maxTile: number,
-    readonly window = 64,
+    readonly window = 128,
     readonly growth = 1.25,
   ) {
     if (!(Number.isFinite(pace) && pace > 1)) throw new RangeError(`decode pace must be > 1, got ${pace}`);
@@ -74,8 +78,10 @@ export class PrefillPacer {
    */
   tile(decodes: { readonly rows: number; readonly keys: number } | null, nextPosition: number): number {
     if (decodes === null || decodes.rows === 0) return this.maxTile;
-    const c = this.fit;
-    if (c === null || !this.mixedSeen) return this.minTile;
+    if (!this.mixedSeen) return this.minTile;
+    // Fitted on demand, not per observed step: only a step that paces needs it.
+    const c = this.model();
+    if (c === null) return this.minTile;
     const budget = (this.pace - 1) * (c.c0 + c.c1 * decodes.rows + c.c2 * decodes.keys);
     const fit = largestTile(c, Math.max(0, nextPosition), budget, this.maxTile);
     const ceiling = Math.ceil(this.lastRows * this.growth);
@@ -96,12 +102,16 @@ export class PrefillPacer {
       this.mixedSeen = true;
       this.lastRows = step.prefillRows;
     }
-    const inRecent = new Set(this.recent);
-    this.fit = robustFit([...this.decodeOnly.filter((d) => !inRecent.has(d)), ...this.recent]);
+    this.stale = true;
   }
 
-  /** The fitted cost model, or null before any step (for reports and tests). */
+  /** The cost model fitted to the steps observed so far, or null before any (for reports and tests). */
   model(): CostFit | null {
+    if (this.stale) {
+      const inRecent = new Set(this.recent);
+      this.fit = robustFit([...this.decodeOnly.filter((d) => !inRecent.has(d)), ...this.recent]);
+      this.stale = false;
+    }
     return this.fit;
   }
 }
@@ -143,30 +153,41 @@ function largestTile(c: CostFit, p0: number, budget: number, cap: number): numbe
   return n;
 }
 
-/** Least squares, then again without the steps whose residual exceeds 3 × the median residual. */
+/**
+ * Least absolute deviations, by iteratively reweighted least squares: each
+ * pass weights a step by 1 / |its residual| under the previous fit, so a
+ * step that stalled (or finished early) pulls the fit by its sign, not its
+ * size: the multivariate median of the steps rather than their mean.
+ */
 function robustFit(samples: readonly StepSample[]): CostFit | null {
-  const first = nonNegativeFit(samples);
-  if (first === null || samples.length < 4) return first;
-  const res = samples.map((s) => Math.abs(s.ms - predict(first, s)));
-  // (Plus a hair of the mean step, so rounding noise on an exact fit drops nothing.)
-  const cut = 3 * median(res) + 1e-9 * (samples.reduce((a, s) => a + s.ms, 0) / samples.length);
-  const kept = samples.filter((_, i) => res[i]! <= cut);
-  return kept.length === samples.length ? first : (nonNegativeFit(kept) ?? first);
+  let fit = nonNegativeFit(samples, null);
+  if (fit === null || samples.length < 4) return fit;
+  // Residuals below δ count as δ, so an exact fit keeps finite, equal weights.
+  const delta = 1e-3 * median(samples.map((s) => s.ms)) + 1e-12;
+  for (let pass = 0; pass < IRLS_PASSES; pass++) {
+    const f: CostFit = fit;
+    const weights = samples.map((s) => 1 / Math.max(delta, Math.abs(s.ms - predict(f, s))));
+    fit = nonNegativeFit(samples, weights) ?? f;
+  }
+  return fit;
 }
+
+/** Reweighting passes of robustFit: enough to settle a median fit from the least-squares start. */
+const IRLS_PASSES = 8;
 
 function predict(c: CostFit, s: StepSample): number {
   return c.c0 + c.c1 * s.rows + c.c2 * s.keys;
 }
 
 /**
- * The non-negative least-squares fit of ms on (1, rows, keys): the
+ * The non-negative (weighted) least-squares fit of ms on (1, rows, keys): the
  * smallest-error fit among the ordinary least-squares fits on each subset of
  * the three terms whose coefficients are all ≥ 0 (the non-negative optimum is
  * the unconstrained optimum on its own positive terms, so it is among them).
  * One pass gathers the moments; each subset solves its normal equations from
  * them. Null without samples.
  */
-function nonNegativeFit(samples: readonly StepSample[]): CostFit | null {
+function nonNegativeFit(samples: readonly StepSample[], weights: readonly number[] | null): CostFit | null {
   if (samples.length === 0) return null;
   // Moments of x = (1, rows, keys / 1000) (keys in thousands keep them well scaled) and y = ms.
   const xx = [
@@ -176,13 +197,14 @@ function nonNegativeFit(samples: readonly StepSample[]): CostFit | null {
   ];
   const xy = [0, 0, 0];
   let yy = 0;
-  for (const s of samples) {
+  for (const [n, s] of samples.entries()) {
+    const w = weights === null ? 1 : weights[n]!;
     const x = [1, s.rows, s.keys / 1000];
     for (let i = 0; i < 3; i++) {
-      for (let j = 0; j < 3; j++) xx[i]![j]! += x[i]! * x[j]!;
-      xy[i]! += x[i]! * s.ms;
+      for (let j = 0; j < 3; j++) xx[i]![j]! += w * x[i]! * x[j]!;
+      xy[i]! += w * x[i]! * s.ms;
     }
-    yy += s.ms * s.ms;
+    yy += w * s.ms * s.ms;
   }
   let best: { c: number[]; sse: number } | null = null;
   for (let mask = 1; mask < 8; mask++) {

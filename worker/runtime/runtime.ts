@@ -369,13 +369,13 @@ export class WorkerRuntime {
     // The pacer's inputs: the decode lanes' rows and keys (a decode row at
     // position p attends p + 1 keys), and the furthest prefill's next row.
     const decodes = { rows: 0, keys: 0 };
-    let prefillAt = 0;
+    let prefillAt = -1;
     for (const r of records) {
       const phase = phaseOf(r).phase;
       if (phase === "decode" && r.state === "running" && r.runnable) {
         decodes.rows++;
         decodes.keys += r.processed + 1;
-      } else if (phase === "prefill") prefillAt = Math.max(prefillAt, r.processed);
+      } else if (phase !== "decode") prefillAt = Math.max(prefillAt, r.processed);
     }
     const plan = planIteration(records, this.budgets(decodes, prefillAt));
     for (const p of plan.preempt) this.preempt(p, now);
@@ -487,19 +487,21 @@ export class WorkerRuntime {
    * While there are any, the pacer's tile caps the step's prefill rows, all
    * lanes together (the step's rows are at most decodes + tile), so several
    * prompts prefilling at once cannot stretch the step beyond the pace
-   * either; `prefillAt` is the furthest prefill's next position.
+   * either; `prefillAt` is the furthest prefill's next position (−1: none).
    */
   private budgets(decodes: { rows: number; keys: number }, prefillAt: number): Budgets {
     const o = this.opts;
     const c = this.calibrator.value;
     const decodeLanes = decodes.rows;
-    const tile = this.pacer ? this.pacer.tile(decodeLanes > 0 ? decodes : null, prefillAt) : o.prefillTile;
+    // (Only prefill beside decodes is paced; prefillAt < 0: no prompt to prefill, no tile to size.)
+    const paced = decodeLanes > 0 && prefillAt >= 0;
+    const tile = this.pacer ? this.pacer.tile(paced ? decodes : null, prefillAt) : o.prefillTile;
     return {
       model: o.fingerprint,
       pageTokens: o.pageTokens,
       // (Never below the decodes plus the minimum prefill hold, or the hold would defer decodes.)
       maxBatchTokens:
-        this.pacer && decodeLanes > 0
+        this.pacer && paced
           ? Math.min(o.maxBatchTokens, decodeLanes + Math.max(tile, o.minPrefillTokens))
           : o.maxBatchTokens,
       maxBatchSeqs: o.maxBatchSeqs,
