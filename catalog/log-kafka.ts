@@ -25,6 +25,7 @@ import {
   checkOffset,
   type FullCatalogLog,
   type LogRecord,
+  type SubscribeFrom,
   type WriterCommit,
   type WriterLease,
 } from "./log.ts";
@@ -586,8 +587,9 @@ export class KafkaLog implements FullCatalogLog {
   subscribe(
     fromOffset: number,
     onBatch: (records: readonly LogRecord[]) => Promise<void>,
+    from?: SubscribeFrom,
   ): Promise<{ stop(): Promise<void> }> {
-    return this.follow(this.opts.topics.tx, "subscribe", fromOffset, onBatch);
+    return this.follow(this.opts.topics.tx, "subscribe", fromOffset, onBatch, from?.position);
   }
 
   subscribeRejections(
@@ -608,9 +610,11 @@ export class KafkaLog implements FullCatalogLog {
     what: string,
     fromOffset: number,
     onBatch: (records: readonly LogRecord[]) => Promise<void>,
+    position?: number,
   ): Promise<{ stop(): Promise<void> }> {
     this.checkOpen(what);
     checkOffset(what, fromOffset);
+    if (position !== undefined) checkOffset(`${what} position`, position);
     const consumer = this.kafka.consumer({
       groupId: `${this.opts.clientId}.reader.${randomUUID()}`,
       readUncommitted: false,
@@ -622,9 +626,12 @@ export class KafkaLog implements FullCatalogLog {
     // offset N is preceded by at least ⌊N / maxItems⌋ records and sits at partition offset ≥ that:
     // a safe place to start reading, skipping what is below N. Rejections are one per record, and each
     // record takes a partition offset of its own, so partition offset ≥ logical offset there.
+    // That start can be far behind on a log of sparse records (one tx each: it reads about
+    // N − N/maxItems records to skip them), so a caller that knows the position of a record at or
+    // before N (a replica's snapshot does) passes it, and reading starts there.
     const packed = topic === this.opts.topics.tx;
     // Partition offset to read from at a (re)join: the start above, then one past the last record handed out.
-    let kafkaNext = packed ? Math.floor(fromOffset / TX_BATCH.maxItems) : fromOffset;
+    let kafkaNext = position ?? (packed ? Math.floor(fromOffset / TX_BATCH.maxItems) : fromOffset);
     await consumer.connect();
     await consumer.subscribe({ topic, fromBeginning: true });
     consumer.on(consumer.events.GROUP_JOIN, () =>
@@ -648,7 +655,7 @@ export class KafkaLog implements FullCatalogLog {
                 `${topic}@${m.offset}: logical offset ${offset}, expected ${next + records.length}`,
               );
             }
-            records.push({ offset, bytes: items[j]! });
+            records.push({ offset, bytes: items[j]!, position: Number(m.offset) });
           }
         }
         for (let i = 0; i < records.length; i += this.maxBatch) {

@@ -25,13 +25,33 @@
 export interface LogRecord {
   readonly offset: number;
   readonly bytes: Uint8Array;
+  /**
+   * Where this transport can start reading to reach this record again, when
+   * that is not the offset itself: for Kafka the partition offset of the
+   * packed record that carries it. Absent where offsets are positions
+   * (the embedded log). A replica keeps it with its snapshots, so a replica
+   * started from one seeks straight there instead of skipping forward.
+   */
+  readonly position?: number;
+}
+
+/** A hint for subscribe: a `LogRecord.position` at or before the first record wanted. */
+export interface SubscribeFrom {
+  readonly position?: number;
 }
 
 export interface TxLogReader {
-  /** Delivers catalog.tx records from `fromOffset` in order, in batches, until stop(); onBatch is awaited (back-pressure). */
+  /**
+   * Delivers catalog.tx records from `fromOffset` in order, in batches, until
+   * stop(); onBatch is awaited (back-pressure). `from.position` (a record's
+   * position at or before `fromOffset`) saves the transport a search; a
+   * position past `fromOffset` is an error (a gap), never a silent skip.
+   * Transports whose offsets are positions ignore it.
+   */
   subscribe(
     fromOffset: number,
     onBatch: (records: readonly LogRecord[]) => Promise<void>,
+    from?: SubscribeFrom,
   ): Promise<{ stop(): Promise<void> }>;
   /** Offset one past the last record of catalog.tx. */
   endOffset(): Promise<number>;

@@ -61,6 +61,8 @@ export class Replica {
   private failure: Error | undefined;
   private sub: { stop(): Promise<void> } | undefined;
   private lastSnapshotAt: number;
+  /** LogRecord.position of the last tx applied (kept with snapshots), when the log gives one. */
+  private lastPosition: number | undefined;
   private stopped = false;
 
   private constructor(
@@ -83,7 +85,12 @@ export class Replica {
         ? await loadLatestSnapshot(opts.snapshots, opts.warn)
         : undefined;
     const replica = new Replica(snap?.db ?? CatalogDb.empty(), opts, snap?.offset ?? 0);
-    replica.sub = await opts.log.subscribe(replica.startOffset, (records) => replica.onBatch(records));
+    replica.lastPosition = snap?.position;
+    replica.sub = await opts.log.subscribe(
+      replica.startOffset,
+      (records) => replica.onBatch(records),
+      snap?.position === undefined ? undefined : { position: snap.position },
+    );
     return replica;
   }
 
@@ -171,6 +178,7 @@ export class Replica {
             `catalog.tx offset ${r.offset} carries txNo ${tx.txNo}, expected ${r.offset + 1}`,
           );
         this.db.apply(tx);
+        this.lastPosition = r.position;
         reports.push({ offset: r.offset, tx });
       }
     } catch (err) {
@@ -195,7 +203,7 @@ export class Replica {
     const every = this.opts.snapshotEvery ?? 0;
     if (every > 0 && at - this.lastSnapshotAt >= every && this.opts.snapshots) {
       try {
-        await writeSnapshot(this.opts.snapshots, this.db);
+        await writeSnapshot(this.opts.snapshots, this.db, this.lastPosition);
         this.lastSnapshotAt = at;
       } catch (err) {
         // A failed snapshot loses nothing (the log has every tx); try again after `every` more.

@@ -25,7 +25,8 @@ export interface SnapshotStore {
 
 const PREFIX = "catalog-snapshot-";
 const SUFFIX = ".bin";
-const KEY = /^catalog-snapshot-(\d{16})\.bin$/;
+/** `catalog-snapshot-<offset>[.p<position>].bin`, both 16 digits: keys sort by offset. */
+const KEY = /^catalog-snapshot-(\d{16})(?:\.p(\d{16}))?\.bin$/;
 /** Snapshots kept; older ones are deleted after a newer one is stored. */
 export const SNAPSHOTS_KEPT = 3;
 
@@ -33,14 +34,27 @@ export class SnapshotError extends Error {
   override readonly name = "SnapshotError";
 }
 
-export function snapshotKey(offset: number): string {
+/**
+ * The key of the snapshot at `offset`; `position` is the log's LogRecord.position
+ * of the last tx it holds (where a replica starting from it resumes reading).
+ */
+export function snapshotKey(offset: number, position?: number): string {
   if (!Number.isSafeInteger(offset) || offset < 0) throw new SnapshotError(`bad snapshot offset ${offset}`);
-  return `${PREFIX}${String(offset).padStart(16, "0")}${SUFFIX}`;
+  if (position !== undefined && (!Number.isSafeInteger(position) || position < 0))
+    throw new SnapshotError(`bad snapshot log position ${position}`);
+  const at = position === undefined ? "" : `.p${String(position).padStart(16, "0")}`;
+  return `${PREFIX}${String(offset).padStart(16, "0")}${at}${SUFFIX}`;
 }
 
 export function snapshotOffset(key: string): number | undefined {
   const m = KEY.exec(key);
   return m ? Number(m[1]) : undefined;
+}
+
+/** The log position a snapshot key carries, or undefined (none recorded, or not a snapshot key). */
+export function snapshotPosition(key: string): number | undefined {
+  const m = KEY.exec(key);
+  return m?.[2] === undefined ? undefined : Number(m[2]);
 }
 
 /** Files in one directory, written atomically (temp file, fsync, rename). */
@@ -105,9 +119,12 @@ function unseal(key: string, bytes: Uint8Array): Uint8Array {
   return body;
 }
 
-/** Stores the db as the snapshot at its offset (= txs applied) and keeps the newest SNAPSHOTS_KEPT. */
-export async function writeSnapshot(store: SnapshotStore, db: CatalogDb): Promise<string> {
-  const key = snapshotKey(db.lastTxNo);
+/**
+ * Stores the db as the snapshot at its offset (= txs applied), with the log
+ * position of its last tx when the log has one, and keeps the newest SNAPSHOTS_KEPT.
+ */
+export async function writeSnapshot(store: SnapshotStore, db: CatalogDb, position?: number): Promise<string> {
+  const key = snapshotKey(db.lastTxNo, position);
   await store.put(key, seal(db.serialize()));
   const keys = (await store.list()).filter((k) => snapshotOffset(k) !== undefined).sort();
   for (const old of keys.slice(0, Math.max(0, keys.length - SNAPSHOTS_KEPT))) await store.delete(old);
@@ -121,7 +138,7 @@ export async function writeSnapshot(store: SnapshotStore, db: CatalogDb): Promis
 export async function loadLatestSnapshot(
   store: SnapshotStore,
   warn: (msg: string) => void = () => {},
-): Promise<{ offset: number; db: CatalogDb } | undefined> {
+): Promise<{ offset: number; position?: number; db: CatalogDb } | undefined> {
   const keys = (await store.list())
     .filter((k) => snapshotOffset(k) !== undefined)
     .sort()
@@ -133,7 +150,8 @@ export async function loadLatestSnapshot(
       const db = CatalogDb.deserialize(unseal(key, bytes));
       const offset = snapshotOffset(key)!;
       if (db.lastTxNo !== offset) throw new SnapshotError(`${key}: holds ${db.lastTxNo} txs, not ${offset}`);
-      return { offset, db };
+      const position = snapshotPosition(key);
+      return position === undefined ? { offset, db } : { offset, position, db };
     } catch (err) {
       warn(`skipping catalog snapshot ${key}: ${(err as Error).message}`);
     }

@@ -8,7 +8,7 @@ import type { CatalogLog, FullCatalogLog } from "../../catalog/log.ts";
 import { EmbeddedLog } from "../../catalog/log-embedded.ts";
 import { KafkaLog } from "../../catalog/log-kafka.ts";
 import { Replica, type TxReport } from "../../catalog/replica.ts";
-import { DirSnapshotStore, snapshotOffset } from "../../catalog/snapshot.ts";
+import { DirSnapshotStore, snapshotOffset, snapshotPosition } from "../../catalog/snapshot.ts";
 import { CatalogWriter } from "../../catalog/writer.ts";
 import { ProposalMsg, TxMsg } from "../../schema/catalog.ts";
 import { silentLogger } from "../../schema/log.ts";
@@ -178,4 +178,60 @@ describe.skipIf(!brokers)("catalog replicas on real Kafka", () => {
     expect(writer.current!.dbHash()).toBe(a.dbHash());
     expect(last).toBeGreaterThan(5_000);
   }, 240_000);
+
+  it("a snapshot keeps the log position of its last tx, and a replica started from it reads from there", async () => {
+    // One proposal at a time: each writer transaction carries one tx, so each
+    // tx is its own record and logical offset N sits near partition offset 2N
+    // (a commit marker follows each record), far past the ⌊N/512⌋ a reader
+    // without a position would have to start from and skip forward.
+    const suffix = randomUUID().slice(0, 8);
+    const log = await KafkaLog.open({
+      brokers: brokers!.split(","),
+      clientId: `replica-pos-${suffix}`,
+      topics: {
+        proposals: `p-${suffix}.proposals`,
+        tx: `p-${suffix}.tx`,
+        rejections: `p-${suffix}.rejections`,
+      },
+    });
+    cleanups.push(() => log.close());
+    startWriter(log);
+    const dir = await mkdtemp(join(tmpdir(), "continuum-snap-pos-"));
+    cleanups.push(() => rm(dir, { recursive: true, force: true }));
+    const store = new DirSnapshotStore(dir);
+    const snapshotter = await startReplica({ log, snapshots: store, snapshotEvery: 40 });
+    const TXS = 120;
+    for (let i = 0; i < TXS; i++) {
+      const model = {
+        op: "model.registered" as const,
+        fingerprint: fingerprintOf(2000 + i),
+        name: `m${i}`,
+        layout: LAYOUT,
+        chunkTokens: 4,
+      };
+      await log.propose(encodeMessage(ProposalMsg, { id: `pos-${i}`, clientId: "test", ops: [model] }));
+      await snapshotter.waitFor(i + 1, 30_000);
+    }
+    const keys = (await readdir(dir)).sort();
+    const newest = keys[keys.length - 1]!;
+    const at = snapshotOffset(newest)!;
+    const position = snapshotPosition(newest);
+    expect(at).toBeGreaterThanOrEqual(80);
+    // Partition offsets count every record and commit marker: the record of tx `at - 1` sits past `at - 1`.
+    expect(position).toBeGreaterThanOrEqual(at - 1);
+
+    const applied: number[] = [];
+    const fromSnapshot = await startReplica({ log, snapshots: store });
+    fromSnapshot.listen((reports) => {
+      for (const r of reports) applied.push(r.offset);
+    });
+    const fromZero = await startReplica({ log, snapshots: store, ignoreSnapshots: true });
+    await fromSnapshot.waitFor(TXS, 30_000);
+    await fromZero.waitFor(TXS, 30_000);
+    expect(fromSnapshot.startOffset).toBe(at);
+    expect(fromSnapshot.dbHash()).toBe(fromZero.dbHash());
+    expect(fromSnapshot.dbHash()).toBe(snapshotter.dbHash());
+    // It applied exactly the txs after the snapshot, densely.
+    expect(applied).toEqual(Array.from({ length: TXS - at }, (_, k) => at + k));
+  }, 120_000);
 });
