@@ -320,7 +320,8 @@ CK_AVX512 void values_heads16(const float* p, int64_t p_stride, const f16* v, in
 
 namespace avx512 {
 
-// 32 zmm registers: G heads × P key pairs accumulators + P key pairs + one q.
+// 32 zmm registers: G heads × P key pairs accumulators + P key pairs + one q,
+// G · P >= 8 chains.
 CK_AVX512 void attention_scores(const float* q, int64_t q_stride, int32_t G, const f16* k, int64_t k_stride,
                                 int32_t n, int32_t d, float scale, float* s, int64_t s_stride) {
   int32_t g = 0;
@@ -331,7 +332,7 @@ CK_AVX512 void attention_scores(const float* q, int64_t q_stride, int32_t G, con
   switch (G - g) {
     case 3: return scores_heads_pairs<3, 3>(qg, q_stride, k, k_stride, n, d, scale, sg, s_stride);
     case 2: return scores_heads_pairs<2, 4>(qg, q_stride, k, k_stride, n, d, scale, sg, s_stride);
-    case 1: return scores_heads_pairs<1, 4>(qg, q_stride, k, k_stride, n, d, scale, sg, s_stride);
+    case 1: return scores_heads_pairs<1, 8>(qg, q_stride, k, k_stride, n, d, scale, sg, s_stride);
     default: return;
   }
 }
