@@ -50,7 +50,7 @@ CK_AVX2 inline float finish_score(float t, const float* q, const f16* k, int32_t
 
 // G heads × J consecutive keys.
 template <int G, int J>
-CK_AVX2 void scores_block(const float* q, int64_t q_stride, const f16* k, int64_t k_stride, int32_t d, float scale,
+CK_AVX2 void scores_block(const float* q, int64_t q_stride, const f16* const* k, int64_t k_off, int32_t d, float scale,
                           float* s, int64_t s_stride) {
   __m256 acc[G][J];
   for (int g = 0; g < G; ++g)
@@ -58,7 +58,7 @@ CK_AVX2 void scores_block(const float* q, int64_t q_stride, const f16* k, int64_
   const int32_t d8 = d & ~7;
   for (int32_t i = 0; i < d8; i += 8) {
     __m256 kv[J];
-    for (int j = 0; j < J; ++j) kv[j] = load_f16x8(k + j * k_stride + i);
+    for (int j = 0; j < J; ++j) kv[j] = load_f16x8(k[j] + k_off + i);
     for (int g = 0; g < G; ++g) {
       const __m256 qv = _mm256_loadu_ps(q + g * q_stride + i);
       for (int j = 0; j < J; ++j) acc[g][j] = _mm256_fmadd_ps(qv, kv[j], acc[g][j]);
@@ -66,16 +66,16 @@ CK_AVX2 void scores_block(const float* q, int64_t q_stride, const f16* k, int64_
   }
   for (int g = 0; g < G; ++g)
     for (int j = 0; j < J; ++j)
-      s[g * s_stride + j] = finish_score(hsum(acc[g][j]), q + g * q_stride, k + j * k_stride, d8, d, scale);
+      s[g * s_stride + j] = finish_score(hsum(acc[g][j]), q + g * q_stride, k[j] + k_off, d8, d, scale);
 }
 
 // All n keys for G heads: blocks of J keys, then single keys.
 template <int G, int J>
-CK_AVX2 void scores_heads(const float* q, int64_t q_stride, const f16* k, int64_t k_stride, int32_t n, int32_t d,
+CK_AVX2 void scores_heads(const float* q, int64_t q_stride, const f16* const* k, int64_t k_off, int32_t n, int32_t d,
                           float scale, float* s, int64_t s_stride) {
   int32_t j = 0;
-  for (; j + J <= n; j += J) scores_block<G, J>(q, q_stride, k + j * k_stride, k_stride, d, scale, s + j, s_stride);
-  for (; j < n; ++j) scores_block<G, 1>(q, q_stride, k + j * k_stride, k_stride, d, scale, s + j, s_stride);
+  for (; j + J <= n; j += J) scores_block<G, J>(q, q_stride, k + j, k_off, d, scale, s + j, s_stride);
+  for (; j < n; ++j) scores_block<G, 1>(q, q_stride, k + j, k_off, d, scale, s + j, s_stride);
 }
 
 // ---- softmax ------------------------------------------------------------
@@ -117,14 +117,14 @@ CK_AVX2 inline __m256 load_partial(const float* p, int32_t n) {
 // Lanes [i0, i0 + 8C) of G heads' outputs over n keys, accumulators in
 // registers for the whole run.
 template <int G, int C>
-CK_AVX2 void values_block(const float* p, int64_t p_stride, const f16* v, int64_t v_stride, int32_t n, float* o,
+CK_AVX2 void values_block(const float* p, int64_t p_stride, const f16* const* v, int64_t v_off, int32_t n, float* o,
                           int64_t o_stride) {
   __m256 acc[G][C];
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < C; ++c) acc[g][c] = _mm256_loadu_ps(o + g * o_stride + 8 * c);
   for (int32_t j = 0; j < n; ++j) {
     __m256 vv[C];
-    for (int c = 0; c < C; ++c) vv[c] = load_f16x8(v + j * v_stride + 8 * c);
+    for (int c = 0; c < C; ++c) vv[c] = load_f16x8(v[j] + v_off + 8 * c);
     for (int g = 0; g < G; ++g) {
       const __m256 pb = _mm256_broadcast_ss(p + g * p_stride + j);
       for (int c = 0; c < C; ++c) acc[g][c] = _mm256_fmadd_ps(pb, vv[c], acc[g][c]);
@@ -136,24 +136,24 @@ CK_AVX2 void values_block(const float* p, int64_t p_stride, const f16* v, int64_
 
 // Lanes i >= d & ~7 one at a time, keys in order.
 template <int G>
-CK_AVX2 void values_tail(const float* p, int64_t p_stride, const f16* v, int64_t v_stride, int32_t n, int32_t d8,
+CK_AVX2 void values_tail(const float* p, int64_t p_stride, const f16* const* v, int64_t v_off, int32_t n, int32_t d8,
                          int32_t d, float* o, int64_t o_stride) {
   for (int g = 0; g < G; ++g)
     for (int32_t i = d8; i < d; ++i) {
       float a = o[g * o_stride + i];
-      for (int32_t j = 0; j < n; ++j) a = fma1(p[g * p_stride + j], f16_to_f32(v[j * v_stride + i]), a);
+      for (int32_t j = 0; j < n; ++j) a = fma1(p[g * p_stride + j], f16_to_f32(v[j][v_off + i]), a);
       o[g * o_stride + i] = a;
     }
 }
 
 // G heads, all d lanes: blocks of 8C lanes, then of 8, then the tail.
 template <int G, int C>
-CK_AVX2 void values_heads(const float* p, int64_t p_stride, const f16* v, int64_t v_stride, int32_t n, int32_t d,
+CK_AVX2 void values_heads(const float* p, int64_t p_stride, const f16* const* v, int64_t v_off, int32_t n, int32_t d,
                           float* o, int64_t o_stride) {
   int32_t i = 0;
-  for (; i + 8 * C <= d; i += 8 * C) values_block<G, C>(p, p_stride, v + i, v_stride, n, o + i, o_stride);
-  for (; i + 8 <= d; i += 8) values_block<G, 1>(p, p_stride, v + i, v_stride, n, o + i, o_stride);
-  values_tail<G>(p, p_stride, v, v_stride, n, i, d, o, o_stride);
+  for (; i + 8 * C <= d; i += 8 * C) values_block<G, C>(p, p_stride, v, v_off + i, n, o + i, o_stride);
+  for (; i + 8 <= d; i += 8) values_block<G, 1>(p, p_stride, v, v_off + i, n, o + i, o_stride);
+  values_tail<G>(p, p_stride, v, v_off, n, i, d, o, o_stride);
 }
 
 }  // namespace
@@ -162,17 +162,17 @@ namespace avx2 {
 
 // Keys per block by heads per call: G · J >= 8 chains where the 16 ymm
 // registers allow (accumulators + J keys + one q).
-CK_AVX2 void attention_scores(const float* q, int64_t q_stride, int32_t G, const f16* k, int64_t k_stride, int32_t n,
+CK_AVX2 void attention_scores(const float* q, int64_t q_stride, int32_t G, const f16* const* k, int64_t k_off, int32_t n,
                               int32_t d, float scale, float* s, int64_t s_stride) {
   int32_t g = 0;
   for (; g + 4 <= G; g += 4)
-    scores_heads<4, 2>(q + g * q_stride, q_stride, k, k_stride, n, d, scale, s + g * s_stride, s_stride);
+    scores_heads<4, 2>(q + g * q_stride, q_stride, k, k_off, n, d, scale, s + g * s_stride, s_stride);
   const float* qg = q + g * q_stride;
   float* sg = s + g * s_stride;
   switch (G - g) {
-    case 3: return scores_heads<3, 3>(qg, q_stride, k, k_stride, n, d, scale, sg, s_stride);
-    case 2: return scores_heads<2, 4>(qg, q_stride, k, k_stride, n, d, scale, sg, s_stride);
-    case 1: return scores_heads<1, 6>(qg, q_stride, k, k_stride, n, d, scale, sg, s_stride);
+    case 3: return scores_heads<3, 3>(qg, q_stride, k, k_off, n, d, scale, sg, s_stride);
+    case 2: return scores_heads<2, 4>(qg, q_stride, k, k_off, n, d, scale, sg, s_stride);
+    case 1: return scores_heads<1, 6>(qg, q_stride, k, k_off, n, d, scale, sg, s_stride);
     default: return;
   }
 }
@@ -209,17 +209,17 @@ CK_AVX2 float softmax_numerators(float* s, int32_t L) {
 
 // Heads per call by lane blocks: G · C accumulators + C value vectors + one
 // broadcast p within the 16 ymm registers.
-CK_AVX2 void attention_values(const float* p, int64_t p_stride, int32_t G, const f16* v, int64_t v_stride, int32_t n,
+CK_AVX2 void attention_values(const float* p, int64_t p_stride, int32_t G, const f16* const* v, int64_t v_off, int32_t n,
                               int32_t d, float* o, int64_t o_stride) {
   int32_t g = 0;
   for (; g + 4 <= G; g += 4)
-    values_heads<4, 2>(p + g * p_stride, p_stride, v, v_stride, n, d, o + g * o_stride, o_stride);
+    values_heads<4, 2>(p + g * p_stride, p_stride, v, v_off, n, d, o + g * o_stride, o_stride);
   const float* pg = p + g * p_stride;
   float* og = o + g * o_stride;
   switch (G - g) {
-    case 3: return values_heads<3, 3>(pg, p_stride, v, v_stride, n, d, og, o_stride);
-    case 2: return values_heads<2, 4>(pg, p_stride, v, v_stride, n, d, og, o_stride);
-    case 1: return values_heads<1, 8>(pg, p_stride, v, v_stride, n, d, og, o_stride);
+    case 3: return values_heads<3, 3>(pg, p_stride, v, v_off, n, d, og, o_stride);
+    case 2: return values_heads<2, 4>(pg, p_stride, v, v_off, n, d, og, o_stride);
+    case 1: return values_heads<1, 8>(pg, p_stride, v, v_off, n, d, og, o_stride);
     default: return;
   }
 }
@@ -252,7 +252,7 @@ CK_AVX512 inline __m512 load_f16x8_pair(const f16* a, const f16* b) {
 // 8 lanes and key 2p + 1 in its high 8, q broadcast to both halves, so each
 // half runs scores_block's 8-lane sequence exactly.
 template <int G, int P>
-CK_AVX512 void scores_pairs(const float* q, int64_t q_stride, const f16* k, int64_t k_stride, int32_t d, float scale,
+CK_AVX512 void scores_pairs(const float* q, int64_t q_stride, const f16* const* k, int64_t k_off, int32_t d, float scale,
                             float* s, int64_t s_stride) {
   __m512 acc[G][P];
   for (int g = 0; g < G; ++g)
@@ -260,7 +260,7 @@ CK_AVX512 void scores_pairs(const float* q, int64_t q_stride, const f16* k, int6
   const int32_t d8 = d & ~7;
   for (int32_t i = 0; i < d8; i += 8) {
     __m512 kv[P];
-    for (int p = 0; p < P; ++p) kv[p] = load_f16x8_pair(k + 2 * p * k_stride + i, k + (2 * p + 1) * k_stride + i);
+    for (int p = 0; p < P; ++p) kv[p] = load_f16x8_pair(k[2 * p] + k_off + i, k[2 * p + 1] + k_off + i);
     for (int g = 0; g < G; ++g) {
       const __m512 qv = _mm512_broadcast_f32x8(_mm256_loadu_ps(q + g * q_stride + i));
       for (int p = 0; p < P; ++p) acc[g][p] = _mm512_fmadd_ps(qv, kv[p], acc[g][p]);
@@ -269,26 +269,25 @@ CK_AVX512 void scores_pairs(const float* q, int64_t q_stride, const f16* k, int6
   for (int g = 0; g < G; ++g)
     for (int p = 0; p < P; ++p) {
       const float* qg = q + g * q_stride;
-      const f16* k0 = k + 2 * p * k_stride;
-      s[g * s_stride + 2 * p] = finish_score(hsum(_mm512_castps512_ps256(acc[g][p])), qg, k0, d8, d, scale);
+      s[g * s_stride + 2 * p] = finish_score(hsum(_mm512_castps512_ps256(acc[g][p])), qg, k[2 * p] + k_off, d8, d, scale);
       s[g * s_stride + 2 * p + 1] =
-          finish_score(hsum(_mm512_extractf32x8_ps(acc[g][p], 1)), qg, k0 + k_stride, d8, d, scale);
+          finish_score(hsum(_mm512_extractf32x8_ps(acc[g][p], 1)), qg, k[2 * p + 1] + k_off, d8, d, scale);
     }
 }
 
 template <int G, int P>
-CK_AVX512 void scores_heads_pairs(const float* q, int64_t q_stride, const f16* k, int64_t k_stride, int32_t n,
+CK_AVX512 void scores_heads_pairs(const float* q, int64_t q_stride, const f16* const* k, int64_t k_off, int32_t n,
                                   int32_t d, float scale, float* s, int64_t s_stride) {
   int32_t j = 0;
   for (; j + 2 * P <= n; j += 2 * P)
-    scores_pairs<G, P>(q, q_stride, k + j * k_stride, k_stride, d, scale, s + j, s_stride);
-  for (; j + 2 <= n; j += 2) scores_pairs<G, 1>(q, q_stride, k + j * k_stride, k_stride, d, scale, s + j, s_stride);
-  for (; j < n; ++j) scores_block<G, 1>(q, q_stride, k + j * k_stride, k_stride, d, scale, s + j, s_stride);
+    scores_pairs<G, P>(q, q_stride, k + j, k_off, d, scale, s + j, s_stride);
+  for (; j + 2 <= n; j += 2) scores_pairs<G, 1>(q, q_stride, k + j, k_off, d, scale, s + j, s_stride);
+  for (; j < n; ++j) scores_block<G, 1>(q, q_stride, k + j, k_off, d, scale, s + j, s_stride);
 }
 
 // values_block on 16-lane registers: lanes [i0, i0 + 16C).
 template <int G, int C>
-CK_AVX512 void values_block16(const float* p, int64_t p_stride, const f16* v, int64_t v_stride, int32_t n, float* o,
+CK_AVX512 void values_block16(const float* p, int64_t p_stride, const f16* const* v, int64_t v_off, int32_t n, float* o,
                               int64_t o_stride) {
   __m512 acc[G][C];
   for (int g = 0; g < G; ++g)
@@ -296,7 +295,7 @@ CK_AVX512 void values_block16(const float* p, int64_t p_stride, const f16* v, in
   for (int32_t j = 0; j < n; ++j) {
     __m512 vv[C];
     for (int c = 0; c < C; ++c)
-      vv[c] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + j * v_stride + 16 * c)));
+      vv[c] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v[j] + v_off + 16 * c)));
     for (int g = 0; g < G; ++g) {
       const __m512 pb = _mm512_set1_ps(p[g * p_stride + j]);
       for (int c = 0; c < C; ++c) acc[g][c] = _mm512_fmadd_ps(pb, vv[c], acc[g][c]);
@@ -307,13 +306,13 @@ CK_AVX512 void values_block16(const float* p, int64_t p_stride, const f16* v, in
 }
 
 template <int G, int C>
-CK_AVX512 void values_heads16(const float* p, int64_t p_stride, const f16* v, int64_t v_stride, int32_t n, int32_t d,
+CK_AVX512 void values_heads16(const float* p, int64_t p_stride, const f16* const* v, int64_t v_off, int32_t n, int32_t d,
                               float* o, int64_t o_stride) {
   int32_t i = 0;
-  for (; i + 16 * C <= d; i += 16 * C) values_block16<G, C>(p, p_stride, v + i, v_stride, n, o + i, o_stride);
-  for (; i + 16 <= d; i += 16) values_block16<G, 1>(p, p_stride, v + i, v_stride, n, o + i, o_stride);
-  for (; i + 8 <= d; i += 8) values_block<G, 1>(p, p_stride, v + i, v_stride, n, o + i, o_stride);
-  values_tail<G>(p, p_stride, v, v_stride, n, i, d, o, o_stride);
+  for (; i + 16 * C <= d; i += 16 * C) values_block16<G, C>(p, p_stride, v, v_off + i, n, o + i, o_stride);
+  for (; i + 16 <= d; i += 16) values_block16<G, 1>(p, p_stride, v, v_off + i, n, o + i, o_stride);
+  for (; i + 8 <= d; i += 8) values_block<G, 1>(p, p_stride, v, v_off + i, n, o + i, o_stride);
+  values_tail<G>(p, p_stride, v, v_off, n, i, d, o, o_stride);
 }
 
 }  // namespace
@@ -322,33 +321,33 @@ namespace avx512 {
 
 // 32 zmm registers: G heads × P key pairs accumulators + P key pairs + one q,
 // G · P >= 8 chains.
-CK_AVX512 void attention_scores(const float* q, int64_t q_stride, int32_t G, const f16* k, int64_t k_stride,
+CK_AVX512 void attention_scores(const float* q, int64_t q_stride, int32_t G, const f16* const* k, int64_t k_off,
                                 int32_t n, int32_t d, float scale, float* s, int64_t s_stride) {
   int32_t g = 0;
   for (; g + 4 <= G; g += 4)
-    scores_heads_pairs<4, 2>(q + g * q_stride, q_stride, k, k_stride, n, d, scale, s + g * s_stride, s_stride);
+    scores_heads_pairs<4, 2>(q + g * q_stride, q_stride, k, k_off, n, d, scale, s + g * s_stride, s_stride);
   const float* qg = q + g * q_stride;
   float* sg = s + g * s_stride;
   switch (G - g) {
-    case 3: return scores_heads_pairs<3, 3>(qg, q_stride, k, k_stride, n, d, scale, sg, s_stride);
-    case 2: return scores_heads_pairs<2, 4>(qg, q_stride, k, k_stride, n, d, scale, sg, s_stride);
-    case 1: return scores_heads_pairs<1, 8>(qg, q_stride, k, k_stride, n, d, scale, sg, s_stride);
+    case 3: return scores_heads_pairs<3, 3>(qg, q_stride, k, k_off, n, d, scale, sg, s_stride);
+    case 2: return scores_heads_pairs<2, 4>(qg, q_stride, k, k_off, n, d, scale, sg, s_stride);
+    case 1: return scores_heads_pairs<1, 8>(qg, q_stride, k, k_off, n, d, scale, sg, s_stride);
     default: return;
   }
 }
 
 // G heads × C blocks of 16 lanes accumulators + C value vectors + one p.
-CK_AVX512 void attention_values(const float* p, int64_t p_stride, int32_t G, const f16* v, int64_t v_stride,
+CK_AVX512 void attention_values(const float* p, int64_t p_stride, int32_t G, const f16* const* v, int64_t v_off,
                                 int32_t n, int32_t d, float* o, int64_t o_stride) {
   int32_t g = 0;
   for (; g + 4 <= G; g += 4)
-    values_heads16<4, 4>(p + g * p_stride, p_stride, v, v_stride, n, d, o + g * o_stride, o_stride);
+    values_heads16<4, 4>(p + g * p_stride, p_stride, v, v_off, n, d, o + g * o_stride, o_stride);
   const float* pg = p + g * p_stride;
   float* og = o + g * o_stride;
   switch (G - g) {
-    case 3: return values_heads16<3, 4>(pg, p_stride, v, v_stride, n, d, og, o_stride);
-    case 2: return values_heads16<2, 8>(pg, p_stride, v, v_stride, n, d, og, o_stride);
-    case 1: return values_heads16<1, 8>(pg, p_stride, v, v_stride, n, d, og, o_stride);
+    case 3: return values_heads16<3, 4>(pg, p_stride, v, v_off, n, d, og, o_stride);
+    case 2: return values_heads16<2, 8>(pg, p_stride, v, v_off, n, d, og, o_stride);
+    case 1: return values_heads16<1, 8>(pg, p_stride, v, v_off, n, d, og, o_stride);
     default: return;
   }
 }

@@ -36,17 +36,20 @@ void attention_exp(const float* x, float* y, int64_t n);
 #ifdef CK_HAVE_AVX2_PATH
 namespace avx2 {
 
+// Keys come as a table of row pointers (k[j] is key j's row, k_off the kv
+// head's offset in it), so one call can span keys on different pages.
+//
 // s[g * s_stride + j] = scale * (q_g · k_j) for g < G, j < n, with
-// q_g = q + g * q_stride and k_j = k + j * k_stride, d elements each.
-void attention_scores(const float* q, int64_t q_stride, int32_t G, const f16* k, int64_t k_stride, int32_t n,
+// q_g = q + g * q_stride and k_j = k[j] + k_off, d elements each.
+void attention_scores(const float* q, int64_t q_stride, int32_t G, const f16* const* k, int64_t k_off, int32_t n,
                       int32_t d, float scale, float* s, int64_t s_stride);
 
 // In place over s[0, L), L >= 1: s_j <- e^(s_j - max s); returns their sum l.
 float softmax_numerators(float* s, int32_t L);
 
 // o[g * o_stride + i] = fma(p[g * p_stride + j], v_j[i], o[g * o_stride + i])
-// for j = 0 .. n - 1 in order, g < G, i < d, with v_j = v + j * v_stride.
-void attention_values(const float* p, int64_t p_stride, int32_t G, const f16* v, int64_t v_stride, int32_t n,
+// for j = 0 .. n - 1 in order, g < G, i < d, with v_j = v[j] + v_off.
+void attention_values(const float* p, int64_t p_stride, int32_t G, const f16* const* v, int64_t v_off, int32_t n,
                       int32_t d, float* o, int64_t o_stride);
 
 // y[i] = e^x[i] for x[i] <= 0: Cephes' degree-5 polynomial for e^r on
@@ -62,9 +65,9 @@ void exp_nonpositive(const float* x, float* y, int64_t n);
 namespace avx512 {
 // avx2::attention_scores and avx2::attention_values on 512-bit registers:
 // the same bits.
-void attention_scores(const float* q, int64_t q_stride, int32_t G, const f16* k, int64_t k_stride, int32_t n,
+void attention_scores(const float* q, int64_t q_stride, int32_t G, const f16* const* k, int64_t k_off, int32_t n,
                       int32_t d, float scale, float* s, int64_t s_stride);
-void attention_values(const float* p, int64_t p_stride, int32_t G, const f16* v, int64_t v_stride, int32_t n,
+void attention_values(const float* p, int64_t p_stride, int32_t G, const f16* const* v, int64_t v_off, int32_t n,
                       int32_t d, float* o, int64_t o_stride);
 }  // namespace avx512
 #endif

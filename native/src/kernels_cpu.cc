@@ -228,16 +228,15 @@ void routed_append(const float* rows, const int32_t* slots, int32_t B, int32_t r
 
 namespace {
 
-// s[g * s_stride + j] = scale * (q_g · k_j) for g < G, j < n.
-inline void attention_scores(const float* q, int64_t q_stride, int32_t G, const f16* k, int64_t k_stride, int32_t n,
-                             int32_t d, float scale, float* s, int64_t s_stride) {
+// s[g * s_stride + j] = scale * (q_g · k_j) for g < G, j < n, k_j = k[j] + k_off.
+inline void attention_scores(const float* q, int64_t q_stride, int32_t G, const f16* const* k, int64_t k_off,
+                             int32_t n, int32_t d, float scale, float* s, int64_t s_stride) {
 #ifdef CK_HAVE_AVX2_PATH
-  if (g_isa == Isa::Avx512) return avx512::attention_scores(q, q_stride, G, k, k_stride, n, d, scale, s, s_stride);
-  if (g_isa == Isa::Avx2) return avx2::attention_scores(q, q_stride, G, k, k_stride, n, d, scale, s, s_stride);
+  if (g_isa == Isa::Avx512) return avx512::attention_scores(q, q_stride, G, k, k_off, n, d, scale, s, s_stride);
+  if (g_isa == Isa::Avx2) return avx2::attention_scores(q, q_stride, G, k, k_off, n, d, scale, s, s_stride);
 #endif
   for (int32_t g = 0; g < G; ++g)
-    for (int32_t j = 0; j < n; ++j)
-      s[g * s_stride + j] = scale * generic::dot_f16(q + g * q_stride, k + j * k_stride, d);
+    for (int32_t j = 0; j < n; ++j) s[g * s_stride + j] = scale * generic::dot_f16(q + g * q_stride, k[j] + k_off, d);
 }
 
 // s_j <- exp(s_j - max s) in place over [0, L); returns their sum.
@@ -255,15 +254,15 @@ inline float softmax_numerators(float* s, int32_t L) {
   return l;
 }
 
-// o_g += p_g[j] v_j for j < n in order, g < G.
-inline void attention_values(const float* p, int64_t p_stride, int32_t G, const f16* v, int64_t v_stride, int32_t n,
-                             int32_t d, float* o, int64_t o_stride) {
+// o_g += p_g[j] v_j for j < n in order, g < G, v_j = v[j] + v_off.
+inline void attention_values(const float* p, int64_t p_stride, int32_t G, const f16* const* v, int64_t v_off,
+                             int32_t n, int32_t d, float* o, int64_t o_stride) {
 #ifdef CK_HAVE_AVX2_PATH
-  if (g_isa == Isa::Avx512) return avx512::attention_values(p, p_stride, G, v, v_stride, n, d, o, o_stride);
-  if (g_isa == Isa::Avx2) return avx2::attention_values(p, p_stride, G, v, v_stride, n, d, o, o_stride);
+  if (g_isa == Isa::Avx512) return avx512::attention_values(p, p_stride, G, v, v_off, n, d, o, o_stride);
+  if (g_isa == Isa::Avx2) return avx2::attention_values(p, p_stride, G, v, v_off, n, d, o, o_stride);
 #endif
   for (int32_t j = 0; j < n; ++j)
-    for (int32_t g = 0; g < G; ++g) generic::axpy_f16(p[g * p_stride + j], v + j * v_stride, o + g * o_stride, d);
+    for (int32_t g = 0; g < G; ++g) generic::axpy_f16(p[g * p_stride + j], v[j] + v_off, o + g * o_stride, d);
 }
 
 struct AttentionShape {
@@ -283,17 +282,26 @@ struct KeyRun {
   int32_t n;
 };
 
-// At most this many keys per primitive call: a run's value rows for one kv
-// head (kRunKeys · v_head_dim · 2 bytes) stay in L1 while the value loop
-// walks them once per block of lanes.
-constexpr int32_t kRunKeys = 32;
+// Keys per primitive call, for both layouts: a span's value rows for one kv
+// head (kSpanKeys · v_head_dim · 2 bytes) stay in L1 while the value loop
+// walks them once per block of lanes, and the paged and contiguous versions
+// make the same calls, differing only in the row addresses.
+constexpr int32_t kSpanKeys = 32;
 
-// Asks for `rows` rows of `bytes` bytes, `stride` bytes apart, from p on into
-// the cache (a hint: no fault, no effect on results).
-inline void prefetch_rows(const f16* p, int32_t rows, int64_t stride, int64_t bytes) {
-  const char* c = reinterpret_cast<const char*>(p);
-  for (int32_t r = 0; r < rows; ++r)
-    for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + r * stride + o, 0, 3);
+// Keys j0 .. j0 + n - 1: where each one's K and V rows start (kv head 0).
+struct KeySpan {
+  const f16* k[kSpanKeys];
+  const f16* v[kSpanKeys];
+  int32_t n;
+};
+
+// Asks for `bytes` bytes from rows[r] + off on, r < n, into the cache (a
+// hint: no fault, no effect on results).
+inline void prefetch_span(const f16* const* rows, int32_t n, int64_t off, int64_t bytes) {
+  for (int32_t r = 0; r < n; ++r) {
+    const char* c = reinterpret_cast<const char*>(rows[r] + off);
+    for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 3);
+  }
 }
 
 template <typename Locate>
@@ -325,27 +333,42 @@ void attend(const AttentionShape& sh, const float* q, const int32_t* row_pos, fl
       std::vector<float>& scores = tl_scores;
       if (scores.size() < static_cast<size_t>(NH) * L) scores.resize(static_cast<size_t>(NH) * L);
       // Keys j0 .. j0 + n - 1 (n <= kRunKeys), all at consecutive slots.
-      auto run_at = [&](int32_t j0) {
-        KeyRun r = locate(t, j0, std::min(kRunKeys, L - j0));
-        r.n = std::min(r.n, kRunKeys);
-        return r;
+      // Fills `sp` with keys j0 .. j0 + min(kSpanKeys, L - j0) - 1, asking
+      // the locator run by run (a span may cross pages).
+      auto span_at = [&](int32_t j0, KeySpan& sp) {
+        sp.n = std::min(kSpanKeys, L - j0);
+        for (int32_t jj = 0; jj < sp.n;) {
+          const KeyRun run = locate(t, j0 + jj, sp.n - jj);
+          for (int32_t r = 0; r < run.n; ++r, ++jj) {
+            sp.k[jj] = run.k + r * k_row;
+            sp.v[jj] = run.v + r * v_row;
+          }
+        }
+      };
+      // Walks the spans in order: body(j0, span, next span or nullptr).
+      KeySpan spans[2];
+      auto for_spans = [&](auto&& body) {
+        int32_t c = 0;
+        span_at(0, spans[0]);
+        for (int32_t j0 = 0; j0 < L; j0 += spans[c].n, c ^= 1) {
+          const bool more = j0 + spans[c].n < L;
+          if (more) span_at(j0 + spans[c].n, spans[c ^ 1]);
+          body(j0, spans[c], more ? &spans[c ^ 1] : nullptr);
+        }
       };
       // Pass 1: s_j = scale * (q_h . k_j), stored head-major [NH, L]. Before
-      // a kv head's keys of one run are read, the same head's keys of the
-      // next run (the next page, somewhere else in the pool) are prefetched:
-      // the hardware prefetcher does not follow a jump, and spreading the
-      // requests over the run keeps memory busy while the FMAs run.
-      for (int32_t j0 = 0; j0 < L;) {
-        const KeyRun run = run_at(j0);
-        const KeyRun next = j0 + run.n < L ? run_at(j0 + run.n) : KeyRun{nullptr, nullptr, 0};
+      // a kv head's keys of one span are read, the same head's keys of the
+      // next span (the next pages, anywhere in the pool) are prefetched: the
+      // hardware prefetcher does not follow a jump, and spreading the
+      // requests over the span keeps memory busy while the FMAs run.
+      for_spans([&](int32_t j0, const KeySpan& sp, const KeySpan* next) {
         for (int32_t kk = 0; kk < kvn; ++kk) {
           const int64_t head = static_cast<int64_t>(kv0 + kk) * sh.head_dim;
-          if (next.n > 0) prefetch_rows(next.k + head, next.n, k_row * 2, sh.head_dim * 2);
-          attention_scores(qb + static_cast<int64_t>(kk) * G * sh.head_dim, sh.head_dim, G, run.k + head, k_row,
-                           run.n, sh.head_dim, sh.scale, scores.data() + static_cast<size_t>(kk) * G * L + j0, L);
+          if (next != nullptr) prefetch_span(next->k, next->n, head, sh.head_dim * 2);
+          attention_scores(qb + static_cast<int64_t>(kk) * G * sh.head_dim, sh.head_dim, G, sp.k, head, sp.n,
+                           sh.head_dim, sh.scale, scores.data() + static_cast<size_t>(kk) * G * L + j0, L);
         }
-        j0 += run.n;
-      }
+      });
       // Pass 2: per head, p_j = exp(s_j - m) in place and l = sum_j p_j;
       // the head's output starts at zero.
       std::vector<float>& sums = tl_sums;
@@ -355,19 +378,16 @@ void attend(const AttentionShape& sh, const float* q, const int32_t* row_pos, fl
         float* o = ob + static_cast<int64_t>(hh) * sh.v_head_dim;
         std::fill(o, o + sh.v_head_dim, 0.0f);
       }
-      // Pass 3: o_h += p_j v_j, j ascending, per run and kv head (the next
-      // run's value rows prefetched as in pass 1).
-      for (int32_t j0 = 0; j0 < L;) {
-        const KeyRun run = run_at(j0);
-        const KeyRun next = j0 + run.n < L ? run_at(j0 + run.n) : KeyRun{nullptr, nullptr, 0};
+      // Pass 3: o_h += p_j v_j, j ascending, per span and kv head (the next
+      // span's value rows prefetched as in pass 1).
+      for_spans([&](int32_t j0, const KeySpan& sp, const KeySpan* next) {
         for (int32_t kk = 0; kk < kvn; ++kk) {
           const int64_t head = static_cast<int64_t>(kv0 + kk) * sh.v_head_dim;
-          if (next.n > 0) prefetch_rows(next.v + head, next.n, v_row * 2, sh.v_head_dim * 2);
-          attention_values(scores.data() + static_cast<size_t>(kk) * G * L + j0, L, G, run.v + head, v_row, run.n,
+          if (next != nullptr) prefetch_span(next->v, next->n, head, sh.v_head_dim * 2);
+          attention_values(scores.data() + static_cast<size_t>(kk) * G * L + j0, L, G, sp.v, head, sp.n,
                            sh.v_head_dim, ob + static_cast<int64_t>(kk) * G * sh.v_head_dim, sh.v_head_dim);
         }
-        j0 += run.n;
-      }
+      });
       for (int32_t hh = 0; hh < NH; ++hh) {
         const float inv = 1.0f / sums[static_cast<size_t>(hh)];
         float* o = ob + static_cast<int64_t>(hh) * sh.v_head_dim;
