@@ -162,8 +162,8 @@ namespace avx2 {
 
 // Keys per block by heads per call: G · J >= 8 chains where the 16 ymm
 // registers allow (accumulators + J keys + one q).
-CK_AVX2 void attention_scores(const float* q, int64_t q_stride, int32_t G, const f16* const* k, int64_t k_off, int32_t n,
-                              int32_t d, float scale, float* s, int64_t s_stride) {
+CK_AVX2 void attention_scores(const float* q, int64_t q_stride, int32_t G, const f16* const* k, int64_t k_off,
+                              int32_t n, int32_t d, float scale, float* s, int64_t s_stride) {
   int32_t g = 0;
   for (; g + 4 <= G; g += 4)
     scores_heads<4, 2>(q + g * q_stride, q_stride, k, k_off, n, d, scale, s + g * s_stride, s_stride);
@@ -209,8 +209,8 @@ CK_AVX2 float softmax_numerators(float* s, int32_t L) {
 
 // Heads per call by lane blocks: G · C accumulators + C value vectors + one
 // broadcast p within the 16 ymm registers.
-CK_AVX2 void attention_values(const float* p, int64_t p_stride, int32_t G, const f16* const* v, int64_t v_off, int32_t n,
-                              int32_t d, float* o, int64_t o_stride) {
+CK_AVX2 void attention_values(const float* p, int64_t p_stride, int32_t G, const f16* const* v, int64_t v_off,
+                              int32_t n, int32_t d, float* o, int64_t o_stride) {
   int32_t g = 0;
   for (; g + 4 <= G; g += 4)
     values_heads<4, 2>(p + g * p_stride, p_stride, v, v_off, n, d, o + g * o_stride, o_stride);
@@ -252,8 +252,8 @@ CK_AVX512 inline __m512 load_f16x8_pair(const f16* a, const f16* b) {
 // 8 lanes and key 2p + 1 in its high 8, q broadcast to both halves, so each
 // half runs scores_block's 8-lane sequence exactly.
 template <int G, int P>
-CK_AVX512 void scores_pairs(const float* q, int64_t q_stride, const f16* const* k, int64_t k_off, int32_t d, float scale,
-                            float* s, int64_t s_stride) {
+CK_AVX512 void scores_pairs(const float* q, int64_t q_stride, const f16* const* k, int64_t k_off, int32_t d,
+                            float scale, float* s, int64_t s_stride) {
   __m512 acc[G][P];
   for (int g = 0; g < G; ++g)
     for (int p = 0; p < P; ++p) acc[g][p] = _mm512_setzero_ps();
@@ -269,7 +269,8 @@ CK_AVX512 void scores_pairs(const float* q, int64_t q_stride, const f16* const* 
   for (int g = 0; g < G; ++g)
     for (int p = 0; p < P; ++p) {
       const float* qg = q + g * q_stride;
-      s[g * s_stride + 2 * p] = finish_score(hsum(_mm512_castps512_ps256(acc[g][p])), qg, k[2 * p] + k_off, d8, d, scale);
+      s[g * s_stride + 2 * p] =
+          finish_score(hsum(_mm512_castps512_ps256(acc[g][p])), qg, k[2 * p] + k_off, d8, d, scale);
       s[g * s_stride + 2 * p + 1] =
           finish_score(hsum(_mm512_extractf32x8_ps(acc[g][p], 1)), qg, k[2 * p + 1] + k_off, d8, d, scale);
     }
@@ -306,8 +307,8 @@ CK_AVX512 void values_block16(const float* p, int64_t p_stride, const f16* const
 }
 
 template <int G, int C>
-CK_AVX512 void values_heads16(const float* p, int64_t p_stride, const f16* const* v, int64_t v_off, int32_t n, int32_t d,
-                              float* o, int64_t o_stride) {
+CK_AVX512 void values_heads16(const float* p, int64_t p_stride, const f16* const* v, int64_t v_off, int32_t n,
+                              int32_t d, float* o, int64_t o_stride) {
   int32_t i = 0;
   for (; i + 16 * C <= d; i += 16 * C) values_block16<G, C>(p, p_stride, v, v_off + i, n, o + i, o_stride);
   for (; i + 16 <= d; i += 16) values_block16<G, 1>(p, p_stride, v, v_off + i, n, o + i, o_stride);

@@ -6,8 +6,8 @@
 //
 // Bit contract. Every output element is computed by one fixed sequence of
 // operations that depends only on its own inputs, never on how many keys a
-// call gets (run splits differ between the paged and contiguous layouts), on
-// how many heads share a call, or on the batch:
+// call gets or where their rows are, on how many heads share a call, or on
+// the batch:
 // - score s[g][j]: an 8-lane f32 accumulator fma(q[i..i+8], k_j[i..i+8], acc)
 //   over i ascending, the fixed horizontal sum (lanes 0+4, 1+5, 2+6, 3+7,
 //   then (0+2, 1+3), then 0+1), the tail i >= d & ~7 with scalar FMA in

@@ -219,12 +219,14 @@ void routed_append(const float* rows, const int32_t* slots, int32_t B, int32_t r
 //   out = (sum_j p_j v_j) / l                 (j ascending, per lane)
 // Each element's order of operations is fixed by the primitives below
 // (attention_simd.h on the vector paths; plain loops, j ascending, with
-// std::exp on the portable one) and never depends on how the keys are split
-// into runs, so the key locator — the only difference between the paged and
+// std::exp on the portable one) and never depends on where the keys' rows
+// are, so the key locator — the only difference between the paged and
 // contiguous versions — cannot change a bit. It answers in runs: key j's K
 // and V rows (kv head 0) and how many keys from j on sit at consecutive
 // slots (to the end of j's page, or of the context), so the page table is
-// read and divided once per page, not once per key and head.
+// read and divided once per page, not once per key and head. The runs fill
+// spans of kSpanKeys row addresses, and both versions run the same
+// primitive calls over the same spans.
 
 namespace {
 
