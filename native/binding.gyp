@@ -21,6 +21,7 @@
         "src/thread_pool.cc",
         "src/kernels_cpu.cc",
         "src/kernels_avx2.cc",
+        "src/attention_simd.cc",
         "src/backend.cc",
         "src/engine.cc",
         "src/async_queue.cc",

@@ -55,7 +55,7 @@ pids=()
 # The harness links the CUDA engine and the CPU engine (backend.cc, engine.cc)
 # directly, to compare their step() logits without Node.
 for src in native/cuda/*.cu native/cuda/harness/*.cu native/src/kernels_cpu.cc native/src/kernels_avx2.cc \
-  native/src/thread_pool.cc native/src/backend.cc native/src/engine.cc; do
+  native/src/attention_simd.cc native/src/thread_pool.cc native/src/backend.cc native/src/engine.cc; do
   obj="$BUILD/$(basename "${src%.*}").o"
   objs+=("$obj")
   nvcc "${NVFLAGS[@]}" -c "$src" -o "$obj" &

@@ -228,6 +228,11 @@ export interface Kernels {
     ctxCap: number;
     scale: number;
   }): void;
+  /**
+   * y = e^x through the attention softmax's exp on the active path (std::exp
+   * on "generic", a polynomial on the vector paths); defined for x <= 0.
+   */
+  attentionExp(x: Float32Array, y: Float32Array): void;
   /** y[T, N] = x[T, K] · W[N, K]^T (+ bias); w holds W's bytes in dtype. */
   matmul(
     x: Float32Array,

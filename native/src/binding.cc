@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "async_queue.h"
+#include "attention_simd.h"
 #include "backend.h"
 #include "cpu.h"
 #include "engine.h"
@@ -434,6 +435,17 @@ Napi::Value F16ToF32(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
+// attentionExp(x, y): y = e^x through the attention softmax's exp on the
+// active path (its error bound is tested; defined for x <= 0).
+Napi::Value AttentionExpJs(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Napi::Float32Array x = f32(env, info[0], "x");
+  Napi::Float32Array y = f32(env, info[1], "y");
+  need(env, y.ElementLength() == x.ElementLength(), "y must have x's length");
+  attention_exp(x.Data(), y.Data(), static_cast<int64_t>(x.ElementLength()));
+  return env.Undefined();
+}
+
 Napi::Value Bf16ToF32(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Napi::Uint16Array x = u16(env, info[0], "x");
@@ -697,6 +709,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   k.Set("routedAppend", Napi::Function::New(env, RoutedAppendJs));
   k.Set("pagedAttention", Napi::Function::New(env, PagedAttentionJs));
   k.Set("contiguousAttention", Napi::Function::New(env, ContiguousAttentionJs));
+  k.Set("attentionExp", Napi::Function::New(env, AttentionExpJs));
   k.Set("matmul", Napi::Function::New(env, MatmulJs));
   k.Set("rmsnorm", Napi::Function::New(env, RmsnormJs));
   k.Set("rope", Napi::Function::New(env, RopeJs));

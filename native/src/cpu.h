@@ -61,19 +61,10 @@ void matmul_columns(const float* x, int32_t T, int32_t K, const void* W, DType w
 #if defined(__x86_64__) || defined(__i386__)
 #define CK_HAVE_AVX2_PATH 1
 namespace avx2 {
-// 8-lane f32 accumulator over i in steps of 8 (FMA), a fixed horizontal sum,
-// then the tail i >= n & ~7 added in order with scalar FMA.
-float dot_f16(const float* q, const f16* k, int32_t n);
-// out[g] = dot_f16(q + g * q_stride, k, n) for g < G, 1 <= G <= 4, sharing
-// the k loads; bit-identical to G dot_f16 calls.
-void dot_group_f16(const float* q, int64_t q_stride, int32_t G, const f16* k, int32_t n, float* out);
-void axpy_f16(float p, const f16* v, float* acc, int32_t n);
-// axpy_f16(p[g], v, acc + g * acc_stride, n) for g < G, 1 <= G <= 4,
-// converting v once; bit-identical to G axpy_f16 calls.
-void axpy_group_f16(const float* p, int32_t G, const f16* v, float* acc, int64_t acc_stride, int32_t n);
 void f32_to_f16_row(const float* x, f16* y, int32_t n);
-// Same per-element order as dot_f16 (8-lane FMA, fixed hsum, scalar FMA tail)
-// whatever the tile shape, so a row's bits never depend on T.
+// Per element: an 8-lane FMA accumulator over k ascending, a fixed horizontal
+// sum, then the scalar FMA tail, whatever the tile shape, so a row's bits
+// never depend on T.
 void matmul_columns(const float* x, int32_t T, int32_t K, const void* W, DType wt, int32_t N,
                     const float* bias, float* y, int32_t n0, int32_t n1);
 // The same, with batches of 8+ rows on 512-bit column pairs (Isa::Avx512):

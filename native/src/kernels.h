@@ -51,8 +51,9 @@ void routed_append(const float* rows, const int32_t* slots, int32_t B, int32_t r
 //
 //   out[t,h,:] = sum_j softmax_j(scale * q[t,h,:]·k[j,kvh,:]) v[j,kvh,:]
 //
-// computed in f32 with keys visited in increasing j (max pass, then
-// exp-sum/accumulate pass, in that fixed order).
+// computed in f32 in three passes (scores, then max and exp-sum, then the
+// weighted sum of values with keys in increasing j), each element in an order
+// fixed by its own row's keys alone.
 struct PagedAttention {
   const float* q;             // [T, n_heads, head_dim]
   const f16* k_pages;         // [num_pages, page_size, n_kv, head_dim]

@@ -1,6 +1,7 @@
 // The CPU backend of the kernel contract (kernels.h). Kernels are plain loops
 // over explicit shapes; the inner reductions come from the primitives in
-// cpu.h, chosen once per process by ISA. Threads partition outputs only.
+// cpu.h and attention_simd.h, chosen once per process by ISA. Threads
+// partition outputs only.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include <sys/mman.h>
 #endif
 
+#include "attention_simd.h"
 #include "cpu.h"
 #include "thread_pool.h"
 
@@ -173,47 +175,6 @@ void matmul_columns(const float* x, int32_t T, int32_t K, const void* W, DType w
 
 namespace {
 
-inline float dot_f16(const float* q, const f16* k, int32_t n) {
-#ifdef CK_HAVE_AVX2_PATH
-  if (g_isa != Isa::Generic) return avx2::dot_f16(q, k, n);
-#endif
-  return generic::dot_f16(q, k, n);
-}
-
-// out[g] = dot_f16(q + g * q_stride, k, n) for g < G.
-inline void dot_heads_f16(const float* q, int64_t q_stride, int32_t G, const f16* k, int32_t n, float* out) {
-  int32_t g = 0;
-#ifdef CK_HAVE_AVX2_PATH
-  if (g_isa != Isa::Generic)
-    for (; g < G; g += 4) avx2::dot_group_f16(q + g * q_stride, q_stride, std::min(4, G - g), k, n, out + g);
-#endif
-  for (; g < G; ++g) out[g] = dot_f16(q + g * q_stride, k, n);
-}
-
-inline void axpy_f16(float p, const f16* v, float* acc, int32_t n) {
-#ifdef CK_HAVE_AVX2_PATH
-  if (g_isa != Isa::Generic) return avx2::axpy_f16(p, v, acc, n);
-#endif
-  generic::axpy_f16(p, v, acc, n);
-}
-
-// acc[g * acc_stride + i] += p[g * p_stride] * v[i] for g < G.
-inline void axpy_heads_f16(const float* p, int64_t p_stride, int32_t G, const f16* v, float* acc,
-                           int64_t acc_stride, int32_t n) {
-  int32_t g = 0;
-#ifdef CK_HAVE_AVX2_PATH
-  if (g_isa != Isa::Generic) {
-    for (; g < G; g += 4) {
-      const int32_t gn = std::min(4, G - g);
-      float pg[4];
-      for (int32_t i = 0; i < gn; ++i) pg[i] = p[(g + i) * p_stride];
-      avx2::axpy_group_f16(pg, gn, v, acc + g * acc_stride, acc_stride, n);
-    }
-  }
-#endif
-  for (; g < G; ++g) axpy_f16(p[g * p_stride], v, acc + g * acc_stride, n);
-}
-
 inline void f32_to_f16_row(const float* x, f16* y, int32_t n) {
 #ifdef CK_HAVE_AVX2_PATH
   if (g_isa != Isa::Generic) return avx2::f32_to_f16_row(x, y, n);
@@ -252,26 +213,68 @@ void routed_append(const float* rows, const int32_t* slots, int32_t B, int32_t r
 //
 // The G = n_heads / n_kv query heads that share a kv head are computed
 // together, so each K/V row is read once per row t. For each head g, with L = pos + 1 keys:
-//   s_j = scale * (q_g · k_j)                 j = 0..L-1 ascending
+//   s_j = scale * (q_g · k_j)                 j = 0..L-1
 //   m   = max_j s_j
-//   p_j = exp(s_j - m),  l = sum_j p_j        (j ascending)
+//   p_j = exp(s_j - m),  l = sum_j p_j
 //   out = (sum_j p_j v_j) / l                 (j ascending, per lane)
-// The key locator is the only difference between the paged and contiguous
-// versions, so both give the same bits for the same keys. It answers in
-// runs: key j's K and V rows (kv head 0) and how many keys from j on sit at
-// consecutive slots (to the end of j's page, or of the context), so the page
-// table is read and divided once per page, not once per key and head.
+// Each element's order of operations is fixed by the primitives below
+// (attention_simd.h on the vector paths; plain loops, j ascending, with
+// std::exp on the portable one) and never depends on where the keys' rows
+// are, so the key locator — the only difference between the paged and
+// contiguous versions — cannot change a bit. It answers in runs: key j's K
+// and V rows (kv head 0) and how many keys from j on sit at consecutive
+// slots (to the end of j's page, or of the context), so the page table is
+// read and divided once per page, not once per key and head. The runs fill
+// spans of kSpanKeys row addresses, and both versions run the same
+// primitive calls over the same spans.
 
 namespace {
+
+// s[g * s_stride + j] = scale * (q_g · k_j) for g < G, j < n, k_j = k[j] + k_off.
+inline void attention_scores(const float* q, int64_t q_stride, int32_t G, const f16* const* k, int64_t k_off,
+                             int32_t n, int32_t d, float scale, float* s, int64_t s_stride) {
+#ifdef CK_HAVE_AVX2_PATH
+  if (g_isa == Isa::Avx512) return avx512::attention_scores(q, q_stride, G, k, k_off, n, d, scale, s, s_stride);
+  if (g_isa == Isa::Avx2) return avx2::attention_scores(q, q_stride, G, k, k_off, n, d, scale, s, s_stride);
+#endif
+  for (int32_t g = 0; g < G; ++g)
+    for (int32_t j = 0; j < n; ++j) s[g * s_stride + j] = scale * generic::dot_f16(q + g * q_stride, k[j] + k_off, d);
+}
+
+// s_j <- exp(s_j - max s) in place over [0, L); returns their sum.
+inline float softmax_numerators(float* s, int32_t L) {
+#ifdef CK_HAVE_AVX2_PATH
+  if (g_isa != Isa::Generic) return avx2::softmax_numerators(s, L);
+#endif
+  float m = s[0];
+  for (int32_t j = 1; j < L; ++j) m = std::max(m, s[j]);
+  float l = 0.0f;
+  for (int32_t j = 0; j < L; ++j) {
+    s[j] = std::exp(s[j] - m);
+    l += s[j];
+  }
+  return l;
+}
+
+// o_g += p_g[j] v_j for j < n in order, g < G, v_j = v[j] + v_off.
+inline void attention_values(const float* p, int64_t p_stride, int32_t G, const f16* const* v, int64_t v_off,
+                             int32_t n, int32_t d, float* o, int64_t o_stride) {
+#ifdef CK_HAVE_AVX2_PATH
+  if (g_isa == Isa::Avx512) return avx512::attention_values(p, p_stride, G, v, v_off, n, d, o, o_stride);
+  if (g_isa == Isa::Avx2) return avx2::attention_values(p, p_stride, G, v, v_off, n, d, o, o_stride);
+#endif
+  for (int32_t j = 0; j < n; ++j)
+    for (int32_t g = 0; g < G; ++g) generic::axpy_f16(p[g * p_stride + j], v[j] + v_off, o + g * o_stride, d);
+}
 
 struct AttentionShape {
   int32_t T, n_heads, n_kv, head_dim, v_head_dim;
   float scale;
 };
 
-// Scratch reused across items by one thread: scores [G, L].
+// Scratch reused across items by one thread: scores [NH, L], sums [NH].
 thread_local std::vector<float> tl_scores;
-thread_local std::vector<float> tl_sums;  // [G]
+thread_local std::vector<float> tl_sums;
 
 // A run of keys: rows j .. j + n - 1 start at k / v (kv head 0) and step by
 // one slot.
@@ -281,11 +284,26 @@ struct KeyRun {
   int32_t n;
 };
 
-// Asks for `bytes` from p on into the cache (a hint: no fault, no effect on
-// results).
-inline void prefetch_bytes(const void* p, int64_t bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 3);
+// Keys per primitive call, for both layouts: a span's value rows for one kv
+// head (kSpanKeys · v_head_dim · 2 bytes) stay in L1 while the value loop
+// walks them once per block of lanes, and the paged and contiguous versions
+// make the same calls, differing only in the row addresses.
+constexpr int32_t kSpanKeys = 32;
+
+// Keys j0 .. j0 + n - 1: where each one's K and V rows start (kv head 0).
+struct KeySpan {
+  const f16* k[kSpanKeys];
+  const f16* v[kSpanKeys];
+  int32_t n;
+};
+
+// Asks for `bytes` bytes from rows[r] + off on, r < n, into the cache (a
+// hint: no fault, no effect on results).
+inline void prefetch_span(const f16* const* rows, int32_t n, int64_t off, int64_t bytes) {
+  for (int32_t r = 0; r < n; ++r) {
+    const char* c = reinterpret_cast<const char*>(rows[r] + off);
+    for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 3);
+  }
 }
 
 template <typename Locate>
@@ -316,62 +334,62 @@ void attend(const AttentionShape& sh, const float* q, const int32_t* row_pos, fl
       float* ob = out + (static_cast<int64_t>(t) * sh.n_heads + static_cast<int64_t>(kv0) * G) * sh.v_head_dim;
       std::vector<float>& scores = tl_scores;
       if (scores.size() < static_cast<size_t>(NH) * L) scores.resize(static_cast<size_t>(NH) * L);
-      float dots[64];
-      // Pass 1: s_j = scale * (q_h . k_j), stored head-major [NH, L].
-      // While a run is read, its successor (the next page, somewhere else
-      // in the pool) is prefetched row by row: the hardware prefetcher does
-      // not follow a jump, and the contiguous cache has no jumps to follow.
-      const int64_t k_bytes = static_cast<int64_t>(kvn) * sh.head_dim * 2;
-      const int64_t v_bytes = static_cast<int64_t>(kvn) * sh.v_head_dim * 2;
-      for (int32_t j0 = 0; j0 < L;) {
-        const KeyRun run = locate(t, j0, L - j0);
-        const KeyRun next = j0 + run.n < L ? locate(t, j0 + run.n, L - j0 - run.n) : KeyRun{nullptr, nullptr, 0};
-        for (int32_t jj = 0; jj < run.n; ++jj) {
-          const int32_t j = j0 + jj;
-          if (jj < next.n) prefetch_bytes(next.k + jj * k_row + static_cast<int64_t>(kv0) * sh.head_dim, k_bytes);
-          for (int32_t kk = 0; kk < kvn; ++kk) {
-            const f16* k = run.k + jj * k_row + static_cast<int64_t>(kv0 + kk) * sh.head_dim;
-            for (int32_t g0 = 0; g0 < G; g0 += 64) {
-              const int32_t gn = std::min(64, G - g0);
-              dot_heads_f16(qb + static_cast<int64_t>(kk * G + g0) * sh.head_dim, sh.head_dim, gn, k, sh.head_dim, dots);
-              for (int32_t g = 0; g < gn; ++g) scores[static_cast<size_t>(kk * G + g0 + g) * L + j] = sh.scale * dots[g];
-            }
+      // Keys j0 .. j0 + n - 1 (n <= kRunKeys), all at consecutive slots.
+      // Fills `sp` with keys j0 .. j0 + min(kSpanKeys, L - j0) - 1, asking
+      // the locator run by run (a span may cross pages).
+      auto span_at = [&](int32_t j0, KeySpan& sp) {
+        sp.n = std::min(kSpanKeys, L - j0);
+        for (int32_t jj = 0; jj < sp.n;) {
+          const KeyRun run = locate(t, j0 + jj, sp.n - jj);
+          for (int32_t r = 0; r < run.n; ++r, ++jj) {
+            sp.k[jj] = run.k + r * k_row;
+            sp.v[jj] = run.v + r * v_row;
           }
         }
-        j0 += run.n;
-      }
-      // Pass 2: per head, the max, then p_j = exp(s_j - m) in place and
-      // l = sum_j p_j, j ascending.
+      };
+      // Walks the spans in order: body(j0, span, next span or nullptr).
+      KeySpan spans[2];
+      auto for_spans = [&](auto&& body) {
+        int32_t c = 0;
+        span_at(0, spans[0]);
+        for (int32_t j0 = 0; j0 < L; j0 += spans[c].n, c ^= 1) {
+          const bool more = j0 + spans[c].n < L;
+          if (more) span_at(j0 + spans[c].n, spans[c ^ 1]);
+          body(j0, spans[c], more ? &spans[c ^ 1] : nullptr);
+        }
+      };
+      // Pass 1: s_j = scale * (q_h . k_j), stored head-major [NH, L]. Before
+      // a kv head's keys of one span are read, the same head's keys of the
+      // next span (the next pages, anywhere in the pool) are prefetched: the
+      // hardware prefetcher does not follow a jump, and spreading the
+      // requests over the span keeps memory busy while the FMAs run.
+      for_spans([&](int32_t j0, const KeySpan& sp, const KeySpan* next) {
+        for (int32_t kk = 0; kk < kvn; ++kk) {
+          const int64_t head = static_cast<int64_t>(kv0 + kk) * sh.head_dim;
+          if (next != nullptr) prefetch_span(next->k, next->n, head, sh.head_dim * 2);
+          attention_scores(qb + static_cast<int64_t>(kk) * G * sh.head_dim, sh.head_dim, G, sp.k, head, sp.n,
+                           sh.head_dim, sh.scale, scores.data() + static_cast<size_t>(kk) * G * L + j0, L);
+        }
+      });
+      // Pass 2: per head, p_j = exp(s_j - m) in place and l = sum_j p_j;
+      // the head's output starts at zero.
       std::vector<float>& sums = tl_sums;
       if (sums.size() < static_cast<size_t>(NH)) sums.resize(static_cast<size_t>(NH));
       for (int32_t hh = 0; hh < NH; ++hh) {
-        float* s = scores.data() + static_cast<size_t>(hh) * L;
-        float m = s[0];
-        for (int32_t j = 1; j < L; ++j) m = std::max(m, s[j]);
-        float l = 0.0f;
-        for (int32_t j = 0; j < L; ++j) {
-          s[j] = std::exp(s[j] - m);
-          l += s[j];
-        }
-        sums[static_cast<size_t>(hh)] = l;
+        sums[static_cast<size_t>(hh)] = softmax_numerators(scores.data() + static_cast<size_t>(hh) * L, L);
         float* o = ob + static_cast<int64_t>(hh) * sh.v_head_dim;
         std::fill(o, o + sh.v_head_dim, 0.0f);
       }
-      // Pass 3: o_h += p_j v_j, j ascending, every head of the item per V row.
-      for (int32_t j0 = 0; j0 < L;) {
-        const KeyRun run = locate(t, j0, L - j0);
-        const KeyRun next = j0 + run.n < L ? locate(t, j0 + run.n, L - j0 - run.n) : KeyRun{nullptr, nullptr, 0};
-        for (int32_t jj = 0; jj < run.n; ++jj) {
-          const int32_t j = j0 + jj;
-          if (jj < next.n) prefetch_bytes(next.v + jj * v_row + static_cast<int64_t>(kv0) * sh.v_head_dim, v_bytes);
-          for (int32_t kk = 0; kk < kvn; ++kk) {
-            const f16* v = run.v + jj * v_row + static_cast<int64_t>(kv0 + kk) * sh.v_head_dim;
-            axpy_heads_f16(scores.data() + static_cast<size_t>(kk * G) * L + j, L, G, v,
-                           ob + static_cast<int64_t>(kk * G) * sh.v_head_dim, sh.v_head_dim, sh.v_head_dim);
-          }
+      // Pass 3: o_h += p_j v_j, j ascending, per span and kv head (the next
+      // span's value rows prefetched as in pass 1).
+      for_spans([&](int32_t j0, const KeySpan& sp, const KeySpan* next) {
+        for (int32_t kk = 0; kk < kvn; ++kk) {
+          const int64_t head = static_cast<int64_t>(kv0 + kk) * sh.v_head_dim;
+          if (next != nullptr) prefetch_span(next->v, next->n, head, sh.v_head_dim * 2);
+          attention_values(scores.data() + static_cast<size_t>(kk) * G * L + j0, L, G, sp.v, head, sp.n,
+                           sh.v_head_dim, ob + static_cast<int64_t>(kk) * G * sh.v_head_dim, sh.v_head_dim);
         }
-        j0 += run.n;
-      }
+      });
       for (int32_t hh = 0; hh < NH; ++hh) {
         const float inv = 1.0f / sums[static_cast<size_t>(hh)];
         float* o = ob + static_cast<int64_t>(hh) * sh.v_head_dim;
@@ -408,6 +426,13 @@ void contiguous_attention(const ContiguousAttention& a, ThreadPool* pool) {
     return KeyRun{a.k + slot * k_row, a.v + slot * v_row, left};
   };
   attend(sh, a.q, a.row_pos, a.out, locate, pool);
+}
+
+void attention_exp(const float* x, float* y, int64_t n) {
+#ifdef CK_HAVE_AVX2_PATH
+  if (g_isa != Isa::Generic) return avx2::exp_nonpositive(x, y, n);
+#endif
+  for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i]);
 }
 
 // ---- dense ops -------------------------------------------------------------

@@ -329,6 +329,8 @@ describe.each(isas)("attention on the %s path", (isa) => {
     { nHeads: 8, nKv: 2, headDim: 40, vHeadDim: 40, pageSize: 4 },
     { nHeads: 6, nKv: 6, headDim: 16, vHeadDim: 24, pageSize: 3 },
     { nHeads: 8, nKv: 1, headDim: 64, vHeadDim: 64, pageSize: 16 },
+    { nHeads: 14, nKv: 2, headDim: 72, vHeadDim: 100, pageSize: 5 },
+    { nHeads: 12, nKv: 2, headDim: 136, vHeadDim: 56, pageSize: 7 },
   ])("paged over shuffled fragmented pages == contiguous, bit for bit, and matches float64 (%o)", (c) => {
     kernels.setIsa(isa);
     const r = rng(5);
@@ -368,6 +370,81 @@ describe.each(isas)("attention on the %s path", (isa) => {
       scale,
     );
     expect(relError(paged, ref)).toBeLessThan(1e-5);
+  });
+
+  it.each([
+    { nHeads: 4, nKv: 1, headDim: 32, vHeadDim: 32, pageSize: 64 },
+    { nHeads: 6, nKv: 3, headDim: 24, vHeadDim: 40, pageSize: 9 },
+  ])("long contexts (pages and runs of many keys): paged == contiguous and matches float64 (%o)", (c) => {
+    kernels.setIsa(isa);
+    const r = rng(12);
+    const lens = [300, 141];
+    const fx = kvFixture(13, lens, c.nKv, c.headDim, c.vHeadDim, c.pageSize);
+    const rowSeq = Int32Array.from([0, 1, 0, 1]);
+    const rowPos = Int32Array.from([299, 140, 64, 33]);
+    const T = rowSeq.length;
+    // Scores of a few units, so the softmax weights span many orders of magnitude.
+    const q = randomF32(r, T * c.nHeads * c.headDim, 4);
+    const { paged, contiguous, scale } = runBoth(
+      fx,
+      q,
+      rowSeq,
+      rowPos,
+      c.nHeads,
+      c.nKv,
+      c.headDim,
+      c.vHeadDim,
+      c.pageSize,
+    );
+    expect(allFinite(paged)).toBe(true);
+    expect(sameBits(paged, contiguous)).toBe(true);
+    const kRow = c.nKv * c.headDim;
+    const vRow = c.nKv * c.vHeadDim;
+    const ref = attentionRef(
+      q,
+      T,
+      c.nHeads,
+      c.nKv,
+      c.headDim,
+      c.vHeadDim,
+      rowPos,
+      (t, j, kvh, d) => f16ValueRef(fx.k[(rowSeq[t]! * fx.ctxCap + j) * kRow + kvh * c.headDim + d]!),
+      (t, j, kvh, d) => f16ValueRef(fx.v[(rowSeq[t]! * fx.ctxCap + j) * vRow + kvh * c.vHeadDim + d]!),
+      scale,
+    );
+    expect(relError(paged, ref)).toBeLessThan(1e-5);
+  });
+
+  it("the softmax exp is within 2 ulp of e^x on [ln FLT_MIN, 0], exactly 1 at 0, and keeps NaN", () => {
+    kernels.setIsa(isa);
+    const n = 1 << 20;
+    const x = new Float32Array(n);
+    const lo = Math.log(2 ** -126) + 1e-3; // just inside the normal range, after rounding to f32
+    for (let i = 0; i < n; i++) x[i] = lo * (i / (n - 1));
+    const y = poisoned(n);
+    kernels.attentionExp(x, y);
+    const f = new Float32Array(1);
+    const u = new Uint32Array(f.buffer);
+    // The spacing of f32 values at |v| (normal v): 2^(exponent - 23).
+    const ulp = (v: number) => {
+      f[0] = Math.abs(v);
+      return 2 ** (((u[0]! >>> 23) & 0xff) - 127 - 23);
+    };
+    let worst = 0;
+    for (let i = 0; i < n; i++) {
+      const want = Math.exp(x[i]!);
+      worst = Math.max(worst, Math.abs(y[i]! - want) / ulp(want));
+    }
+    expect(worst).toBeLessThanOrEqual(2);
+    const edge = Float32Array.from([0, -0, Number.NaN, Number.NEGATIVE_INFINITY, -200]);
+    const out = poisoned(edge.length);
+    kernels.attentionExp(edge, out);
+    expect([out[0], out[1]]).toEqual([1, 1]);
+    expect(Number.isNaN(out[2]!)).toBe(true);
+    expect(out[3]).toBe(0);
+    // Below ln FLT_MIN: 0 on the vector paths, a subnormal or 0 from std::exp.
+    expect(out[4]!).toBeLessThan(2 ** -126);
+    expect(out[4]!).toBeGreaterThanOrEqual(0);
   });
 
   it("refuses page ids and positions outside the pool or table", () => {
@@ -491,6 +568,47 @@ describe("Llama-3 rotary frequencies", () => {
 });
 
 describe.runIf(isas.includes("avx512"))("the avx512 path is the avx2 arithmetic", () => {
+  it.each([
+    { nHeads: 32, nKv: 8, headDim: 128, vHeadDim: 128, pageSize: 16 },
+    { nHeads: 7, nKv: 7, headDim: 40, vHeadDim: 24, pageSize: 3 },
+    { nHeads: 6, nKv: 3, headDim: 64, vHeadDim: 72, pageSize: 8 },
+    { nHeads: 9, nKv: 3, headDim: 20, vHeadDim: 100, pageSize: 5 },
+    { nHeads: 14, nKv: 2, headDim: 136, vHeadDim: 136, pageSize: 64 },
+    { nHeads: 10, nKv: 2, headDim: 96, vHeadDim: 48, pageSize: 13 },
+  ])(
+    "attention gives the same bits on both paths: head groups 1..7 (and 4 + rest), key pairs and single keys, lane tails (%o)",
+    (c) => {
+      const r = rng(14);
+      const lens = [77, 41, 130];
+      const fx = kvFixture(15, lens, c.nKv, c.headDim, c.vHeadDim, c.pageSize);
+      const rowSeq = Int32Array.from([0, 1, 2, 2, 2, 0]);
+      const rowPos = Int32Array.from([76, 40, 0, 1, 129, 12]);
+      const q = randomF32(r, rowSeq.length * c.nHeads * c.headDim, 2);
+      try {
+        const on = (isa: "avx2" | "avx512") => {
+          kernels.setIsa(isa);
+          const { paged, contiguous } = runBoth(
+            fx,
+            q,
+            rowSeq,
+            rowPos,
+            c.nHeads,
+            c.nKv,
+            c.headDim,
+            c.vHeadDim,
+            c.pageSize,
+          );
+          expect(allFinite(paged)).toBe(true);
+          expect(sameBits(paged, contiguous)).toBe(true);
+          return paged;
+        };
+        expect(sameBits(on("avx512"), on("avx2"))).toBe(true);
+      } finally {
+        kernels.setIsa(startIsa);
+      }
+    },
+  );
+
   it.each(["f16", "bf16", "f32"] as const)(
     "matmul with %s weights gives the same bits on both paths (column pairs, leftover columns and rows)",
     (dtype) => {
