@@ -541,10 +541,12 @@ const bench: Bench = {
           const t = c[n];
           const run = await part((s) => concurrent(s, n, batchPrompt, z.genTokens, vocab, t));
           const m = engine.summary(n);
-          // The 16 prompts' first step is pure prefill (16 × 16 rows): the prefill cost per row.
+          // The 16 prompts' first step is pure prefill: 16 × 15 rows, since each prompt's last
+          // token is its first decode row. Its time per row is the prefill cost per row.
           if (n === 16) {
-            const p = engine.summary(n * batchPrompt);
-            prefill.rows += p.atRows * n * batchPrompt;
+            const rows = n * (batchPrompt - 1);
+            const p = engine.summary(rows);
+            prefill.rows += p.atRows * rows;
             prefill.ms += p.atRowsMs;
           }
           t.steps += m.steps;
