@@ -26,7 +26,7 @@ struct CpuFeatures {
   bool avx2 = false;
   bool fma = false;
   bool f16c = false;
-  bool avx512 = false;  // AVX-512 F and DQ (what the column-pair GEMM uses)
+  bool avx512 = false;  // AVX-512 F, DQ and BW (what the 512-bit GEMM uses)
 };
 
 CpuFeatures cpu_features();
@@ -76,10 +76,17 @@ void f32_to_f16_row(const float* x, f16* y, int32_t n);
 // whatever the tile shape, so a row's bits never depend on T.
 void matmul_columns(const float* x, int32_t T, int32_t K, const void* W, DType wt, int32_t N,
                     const float* bias, float* y, int32_t n0, int32_t n1);
-// The same, with batches of 8+ rows on 512-bit column pairs (Isa::Avx512):
-// bit-identical to matmul_columns.
-void matmul_columns_pairs(const float* x, int32_t T, int32_t K, const void* W, DType wt, int32_t N,
-                          const float* bias, float* y, int32_t n0, int32_t n1);
+// The same on 512-bit registers (Isa::Avx512), bit-identical to
+// matmul_columns: whole blocks of 16 rows on row pairs (two rows' 8-lane
+// accumulators per register), leftover rows of 8+ on column pairs. xp is x
+// packed by pack_rows (read for the 16-row blocks only), shared by every
+// column range of one product.
+void matmul_columns_pairs(const float* x, const float* xp, int32_t T, int32_t K, const void* W, DType wt,
+                          int32_t N, const float* bias, float* y, int32_t n0, int32_t n1);
+// Floats pack_rows writes for x [T, K]: the whole 16-row blocks, k < K & ~7
+// (0 when there are none).
+int64_t packed_rows_floats(int32_t T, int32_t K);
+void pack_rows(const float* x, int32_t T, int32_t K, float* xp);
 }  // namespace avx2
 #endif
 
