@@ -48,7 +48,30 @@ inline int64_t dtype_bytes(DType t) { return t == DType::F32 ? 4 : 2; }
 using MatmulColumns = void (*)(const float* x, int32_t T, int32_t K, const void* W, int32_t N, const float* bias,
                                float* y, int32_t n0, int32_t n1);
 
+// exp for SwiGLU, the same bits on every ISA path (a libm expf may differ
+// between machines and has no vector twin): x clamped to [kExpLo, kExpHi],
+// n = nearest-even(x · log2 e), r = x - n·ln2 (two FMAs, hi then lo part),
+// exp(r) ≈ ((p(r) · r² + r) + 1) with p a degree-5 Horner polynomial in
+// FMAs (the Cephes expf coefficients, ~1 ulp), times 2^n built in the
+// exponent bits. kExpHi keeps n <= 127 (2^n finite); below kExpLo, 2^n would
+// be subnormal.
+constexpr float kExpHi = 88.0f;
+constexpr float kExpLo = -87.33654f;
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f;
+constexpr float kLn2Lo = -2.12194440e-4f;
+constexpr float kExpPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                               4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
 namespace generic {
+float expf_poly(float x);
+// silu(g) = g / (1 + expf_poly(-g))
+inline float silu(float g) { return g / (1.0f + expf_poly(-g)); }
+// sum_i x[i]² in f64: 8 partial sums (lane i % 8) over i < n & ~7, combined
+// ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)), then the tail in order.
+double sum_squares(const float* x, int32_t n);
+// out[i] = silu(gate[i]) * up[i]
+void silu_mul(const float* gate, const float* up, float* out, int64_t n);
 // s = sum_i q[i] * k[i], i ascending, one f32 accumulator.
 float dot_f16(const float* q, const f16* k, int32_t n);
 // acc[i] += p * v[i]
@@ -72,6 +95,9 @@ void axpy_f16(float p, const f16* v, float* acc, int32_t n);
 // converting v once; bit-identical to G axpy_f16 calls.
 void axpy_group_f16(const float* p, int32_t G, const f16* v, float* acc, int64_t acc_stride, int32_t n);
 void f32_to_f16_row(const float* x, f16* y, int32_t n);
+// generic::sum_squares and generic::silu_mul, bit for bit.
+double sum_squares(const float* x, int32_t n);
+void silu_mul(const float* gate, const float* up, float* out, int64_t n);
 // Same per-element order as dot_f16 (8-lane FMA, fixed hsum, scalar FMA tail)
 // whatever the tile shape, so a row's bits never depend on T.
 void matmul_columns(const float* x, int32_t T, int32_t K, const void* W, DType wt, int32_t N,

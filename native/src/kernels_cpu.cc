@@ -133,6 +133,36 @@ bool set_isa(Isa isa) {
 
 namespace generic {
 
+float expf_poly(float x) {
+  x = x < kExpHi ? x : kExpHi;  // the operand order of MINPS / MAXPS
+  x = x > kExpLo ? x : kExpLo;
+  const float n = std::nearbyint(x * kLog2e);
+  float r = std::fma(n, -kLn2Hi, x);
+  r = std::fma(n, -kLn2Lo, r);
+  float p = kExpPoly[0];
+  for (int i = 1; i < 6; ++i) p = std::fma(p, r, kExpPoly[i]);
+  float y = std::fma(p, r * r, r);
+  y = y + 1.0f;
+  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return y * scale;
+}
+
+double sum_squares(const float* x, int32_t n) {
+  double l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  const int32_t n8 = n & ~7;
+  for (int32_t i = 0; i < n8; i += 8)
+    for (int j = 0; j < 8; ++j) l[j] += static_cast<double>(x[i + j]) * x[i + j];
+  double r = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+  for (int32_t i = n8; i < n; ++i) r += static_cast<double>(x[i]) * x[i];
+  return r;
+}
+
+void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = silu(gate[i]) * up[i];
+}
+
 float dot_f16(const float* q, const f16* k, int32_t n) {
   float s = 0.0f;
   for (int32_t i = 0; i < n; ++i) s += q[i] * f16_to_f32(k[i]);
@@ -213,6 +243,20 @@ inline void axpy_heads_f16(const float* p, int64_t p_stride, int32_t G, const f1
   }
 #endif
   for (; g < G; ++g) axpy_f16(p[g * p_stride], v, acc + g * acc_stride, n);
+}
+
+inline double sum_squares(const float* x, int32_t n) {
+#ifdef CK_HAVE_AVX2_PATH
+  if (g_isa != Isa::Generic) return avx2::sum_squares(x, n);
+#endif
+  return generic::sum_squares(x, n);
+}
+
+inline void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
+#ifdef CK_HAVE_AVX2_PATH
+  if (g_isa != Isa::Generic) return avx2::silu_mul(gate, up, out, n);
+#endif
+  generic::silu_mul(gate, up, out, n);
 }
 
 inline void f32_to_f16_row(const float* x, f16* y, int32_t n) {
@@ -485,12 +529,30 @@ void rmsnorm(const float* x, const void* w, DType wt, int32_t T, int32_t D, floa
     for (int64_t t = t0; t < t1; ++t) {
       const float* xr = x + t * D;
       float* yr = y + t * D;
-      // Sum of squares in f64, ascending i: one fixed order, and no f32
-      // cancellation worries for wide rows.
-      double ss = 0.0;
-      for (int32_t i = 0; i < D; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+      // Sum of squares in f64 (no f32 cancellation worries for wide rows),
+      // in 8 partial sums: one fixed order on every path.
+      const double ss = sum_squares(xr, D);
       const float inv = static_cast<float>(1.0 / std::sqrt(ss / D + static_cast<double>(eps)));
-      for (int32_t i = 0; i < D; ++i) yr[i] = (xr[i] * inv) * generic::weight_at(w, wt, i);
+      switch (wt) {
+        case DType::F32: {
+          const float* wf = static_cast<const float*>(w);
+          for (int32_t i = 0; i < D; ++i) yr[i] = (xr[i] * inv) * wf[i];
+          break;
+        }
+        case DType::F16:
+          for (int32_t i = 0; i < D; ++i) yr[i] = (xr[i] * inv) * f16_to_f32(static_cast<const f16*>(w)[i]);
+          break;
+        case DType::BF16: {
+          const bf16* wb = static_cast<const bf16*>(w);
+          for (int32_t i = 0; i < D; ++i) {
+            const uint32_t u = static_cast<uint32_t>(wb[i]) << 16;  // bf16_to_f32, inlined so the loop vectorizes
+            float wf;
+            std::memcpy(&wf, &u, 4);
+            yr[i] = (xr[i] * inv) * wf;
+          }
+          break;
+        }
+      }
     }
   });
 }
@@ -525,12 +587,7 @@ void rope(float* x, int32_t T, int32_t n_heads, int32_t head_dim, const int32_t*
 
 void swiglu(const float* gate, const float* up, int32_t T, int32_t F, float* out, ThreadPool* pool) {
   const int64_t n = static_cast<int64_t>(T) * F;
-  parallel_for(pool, n, 1 << 14, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const float g = gate[i];
-      out[i] = (g / (1.0f + std::exp(-g))) * up[i];
-    }
-  });
+  parallel_for(pool, n, 1 << 14, [&](int64_t i0, int64_t i1) { silu_mul(gate + i0, up + i0, out + i0, i1 - i0); });
 }
 
 void embed(const int32_t* ids, int32_t T, const void* embedding, DType wt, int32_t D, float* out,
