@@ -356,19 +356,23 @@ CK_AVX512BW inline __m512 broadcast_w8(const void* W, int64_t i) {
 }
 
 // Columns [c, c + C) of a 16-row block over k in [k0, k1): accumulators
-// start at zero (first block) or from `acc`, and are saved back to `acc`.
+// start at zero (kFirst: the first block) or from `acc_mem`, and are saved
+// back to `acc_mem`.
 // pf (or nullptr) points at kTileCols weight rows (stride K) that a later
 // tile reads from: one cache line per row is prefetched every 32 k.
-template <int C, DType WT>
+template <int C, DType WT, bool kFirst>
 CK_AVX512BW void row_pair_tile(const float* xp, int32_t k0, int32_t k1, const void* Wc, int32_t K, float* acc_mem,
-                               bool first, const void* pf) {
+                               const void* pf) {
   const char* pfb = static_cast<const char*>(pf);
   const int64_t row_bytes = static_cast<int64_t>(K) * dtype_bytes(WT);
   __m512 acc[kPairRows][C];
   for (int rp = 0; rp < kPairRows; ++rp)
     for (int j = 0; j < C; ++j)
-      acc[rp][j] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc_mem + (rp * kTileCols + j) * 16);
-  for (int32_t k = k0; k < k1; k += 8) {
+      acc[rp][j] = kFirst ? _mm512_setzero_ps() : _mm512_loadu_ps(acc_mem + (rp * kTileCols + j) * 16);
+  // k1 > k0 (a do-while: with a zero-trip path the compiler moves every
+  // accumulator through the stack).
+  int32_t k = k0;
+  do {
     if (pfb != nullptr && (k - k0) % 32 == 0)
       for (int j = 0; j < kTileCols; ++j) _mm_prefetch(pfb + j * row_bytes + (k - k0) * dtype_bytes(WT), _MM_HINT_T0);
     __m512 w[C];
@@ -381,7 +385,8 @@ CK_AVX512BW void row_pair_tile(const float* xp, int32_t k0, int32_t k1, const vo
       __asm__("" : "+v"(xv));
       for (int j = 0; j < C; ++j) acc[rp][j] = _mm512_fmadd_ps(xv, w[j], acc[rp][j]);
     }
-  }
+    k += 8;
+  } while (k < k1);
   for (int rp = 0; rp < kPairRows; ++rp)
     for (int j = 0; j < C; ++j) _mm512_storeu_ps(acc_mem + (rp * kTileCols + j) * 16, acc[rp][j]);
 }
@@ -473,10 +478,19 @@ CK_AVX512BW void columns_row_pairs(const float* x, const float* xp, int32_t T16,
           pf = static_cast<const uint8_t*>(weight_row<WT>(W, pc, K)) + static_cast<int64_t>(pk) * dtype_bytes(WT);
         float* acc = tl_tile_acc.data() + static_cast<size_t>(t) * kTileAcc;
         const float* xk = xpb + static_cast<int64_t>(k0) * 2 * kPairRows;
-        switch (std::min(kTileCols, n1 - c)) {
-          case 3: row_pair_tile<3, WT>(xk, k0, k1, Wc, K, acc, k0 == 0, pf); break;
-          case 2: row_pair_tile<2, WT>(xk, k0, k1, Wc, K, acc, k0 == 0, pf); break;
-          default: row_pair_tile<1, WT>(xk, k0, k1, Wc, K, acc, k0 == 0, pf); break;
+        const int32_t C = std::min(kTileCols, n1 - c);
+        if (k0 == 0) {
+          switch (C) {
+            case 3: row_pair_tile<3, WT, true>(xk, k0, k1, Wc, K, acc, pf); break;
+            case 2: row_pair_tile<2, WT, true>(xk, k0, k1, Wc, K, acc, pf); break;
+            default: row_pair_tile<1, WT, true>(xk, k0, k1, Wc, K, acc, pf); break;
+          }
+        } else {
+          switch (C) {
+            case 3: row_pair_tile<3, WT, false>(xk, k0, k1, Wc, K, acc, pf); break;
+            case 2: row_pair_tile<2, WT, false>(xk, k0, k1, Wc, K, acc, pf); break;
+            default: row_pair_tile<1, WT, false>(xk, k0, k1, Wc, K, acc, pf); break;
+          }
         }
       }
     }
