@@ -17,9 +17,10 @@
 namespace ck {
 
 // Avx512 is the Avx2 arithmetic, bit for bit: the batched GEMM packs two
-// output columns' 8-lane accumulators into one 512-bit register (low half
-// column c, high half column c + 1), so each lane still does exactly the
-// 8-lane FMA sequence of the Avx2 path, at twice the FMAs per instruction.
+// 8-lane accumulators into one 512-bit register (two rows of one column for
+// 16-row blocks, two columns of one row for leftover rows), so each lane
+// still does exactly the 8-lane FMA sequence of the Avx2 path, at twice the
+// FMAs per instruction.
 enum class Isa : int32_t { Generic = 0, Avx2 = 1, Avx512 = 2 };
 
 struct CpuFeatures {

@@ -264,6 +264,7 @@ thread_local std::vector<float> tl_wide_pairs;
 constexpr int kRows = 8;
 constexpr int kPairs = 3;
 
+// Rows that do not fill a 16-row block (see columns_row_pairs).
 // As columns(), but batches of 8+ rows run groups of 2·kPairs columns on
 // 512-bit registers, kRows rows per tile (then row quads); leftover columns
 // and rows take the 256-bit tiles. Each column group's weights are widened
