@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "kernels.h"
 
@@ -41,6 +42,15 @@ bool set_isa(Isa isa);
 // every weight once per step, and with 4 KiB pages that stream needs a new
 // TLB entry every 4 KiB.
 void advise_huge_pages(void* p, size_t bytes);
+
+// At least n floats of buf from a 64-byte boundary on (buf grows as needed):
+// a 512-bit load from an unaligned address straddles two cache lines, which
+// costs two loads (std::vector only promises 16-byte alignment).
+inline float* aligned_floats(std::vector<float>& buf, size_t n) {
+  if (buf.size() < n + 15) buf.resize(n + 15);
+  const uintptr_t p = reinterpret_cast<uintptr_t>(buf.data());
+  return buf.data() + ((64 - p % 64) % 64) / sizeof(float);
+}
 
 // Byte size of one element of a weight dtype.
 inline int64_t dtype_bytes(DType t) { return t == DType::F32 ? 4 : 2; }

@@ -442,8 +442,7 @@ CK_AVX512BW void columns_row_pairs(const float* x, const float* xp, int32_t T16,
                                    int32_t N, const float* bias, float* y, int32_t n0, int32_t n1) {
   const int32_t K8 = K & ~7;
   const int32_t tiles = (n1 - n0 + kTileCols - 1) / kTileCols;
-  if (tl_tile_acc.size() < static_cast<size_t>(tiles) * kTileAcc)
-    tl_tile_acc.resize(static_cast<size_t>(tiles) * kTileAcc);
+  float* accs = aligned_floats(tl_tile_acc, static_cast<size_t>(tiles) * kTileAcc);
   for (int32_t r0 = 0; r0 < T16; r0 += 2 * kPairRows) {
     const float* xb = x + static_cast<int64_t>(r0) * K;
     const float* xpb = xp + static_cast<int64_t>(r0) * K8;
@@ -477,7 +476,7 @@ CK_AVX512BW void columns_row_pairs(const float* x, const float* xp, int32_t T16,
         const void* pf = nullptr;
         if (r0 == 0 && pc + kTileCols <= N)
           pf = static_cast<const uint8_t*>(weight_row<WT>(W, pc, K)) + static_cast<int64_t>(pk) * dtype_bytes(WT);
-        float* acc = tl_tile_acc.data() + static_cast<size_t>(t) * kTileAcc;
+        float* acc = accs + static_cast<size_t>(t) * kTileAcc;
         const float* xk = xpb + static_cast<int64_t>(k0) * 2 * kPairRows;
         const int32_t C = std::min(kTileCols, n1 - c);
         if (k0 == 0) {
@@ -498,7 +497,7 @@ CK_AVX512BW void columns_row_pairs(const float* x, const float* xp, int32_t T16,
     for (int32_t t = 0; t < tiles; ++t) {
       const int32_t c = n0 + t * kTileCols;
       const void* Wc = weight_row<WT>(W, c, K);
-      const float* acc = tl_tile_acc.data() + static_cast<size_t>(t) * kTileAcc;
+      const float* acc = accs + static_cast<size_t>(t) * kTileAcc;
       switch (std::min(kTileCols, n1 - c)) {
         case 3: finish_row_pairs<3, WT>(acc, xb, K, Wc, bias, yb, N, c); break;
         case 2: finish_row_pairs<2, WT>(acc, xb, K, Wc, bias, yb, N, c); break;

@@ -287,10 +287,9 @@ class PackedRows {
     if (g_isa != Isa::Avx512) return;
     const int64_t n = avx2::packed_rows_floats(T, K);
     if (n == 0) return;
-    std::vector<float>& buf = tl_packed_rows;
-    if (buf.size() < static_cast<size_t>(n)) buf.resize(static_cast<size_t>(n));
-    avx2::pack_rows(x, T, K, buf.data());
-    data_ = buf.data();
+    float* buf = aligned_floats(tl_packed_rows, static_cast<size_t>(n));
+    avx2::pack_rows(x, T, K, buf);
+    data_ = buf;
 #else
     (void)x;
     (void)T;
