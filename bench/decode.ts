@@ -43,6 +43,8 @@ async function smallModel(log: (l: string) => void): Promise<LoadedModel> {
 interface Run {
   prefillTokPerS: number;
   decodeTokPerS: number;
+  /** Process CPU time (all threads) per decode step: on a shared machine it moves less than wall time. */
+  decodeCpuMsPerStep: number;
 }
 
 async function measure(
@@ -60,12 +62,15 @@ async function measure(
     await d.step(seqs.map((seq, i) => ({ seq, tokens: prompts[i]! })));
     const prefillMs = performance.now() - t0;
     await d.step(seqs.map((seq) => ({ seq, tokens: [1] }))); // warm the decode path
+    const cpu0 = process.cpuUsage();
     t0 = performance.now();
     for (let s = 0; s < steps; s++) await d.step(seqs.map((seq) => ({ seq, tokens: [(s * 7 + 3) % vocab] })));
     const decodeMs = performance.now() - t0;
+    const cpu = process.cpuUsage(cpu0);
     return {
       prefillTokPerS: (batch * promptLen) / (prefillMs / 1000),
       decodeTokPerS: (batch * steps) / (decodeMs / 1000),
+      decodeCpuMsPerStep: (cpu.user + cpu.system) / 1000 / steps,
     };
   } finally {
     for (const s of seqs) d.close(s);
@@ -111,8 +116,10 @@ const bench: Bench = {
           const r = await measure(d, batch, promptLen, steps, spec.vocab);
           figures[`${kind}_b${batch}_prefill_tok_per_s`] = round(r.prefillTokPerS);
           figures[`${kind}_b${batch}_decode_tok_per_s`] = round(r.decodeTokPerS);
+          figures[`${kind}_b${batch}_decode_cpu_ms_per_step`] = round(r.decodeCpuMsPerStep);
           log(
-            `${kind} batch ${batch}: prefill ${round(r.prefillTokPerS)} tok/s, decode ${round(r.decodeTokPerS)} tok/s`,
+            `${kind} batch ${batch}: prefill ${round(r.prefillTokPerS)} tok/s, decode ${round(r.decodeTokPerS)} tok/s` +
+              ` (${round(r.decodeCpuMsPerStep)} ms CPU per step)`,
           );
         }
       }
@@ -135,6 +142,11 @@ const bench: Bench = {
           f("paged_b16_prefill_tok_per_s") / f("contiguous_b16_prefill_tok_per_s"),
         ),
         paged_b16_over_b1_decode: round(f("paged_b16_decode_tok_per_s") / f("paged_b1_decode_tok_per_s")),
+        // The same ratio from CPU time per step (16 · b1 CPU / b16 CPU): what
+        // the batch saves in work, less moved by other load on the machine.
+        paged_b16_over_b1_decode_cpu: round(
+          (16 * f("paged_b1_decode_cpu_ms_per_step")) / f("paged_b16_decode_cpu_ms_per_step"),
+        ),
         paged_b1_decode_over_read_bandwidth: round(b1Bw / bw.read_gb_per_s),
         paged_b1_decode_over_memcpy_bandwidth: round(b1Bw / bw.memcpy_gb_per_s),
       },

@@ -117,10 +117,19 @@ void Engine::forward(const StepBatch& b, Mode mode, float* logits) {
   const int64_t H = m.hidden, F = m.ffn;
   const int32_t qn = m.n_heads * m.head_dim, kn = m.n_kv * m.head_dim, vn = m.n_kv * m.v_head_dim;
   const int32_t on = m.n_heads * m.v_head_dim;
-  std::vector<float> x(static_cast<size_t>(T * H)), h(static_cast<size_t>(T * H)), o(static_cast<size_t>(T * H));
-  std::vector<float> q(static_cast<size_t>(T) * qn), k(static_cast<size_t>(T) * kn), v(static_cast<size_t>(T) * vn);
-  std::vector<float> attn(static_cast<size_t>(T) * on);
-  std::vector<float> g(static_cast<size_t>(T * F)), u(static_cast<size_t>(T * F));
+  auto sized = [](std::vector<float>& buf, int64_t n) -> std::vector<float>& {
+    if (buf.size() < static_cast<size_t>(n)) buf.resize(static_cast<size_t>(n));
+    return buf;
+  };
+  std::vector<float>& x = sized(act_.x, T * H);
+  std::vector<float>& h = sized(act_.h, T * H);
+  std::vector<float>& o = sized(act_.o, T * H);
+  std::vector<float>& q = sized(act_.q, static_cast<int64_t>(T) * qn);
+  std::vector<float>& k = sized(act_.k, static_cast<int64_t>(T) * kn);
+  std::vector<float>& v = sized(act_.v, static_cast<int64_t>(T) * vn);
+  std::vector<float>& attn = sized(act_.attn, static_cast<int64_t>(T) * on);
+  std::vector<float>& g = sized(act_.g, T * F);
+  std::vector<float>& u = sized(act_.u, T * F);
   const float scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim));
 
   // Contiguous rows land at slot seq * ctx_cap + pos of the per-layer cache.
@@ -170,7 +179,8 @@ void Engine::forward(const StepBatch& b, Mode mode, float* logits) {
   // Final norm and the LM head only for the rows that need logits.
   const int32_t R = static_cast<int32_t>(b.logit_rows.size());
   if (R == 0) return;
-  std::vector<float> sel(static_cast<size_t>(R * H)), nsel(static_cast<size_t>(R * H));
+  std::vector<float>& sel = sized(act_.sel, R * H);
+  std::vector<float>& nsel = sized(act_.nsel, R * H);
   for (int32_t r = 0; r < R; ++r)
     std::memcpy(&sel[static_cast<size_t>(r * H)], &x[static_cast<size_t>(b.logit_rows[static_cast<size_t>(r)] * H)], static_cast<size_t>(H) * 4);
   rmsnorm(sel.data(), final_norm_.data(), final_norm_.dtype, R, m.hidden, m.rms_eps, nsel.data(), &pool_);

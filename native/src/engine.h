@@ -91,6 +91,16 @@ class Engine final : public Backend {
 
   int32_t ctx_seqs_ = 0, ctx_cap_ = 0;
   std::vector<F16Buffer> k_ctx_, v_ctx_;  // per layer
+
+  // forward()'s activations, kept between steps (steps run one at a time on
+  // the engine's queue): a batch-16 step's gate/up rows are 128 KiB each,
+  // which malloc maps fresh and the kernel zero-fills on every step. They
+  // hold as much as the largest step so far needed; every op writes its
+  // output rows before any are read.
+  struct Activations {
+    std::vector<float> x, h, o, q, k, v, attn, g, u, sel, nsel;
+  };
+  Activations act_;
 };
 
 }  // namespace ck

@@ -102,7 +102,8 @@ struct MatmulOut {
 };
 void matmul_multi(const float* x, int32_t T, int32_t K, const MatmulOut* outs, int32_t n_outs, ThreadPool* pool);
 
-// y[t,:] = x[t,:] / sqrt(mean(x[t,:]^2) + eps) * w   (RMSNorm; w in `wt`)
+// y[t,:] = x[t,:] / sqrt(mean(x[t,:]^2) + eps) * w   (RMSNorm; w in `wt`;
+// the CPU backend sums the squares in f64, cpu.h: sum_squares)
 void rmsnorm(const float* x, const void* w, DType wt, int32_t T, int32_t D, float eps, float* y,
              ThreadPool* pool);
 
@@ -117,6 +118,8 @@ void rope(float* x, int32_t T, int32_t n_heads, int32_t head_dim, const int32_t*
           ThreadPool* pool);
 
 // out[t,i] = silu(gate[t,i]) * up[t,i], silu(g) = g / (1 + exp(-g)). [T, F]
+// The CPU backend's exp is its own (cpu.h: expf_poly, ~1 ulp), the same bits
+// on every instruction set.
 void swiglu(const float* gate, const float* up, int32_t T, int32_t F, float* out, ThreadPool* pool);
 
 // out[t,:] = embedding[ids[t], :] converted to f32. embedding [vocab, D] in `wt`.

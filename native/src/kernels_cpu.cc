@@ -95,7 +95,8 @@ CpuFeatures cpu_features() {
   unsigned a, b, c, d;
   __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
   f.f16c = (c >> 29) & 1u;
-  f.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+  f.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("avx512bw");
 #endif
   return f;
 }
@@ -133,6 +134,36 @@ bool set_isa(Isa isa) {
 // Built with -ffp-contract=off, so a * b + c is never fused behind our back.
 
 namespace generic {
+
+float expf_poly(float x) {
+  x = x < kExpHi ? x : kExpHi;  // the operand order of MINPS / MAXPS
+  x = x > kExpLo ? x : kExpLo;
+  const float n = std::nearbyint(x * kLog2e);
+  float r = std::fma(n, -kLn2Hi, x);
+  r = std::fma(n, -kLn2Lo, r);
+  float p = kExpPoly[0];
+  for (int i = 1; i < 6; ++i) p = std::fma(p, r, kExpPoly[i]);
+  float y = std::fma(p, r * r, r);
+  y = y + 1.0f;
+  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return y * scale;
+}
+
+double sum_squares(const float* x, int32_t n) {
+  double l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  const int32_t n8 = n & ~7;
+  for (int32_t i = 0; i < n8; i += 8)
+    for (int j = 0; j < 8; ++j) l[j] += static_cast<double>(x[i + j]) * x[i + j];
+  double r = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+  for (int32_t i = n8; i < n; ++i) r += static_cast<double>(x[i]) * x[i];
+  return r;
+}
+
+void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = silu(gate[i]) * up[i];
+}
 
 float dot_f16(const float* q, const f16* k, int32_t n) {
   float s = 0.0f;
@@ -175,6 +206,20 @@ void matmul_columns(const float* x, int32_t T, int32_t K, const void* W, DType w
 
 namespace {
 
+inline double sum_squares(const float* x, int32_t n) {
+#ifdef CK_HAVE_AVX2_PATH
+  if (g_isa != Isa::Generic) return avx2::sum_squares(x, n);
+#endif
+  return generic::sum_squares(x, n);
+}
+
+inline void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
+#ifdef CK_HAVE_AVX2_PATH
+  if (g_isa != Isa::Generic) return avx2::silu_mul(gate, up, out, n);
+#endif
+  generic::silu_mul(gate, up, out, n);
+}
+
 inline void f32_to_f16_row(const float* x, f16* y, int32_t n) {
 #ifdef CK_HAVE_AVX2_PATH
   if (g_isa != Isa::Generic) return avx2::f32_to_f16_row(x, y, n);
@@ -182,14 +227,44 @@ inline void f32_to_f16_row(const float* x, f16* y, int32_t n) {
   generic::f32_to_f16_row(x, y, n);
 }
 
-inline void matmul_columns(const float* x, int32_t T, int32_t K, const void* W, DType wt, int32_t N,
+// xp: x as PackedRows packed it for this ISA.
+inline void matmul_columns(const float* x, const float* xp, int32_t T, int32_t K, const void* W, DType wt, int32_t N,
                            const float* bias, float* y, int32_t n0, int32_t n1) {
 #ifdef CK_HAVE_AVX2_PATH
-  if (g_isa == Isa::Avx512) return avx2::matmul_columns_pairs(x, T, K, W, wt, N, bias, y, n0, n1);
+  if (g_isa == Isa::Avx512) return avx2::matmul_columns_pairs(x, xp, T, K, W, wt, N, bias, y, n0, n1);
   if (g_isa != Isa::Generic) return avx2::matmul_columns(x, T, K, W, wt, N, bias, y, n0, n1);
 #endif
   generic::matmul_columns(x, T, K, W, wt, N, bias, y, n0, n1);
 }
+
+// x [T, K] in the layout the active ISA's batched GEMM reads (Avx512: 16-row
+// blocks in row pairs), packed once per product on the calling thread
+// (16 · K floats per block, against 16 · K · N multiply-adds) instead of
+// once per column block by each worker. Empty on the other ISAs.
+class PackedRows {
+ public:
+  PackedRows(const float* x, int32_t T, int32_t K) {
+#ifdef CK_HAVE_AVX2_PATH
+    if (g_isa != Isa::Avx512) return;
+    const int64_t n = avx2::packed_rows_floats(T, K);
+    if (n == 0) return;
+    float* buf = aligned_floats(tl_packed_rows, static_cast<size_t>(n));
+    avx2::pack_rows(x, T, K, buf);
+    data_ = buf;
+#else
+    (void)x;
+    (void)T;
+    (void)K;
+#endif
+  }
+  const float* data() const { return data_; }
+
+ private:
+  // The caller's buffer, reused across products (one product at a time per thread).
+  static thread_local std::vector<float> tl_packed_rows;
+  const float* data_ = nullptr;
+};
+thread_local std::vector<float> PackedRows::tl_packed_rows;
 
 // Grain so a parallel_for hands each thread a few chunks of about `work`
 // units of effort.
@@ -446,11 +521,12 @@ constexpr int32_t kMatmulBlock = 48;
 void matmul(const float* x, int32_t T, int32_t K, const void* W, DType wt, int32_t N, const float* bias,
             float* y, ThreadPool* pool) {
   const int64_t blocks = (N + kMatmulBlock - 1) / kMatmulBlock;
+  const PackedRows xp(x, T, K);
   parallel_for(pool, blocks, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int32_t n0 = static_cast<int32_t>(b * kMatmulBlock);
       const int32_t n1 = std::min(N, n0 + kMatmulBlock);
-      matmul_columns(x, T, K, W, wt, N, bias, y, n0, n1);
+      matmul_columns(x, xp.data(), T, K, W, wt, N, bias, y, n0, n1);
     }
   });
 }
@@ -460,13 +536,14 @@ void matmul_multi(const float* x, int32_t T, int32_t K, const MatmulOut* outs, i
   std::vector<int64_t> first(static_cast<size_t>(n_outs) + 1, 0);  // first[i] = items before output i
   for (int32_t i = 0; i < n_outs; ++i)
     first[static_cast<size_t>(i) + 1] = first[static_cast<size_t>(i)] + (outs[i].N + kMatmulBlock - 1) / kMatmulBlock;
+  const PackedRows xp(x, T, K);
   parallel_for(pool, first.back(), 1, [&](int64_t b0, int64_t b1) {
     int32_t i = 0;
     for (int64_t b = b0; b < b1; ++b) {
       while (b >= first[static_cast<size_t>(i) + 1]) ++i;
       const MatmulOut& o = outs[i];
       const int32_t n0 = static_cast<int32_t>((b - first[static_cast<size_t>(i)]) * kMatmulBlock);
-      matmul_columns(x, T, K, o.W, o.wt, o.N, o.bias, o.y, n0, std::min(o.N, n0 + kMatmulBlock));
+      matmul_columns(x, xp.data(), T, K, o.W, o.wt, o.N, o.bias, o.y, n0, std::min(o.N, n0 + kMatmulBlock));
     }
   });
 }
@@ -476,12 +553,30 @@ void rmsnorm(const float* x, const void* w, DType wt, int32_t T, int32_t D, floa
     for (int64_t t = t0; t < t1; ++t) {
       const float* xr = x + t * D;
       float* yr = y + t * D;
-      // Sum of squares in f64, ascending i: one fixed order, and no f32
-      // cancellation worries for wide rows.
-      double ss = 0.0;
-      for (int32_t i = 0; i < D; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+      // Sum of squares in f64 (no f32 cancellation worries for wide rows),
+      // in 8 partial sums: one fixed order on every path.
+      const double ss = sum_squares(xr, D);
       const float inv = static_cast<float>(1.0 / std::sqrt(ss / D + static_cast<double>(eps)));
-      for (int32_t i = 0; i < D; ++i) yr[i] = (xr[i] * inv) * generic::weight_at(w, wt, i);
+      switch (wt) {
+        case DType::F32: {
+          const float* wf = static_cast<const float*>(w);
+          for (int32_t i = 0; i < D; ++i) yr[i] = (xr[i] * inv) * wf[i];
+          break;
+        }
+        case DType::F16:
+          for (int32_t i = 0; i < D; ++i) yr[i] = (xr[i] * inv) * f16_to_f32(static_cast<const f16*>(w)[i]);
+          break;
+        case DType::BF16: {
+          const bf16* wb = static_cast<const bf16*>(w);
+          for (int32_t i = 0; i < D; ++i) {
+            const uint32_t u = static_cast<uint32_t>(wb[i]) << 16;  // bf16_to_f32, inlined so the loop vectorizes
+            float wf;
+            std::memcpy(&wf, &u, 4);
+            yr[i] = (xr[i] * inv) * wf;
+          }
+          break;
+        }
+      }
     }
   });
 }
@@ -516,12 +611,7 @@ void rope(float* x, int32_t T, int32_t n_heads, int32_t head_dim, const int32_t*
 
 void swiglu(const float* gate, const float* up, int32_t T, int32_t F, float* out, ThreadPool* pool) {
   const int64_t n = static_cast<int64_t>(T) * F;
-  parallel_for(pool, n, 1 << 14, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const float g = gate[i];
-      out[i] = (g / (1.0f + std::exp(-g))) * up[i];
-    }
-  });
+  parallel_for(pool, n, 1 << 14, [&](int64_t i0, int64_t i1) { silu_mul(gate + i0, up + i0, out + i0, i1 - i0); });
 }
 
 void embed(const int32_t* ids, int32_t T, const void* embedding, DType wt, int32_t D, float* out,

@@ -610,15 +610,20 @@ describe.runIf(isas.includes("avx512"))("the avx512 path is the avx2 arithmetic"
   );
 
   it.each(["f16", "bf16", "f32"] as const)(
-    "matmul with %s weights gives the same bits on both paths (column pairs, leftover columns and rows)",
+    "matmul with %s weights gives the same bits on both paths (row pairs, column pairs, leftover columns and rows)",
     (dtype) => {
       const r = rng(11);
       try {
+        // Row pairs take whole 16-row blocks and walk K in blocks of 256
+        // (K = 600: two full blocks and a short one; K % 8 == 0 takes the
+        // vector horizontal sums, K = 203 the scalar tail).
         for (const [T, K, N] of [
           [16, 203, 101],
           [13, 64, 50],
           [8, 7, 6],
           [24, 130, 97],
+          [32, 600, 100],
+          [35, 264, 53],
         ] as const) {
           const x = randomF32(r, T * K);
           const w = encodeWeights(randomF32(r, N * K), dtype).bytes;
