@@ -8,13 +8,15 @@ import { generateModel } from "../worker/model/generate.ts";
 import { type LoadedModel, loadModelDir } from "../worker/model/model-dir.ts";
 import { Rng, seedRng } from "../worker/model/prng.ts";
 import { BANDWIDTH_BYTES, BandwidthProbe } from "./_bandwidth.ts";
-import { type Bench, round } from "./contract.ts";
+import { type Bench, percentile, round } from "./contract.ts";
+
+const median = (xs: readonly number[]): number => percentile(xs, 50);
 
 /**
  * Decode throughput of the `small` preset (12 layers, hidden 768, bf16),
  * paged and contiguous side by side, at batch 1, 4 and 16: prefill tokens/s
  * (one step of batch × prompt rows) and decode tokens/s (steps of one token
- * per sequence). Memory bandwidth is measured in the same run by the shared
+ * per sequence), medians over rounds that alternate the layouts. Memory bandwidth is measured in the same run by the shared
  * probe (bench/_bandwidth.ts: memcpy bytes copied/s and streaming-read
  * bytes/s) and compared with what batch-1 decode implies: weight bytes read
  * per token × tokens/s. Decode only reads weights, so the goal ratio
@@ -41,8 +43,9 @@ async function smallModel(log: (l: string) => void): Promise<LoadedModel> {
 }
 
 interface Run {
-  prefillTokPerS: number;
-  decodeTokPerS: number;
+  prefillMs: number;
+  /** Wall time of each decode step. */
+  stepMs: number[];
   /** Process CPU time (all threads) per decode step: on a shared machine it moves less than wall time. */
   decodeCpuMsPerStep: number;
 }
@@ -58,20 +61,19 @@ async function measure(
   const seqs = Array.from({ length: batch }, () => d.open());
   try {
     const prompts = seqs.map(() => Array.from({ length: promptLen }, () => rng.nextU32() % vocab));
-    let t0 = performance.now();
+    const t0 = performance.now();
     await d.step(seqs.map((seq, i) => ({ seq, tokens: prompts[i]! })));
     const prefillMs = performance.now() - t0;
     await d.step(seqs.map((seq) => ({ seq, tokens: [1] }))); // warm the decode path
     const cpu0 = process.cpuUsage();
-    t0 = performance.now();
-    for (let s = 0; s < steps; s++) await d.step(seqs.map((seq) => ({ seq, tokens: [(s * 7 + 3) % vocab] })));
-    const decodeMs = performance.now() - t0;
+    const stepMs: number[] = [];
+    for (let s = 0; s < steps; s++) {
+      const ts = performance.now();
+      await d.step(seqs.map((seq) => ({ seq, tokens: [(s * 7 + 3) % vocab] })));
+      stepMs.push(performance.now() - ts);
+    }
     const cpu = process.cpuUsage(cpu0);
-    return {
-      prefillTokPerS: (batch * promptLen) / (prefillMs / 1000),
-      decodeTokPerS: (batch * steps) / (decodeMs / 1000),
-      decodeCpuMsPerStep: (cpu.user + cpu.system) / 1000 / steps,
-    };
+    return { prefillMs, stepMs, decodeCpuMsPerStep: (cpu.user + cpu.system) / 1000 / steps };
   } finally {
     for (const s of seqs) d.close(s);
   }
@@ -82,6 +84,7 @@ const bench: Bench = {
   async run({ quick, log }) {
     const promptLen = quick ? 16 : 128;
     const steps = quick ? 4 : 32;
+    const rounds = quick ? 2 : 5;
     const model = await smallModel(log);
     const spec = model.config.spec;
     // Bytes one decode token streams from weights: every matrix once, the embedding only one row.
@@ -111,17 +114,34 @@ const bench: Bench = {
         contiguous: new ContiguousDecoder(ce, 16, ctx),
         paged: new PagedDecoder(pe, new PageAllocator(16 * Math.ceil(ctx / PAGE)), PAGE, 16),
       };
-      for (const batch of BATCHES) {
-        for (const [kind, d] of Object.entries(decoders)) {
-          const r = await measure(d, batch, promptLen, steps, spec.vocab);
-          figures[`${kind}_b${batch}_prefill_tok_per_s`] = round(r.prefillTokPerS);
-          figures[`${kind}_b${batch}_decode_tok_per_s`] = round(r.decodeTokPerS);
-          figures[`${kind}_b${batch}_decode_cpu_ms_per_step`] = round(r.decodeCpuMsPerStep);
-          log(
-            `${kind} batch ${batch}: prefill ${round(r.prefillTokPerS)} tok/s, decode ${round(r.decodeTokPerS)} tok/s` +
-              ` (${round(r.decodeCpuMsPerStep)} ms CPU per step)`,
-          );
+      // Rounds, each measuring every (batch, layout) pair, the layouts' order
+      // alternating between rounds: a burst of other load on this shared
+      // machine lands in one round of one pair, and the medians over rounds
+      // (of step times, prefill times and CPU per step) leave it out.
+      const runs = new Map<string, Run[]>();
+      for (let round_ = 0; round_ < rounds; round_++) {
+        for (const batch of BATCHES) {
+          const kinds = Object.keys(decoders);
+          if (round_ % 2 === 1) kinds.reverse();
+          for (const kind of kinds) {
+            const r = await measure(decoders[kind]!, batch, promptLen, steps, spec.vocab);
+            const key = `${kind}_b${batch}`;
+            runs.set(key, [...(runs.get(key) ?? []), r]);
+          }
         }
+      }
+      for (const [key, rs] of runs) {
+        const batch = Number(key.slice(key.lastIndexOf("_b") + 2));
+        const stepMs = median(rs.flatMap((r) => r.stepMs));
+        const prefillMs = median(rs.map((r) => r.prefillMs));
+        const cpuMs = median(rs.map((r) => r.decodeCpuMsPerStep));
+        figures[`${key}_prefill_tok_per_s`] = round((batch * promptLen) / (prefillMs / 1000));
+        figures[`${key}_decode_tok_per_s`] = round(batch / (stepMs / 1000));
+        figures[`${key}_decode_cpu_ms_per_step`] = round(cpuMs);
+        log(
+          `${key.replace("_b", " batch ")}: prefill ${figures[`${key}_prefill_tok_per_s`]} tok/s, decode ` +
+            `${figures[`${key}_decode_tok_per_s`]} tok/s (median step ${round(stepMs)} ms, ${round(cpuMs)} ms CPU)`,
+        );
       }
     } finally {
       for (const e of engines) e.free();
@@ -155,6 +175,7 @@ const bench: Bench = {
         params_bytes: weightBytes,
         prompt_tokens: promptLen,
         decode_steps: steps,
+        rounds,
         page_tokens: PAGE,
         bandwidth_bytes: BANDWIDTH_BYTES,
         threads: defaultThreads,
