@@ -12,7 +12,13 @@ namespace ck {
 F16Buffer F16Buffer::zeroed(int64_t elems) {
   F16Buffer b;
   b.elems = elems;
-  b.ptr.reset(static_cast<f16*>(std::calloc(static_cast<size_t>(std::max<int64_t>(1, elems)), sizeof(f16))));
+  const size_t n = static_cast<size_t>(std::max<int64_t>(1, elems));
+  b.ptr.reset(static_cast<f16*>(std::calloc(n, sizeof(f16))));
+  // Before the first touch, so the first write faults in 2 MiB pages: paged
+  // attention jumps to a page anywhere in the pool every page_size keys, and
+  // with 4 KiB pages every jump lands on translations no recent access used
+  // (a TLB miss and a page walk); 2 MiB pages need 512x fewer translations.
+  if (b.ptr) advise_huge_pages(b.ptr.get(), n * sizeof(f16));
   return b;
 }
 

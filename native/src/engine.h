@@ -32,7 +32,9 @@ struct LayerWeights {
 };
 
 // A page-sized buffer of f16 from calloc: the OS zero-fills lazily, so a big
-// pool costs nothing until it is touched.
+// pool costs nothing until it is touched; touched memory comes in 2 MiB
+// transparent huge pages where the kernel allows (advise_huge_pages), so a
+// pool commits up to 2 MiB per touched region, not 4 KiB.
 struct F16Buffer {
   struct Free {
     void operator()(f16* p) const { std::free(p); }
