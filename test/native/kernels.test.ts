@@ -324,6 +324,45 @@ function runBoth(
   return { paged, contiguous, scale };
 }
 
+/** Paged attention over the fixture is finite, equals contiguous bit for bit, and matches float64 within 1e-5. */
+function expectPagedEqualsContiguousAndRef(
+  fx: ReturnType<typeof kvFixture>,
+  q: Float32Array,
+  rowSeq: Int32Array,
+  rowPos: Int32Array,
+  c: { nHeads: number; nKv: number; headDim: number; vHeadDim: number; pageSize: number },
+): void {
+  const T = rowSeq.length;
+  const { paged, contiguous, scale } = runBoth(
+    fx,
+    q,
+    rowSeq,
+    rowPos,
+    c.nHeads,
+    c.nKv,
+    c.headDim,
+    c.vHeadDim,
+    c.pageSize,
+  );
+  expect(allFinite(paged)).toBe(true);
+  expect(sameBits(paged, contiguous)).toBe(true);
+  const kRow = c.nKv * c.headDim;
+  const vRow = c.nKv * c.vHeadDim;
+  const ref = attentionRef(
+    q,
+    T,
+    c.nHeads,
+    c.nKv,
+    c.headDim,
+    c.vHeadDim,
+    rowPos,
+    (t, j, kvh, d) => f16ValueRef(fx.k[(rowSeq[t]! * fx.ctxCap + j) * kRow + kvh * c.headDim + d]!),
+    (t, j, kvh, d) => f16ValueRef(fx.v[(rowSeq[t]! * fx.ctxCap + j) * vRow + kvh * c.vHeadDim + d]!),
+    scale,
+  );
+  expect(relError(paged, ref)).toBeLessThan(1e-5);
+}
+
 describe.each(isas)("attention on the %s path", (isa) => {
   it.each([
     { nHeads: 8, nKv: 2, headDim: 40, vHeadDim: 40, pageSize: 4 },
@@ -342,34 +381,7 @@ describe.each(isas)("attention on the %s path", (isa) => {
     const rowPos = Int32Array.from([12, 6, ...Array.from({ length: 10 }, (_, i) => 20 + i), 0]);
     const T = rowSeq.length;
     const q = randomF32(r, T * c.nHeads * c.headDim);
-    const { paged, contiguous, scale } = runBoth(
-      fx,
-      q,
-      rowSeq,
-      rowPos,
-      c.nHeads,
-      c.nKv,
-      c.headDim,
-      c.vHeadDim,
-      c.pageSize,
-    );
-    expect(allFinite(paged)).toBe(true);
-    expect(sameBits(paged, contiguous)).toBe(true);
-    const kRow = c.nKv * c.headDim;
-    const vRow = c.nKv * c.vHeadDim;
-    const ref = attentionRef(
-      q,
-      T,
-      c.nHeads,
-      c.nKv,
-      c.headDim,
-      c.vHeadDim,
-      rowPos,
-      (t, j, kvh, d) => f16ValueRef(fx.k[(rowSeq[t]! * fx.ctxCap + j) * kRow + kvh * c.headDim + d]!),
-      (t, j, kvh, d) => f16ValueRef(fx.v[(rowSeq[t]! * fx.ctxCap + j) * vRow + kvh * c.vHeadDim + d]!),
-      scale,
-    );
-    expect(relError(paged, ref)).toBeLessThan(1e-5);
+    expectPagedEqualsContiguousAndRef(fx, q, rowSeq, rowPos, c);
   });
 
   it.each([
@@ -385,34 +397,7 @@ describe.each(isas)("attention on the %s path", (isa) => {
     const T = rowSeq.length;
     // Scores of a few units, so the softmax weights span many orders of magnitude.
     const q = randomF32(r, T * c.nHeads * c.headDim, 4);
-    const { paged, contiguous, scale } = runBoth(
-      fx,
-      q,
-      rowSeq,
-      rowPos,
-      c.nHeads,
-      c.nKv,
-      c.headDim,
-      c.vHeadDim,
-      c.pageSize,
-    );
-    expect(allFinite(paged)).toBe(true);
-    expect(sameBits(paged, contiguous)).toBe(true);
-    const kRow = c.nKv * c.headDim;
-    const vRow = c.nKv * c.vHeadDim;
-    const ref = attentionRef(
-      q,
-      T,
-      c.nHeads,
-      c.nKv,
-      c.headDim,
-      c.vHeadDim,
-      rowPos,
-      (t, j, kvh, d) => f16ValueRef(fx.k[(rowSeq[t]! * fx.ctxCap + j) * kRow + kvh * c.headDim + d]!),
-      (t, j, kvh, d) => f16ValueRef(fx.v[(rowSeq[t]! * fx.ctxCap + j) * vRow + kvh * c.vHeadDim + d]!),
-      scale,
-    );
-    expect(relError(paged, ref)).toBeLessThan(1e-5);
+    expectPagedEqualsContiguousAndRef(fx, q, rowSeq, rowPos, c);
   });
 
   it("the softmax exp is within 2 ulp of e^x on [ln FLT_MIN, 0], exactly 1 at 0, and keeps NaN", () => {
