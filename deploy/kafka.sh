@@ -10,7 +10,7 @@
 # version is pinned in deploy/kafka/pom.xml) with its runtime dependencies,
 # fetched once by `mvn dependency:copy-dependencies` into deploy/.cache/ and run
 # with `java -cp`. The controller listens on P+1. Data, pid and logs live in D
-# (default .continuum/kafka-P). Topics are never auto-created: `start` creates
+# (default .continuum/kafka-P), the JVM's GC log in D/gc.log. Topics are never auto-created: `start` creates
 # catalog.proposals, catalog.tx and catalog.rejections, each with one
 # partition, through the admin client (deploy/kafka/ready.ts). Readiness is
 # polled through the admin client, never slept.
@@ -37,6 +37,10 @@ DIR="${DIR:-$ROOT/.continuum/kafka-$PORT}"
 mkdir -p "$DIR"
 DIR="$(cd "$DIR" && pwd)"
 PIDFILE="$DIR/kafka.pid"
+# The broker's heap and collector (CONTINUUM_KAFKA_JVM_OPTS overrides). Serial GC
+# keeps the footprint small, but its stop-the-world collections stall every
+# producer and consumer at once.
+BROKER_JVM_OPTS="${CONTINUUM_KAFKA_JVM_OPTS:--Xms128m -Xmx512m -XX:+UseSerialGC}"
 
 running() { [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
 
@@ -92,7 +96,8 @@ case "$cmd" in
         -c "$DIR/server.properties" >"$DIR/format.log" 2>&1 \
         || { cat "$DIR/format.log" >&2; exit 1; }
     fi
-    nohup java -Xms128m -Xmx512m -XX:+UseSerialGC -Djava.awt.headless=true \
+    # shellcheck disable=SC2086 # BROKER_JVM_OPTS is a list of options
+    nohup java $BROKER_JVM_OPTS -Xlog:gc:file="$DIR/gc.log" -Djava.awt.headless=true \
       -Dlog4j.configuration="file:$ROOT/deploy/kafka/log4j.properties" -Dkafka.logs.dir="$DIR" \
       -cp "$LIBS/*" kafka.Kafka "$DIR/server.properties" >"$DIR/stdout.log" 2>&1 &
     echo $! > "$PIDFILE"
