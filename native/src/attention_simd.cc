@@ -7,6 +7,7 @@
 // lane blocks accumulators stay in registers for a whole run of keys, so
 // each value element costs one FMA, not a load, an FMA and a store.
 #include "attention_simd.h"
+#include "simd_x86.h"
 
 #ifdef CK_HAVE_AVX2_PATH
 
@@ -15,29 +16,12 @@
 #include <algorithm>
 #include <cstring>
 
-#define CK_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define CK_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512dq")))
-
 namespace ck {
 namespace {
 
-// The fixed horizontal sum of attention_simd.h (the same as the GEMM's in
-// kernels_avx2.cc): (0+4, 1+5, 2+6, 3+7), then (0+4+2+6, 1+5+3+7), then
-// their sum.
-CK_AVX2 inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-  return _mm_cvtss_f32(s);
-}
-
-CK_AVX2 inline float fma1(float a, float b, float c) {
-  return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
-}
-
-CK_AVX2 inline __m256 load_f16x8(const f16* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
+using simd::fma1;
+using simd::hsum;
+using simd::load_f16x8;
 
 // The scalar tail of a score: t = hsum(acc), then t = fma(q_i, k_i, t) for
 // i = d8 .. d - 1, then scale · t.

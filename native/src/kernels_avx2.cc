@@ -1,8 +1,8 @@
-// AVX2 + FMA + F16C primitives. Every function carries the target attribute
-// instead of the file being compiled with -mavx2, so no AVX2 code can leak
-// into the baseline paths through shared inline functions; these run only
-// after cpu_features() has confirmed the CPU supports them.
-#include "cpu.h"
+// AVX2 + FMA + F16C (and AVX-512) GEMM and dense primitives. Every function
+// carries its target attribute (simd_x86.h) instead of the file being
+// compiled with -mavx2, so no vector code can leak into the baseline paths;
+// these run only after cpu_features() has confirmed the CPU supports them.
+#include "simd_x86.h"
 
 #ifdef CK_HAVE_AVX2_PATH
 
@@ -11,28 +11,13 @@
 #include <algorithm>
 #include <vector>
 
-#define CK_AVX2 __attribute__((target("avx2,fma,f16c")))
-
 namespace ck {
 namespace avx2 {
 namespace {
 
-// The one horizontal sum: lanes (0+4, 1+5, 2+6, 3+7), then (0+4+2+6,
-// 1+5+3+7), then their sum. Every reduction below ends with it.
-CK_AVX2 inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-  return _mm_cvtss_f32(s);
-}
-
-CK_AVX2 inline float fma1(float a, float b, float c) {
-  return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
-}
-
-CK_AVX2 inline __m256 load_f16x8(const f16* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
+using simd::fma1;
+using simd::hsum;
+using simd::load_f16x8;
 
 CK_AVX2 inline __m256 load_bf16x8(const bf16* p) {
   const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -202,8 +187,6 @@ CK_AVX2 void columns(const float* x, int32_t T, int32_t K, const void* W, int32_
 // element (r, c0 + 2p), the high half element (r, c0 + 2p + 1); x's 8 values
 // are broadcast to both halves, so each half runs exactly the 8-lane FMA
 // sequence of `tile`, then the same hsum and scalar tail: the same bits.
-
-#define CK_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512dq")))
 
 // Rows c0 .. c0 + 2P - 1 of W (Wc points at row c0), k < K & ~7, as f32 in
 // pair order: out[(p · K8 + k) · 2 + h · 8 + i] = W[c0 + 2p + h][k + i].
