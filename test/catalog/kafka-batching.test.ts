@@ -119,6 +119,29 @@ function echo(proposals: readonly LogRecord[]): WriterCommit {
   return { tx: proposals.map((p) => bytes(`tx:${text(p.bytes)}`)), rejections: [] };
 }
 
+/** Txs a packed catalog.tx record carries (0 for a record that is not a tx batch). */
+function txCount(r: { value: Buffer }): number {
+  return unpack(TX_BATCH, r.value)?.length ?? 0;
+}
+
+/**
+ * Proposes "p0" … "p{n-1}", runs a writer lease with `echo` until all n txs
+ * are committed, stops it, and returns the committed catalog.tx records.
+ */
+async function echoThroughWriter(
+  log: KafkaLog,
+  topics: KafkaTopics,
+  n: number,
+): Promise<Array<{ offset: number; value: Buffer }>> {
+  await Promise.all(Array.from({ length: n }, (_, i) => log.propose(bytes(`p${i}`))));
+  const lease = await log.acquireWriter();
+  const running = lease.run(echo);
+  await until(async () => (await log.endOffset()) >= n);
+  await lease.stop();
+  await running;
+  return committedRecords(topics.tx, (rs) => rs.reduce((s, r) => s + txCount(r), 0) >= n);
+}
+
 async function open(topics: KafkaTopics, extra: Partial<Parameters<typeof KafkaLog.open>[0]> = {}) {
   const log = await KafkaLog.open({ brokers: kafkaBrokers(), clientId: "batching-test", topics, ...extra });
   cleanups.push(() => log.close());
@@ -195,18 +218,11 @@ describe("Kafka log batching (real broker)", () => {
       proposalSend: { maxRecords: 2, maxBytes: 1 << 20 },
     });
     const n = 63;
-    await Promise.all(Array.from({ length: n }, (_, i) => log.propose(bytes(`p${i}`))));
-    const lease = await log.acquireWriter();
-    const running = lease.run(echo);
-    await until(async () => (await log.endOffset()) >= n);
-    await lease.stop();
-    await running;
+    const txRecords = await echoThroughWriter(log, topics, n);
     const records = await collect(log, 0, n);
     expect(records.map((r) => r.offset)).toEqual(Array.from({ length: n }, (_, i) => i));
     expect(records.map((r) => text(r.bytes))).toEqual(Array.from({ length: n }, (_, i) => `tx:p${i}`));
     // Each transaction's ≤ 5 txs fit one packed record: records are transactions here.
-    const txCount = (r: { value: Buffer }) => unpack(TX_BATCH, r.value)?.length ?? 0;
-    const txRecords = await committedRecords(topics.tx, (rs) => rs.reduce((s, r) => s + txCount(r), 0) >= n);
     const txns = txRecords.map(txCount);
     expect(txns.reduce((s, x) => s + x, 0)).toBe(n);
     for (const size of txns) expect(size).toBeLessThanOrEqual(5);
@@ -217,16 +233,7 @@ describe("Kafka log batching (real broker)", () => {
     const topics = uniqueTopics();
     const log = await open(topics, { writerTx: { maxRecords: 4_000, maxBytes: 4 << 20 } });
     const n = 1_500;
-    await Promise.all(Array.from({ length: n }, (_, i) => log.propose(bytes(`p${i}`))));
-    const lease = await log.acquireWriter();
-    const running = lease.run(echo);
-    await until(async () => (await log.endOffset()) >= n);
-    await lease.stop();
-    await running;
-    const txRecords = await committedRecords(
-      topics.tx,
-      (rs) => rs.reduce((s, r) => s + (unpack(TX_BATCH, r.value)?.length ?? 0), 0) >= n,
-    );
+    const txRecords = await echoThroughWriter(log, topics, n);
     // Packed: the last tx's record sits at a partition offset far below its logical offset.
     expect(txRecords[txRecords.length - 1]!.offset).toBeLessThan(n / 100);
     for (const from of [0, 511, 512, 513, 1_024, 1_200, n - 1]) {

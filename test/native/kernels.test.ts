@@ -324,15 +324,22 @@ function runBoth(
   return { paged, contiguous, scale };
 }
 
-/** Paged attention over the fixture is finite, equals contiguous bit for bit, and matches float64 within 1e-5. */
-function expectPagedEqualsContiguousAndRef(
+interface AttentionShape {
+  nHeads: number;
+  nKv: number;
+  headDim: number;
+  vHeadDim: number;
+  pageSize: number;
+}
+
+/** Runs both layouts; paged is finite and equals contiguous bit for bit. */
+function expectPagedEqualsContiguous(
   fx: ReturnType<typeof kvFixture>,
   q: Float32Array,
   rowSeq: Int32Array,
   rowPos: Int32Array,
-  c: { nHeads: number; nKv: number; headDim: number; vHeadDim: number; pageSize: number },
-): void {
-  const T = rowSeq.length;
+  c: AttentionShape,
+): { paged: Float32Array; scale: number } {
   const { paged, contiguous, scale } = runBoth(
     fx,
     q,
@@ -346,6 +353,19 @@ function expectPagedEqualsContiguousAndRef(
   );
   expect(allFinite(paged)).toBe(true);
   expect(sameBits(paged, contiguous)).toBe(true);
+  return { paged, scale };
+}
+
+/** Paged attention over the fixture is finite, equals contiguous bit for bit, and matches float64 within 1e-5. */
+function expectPagedEqualsContiguousAndRef(
+  fx: ReturnType<typeof kvFixture>,
+  q: Float32Array,
+  rowSeq: Int32Array,
+  rowPos: Int32Array,
+  c: AttentionShape,
+): void {
+  const T = rowSeq.length;
+  const { paged, scale } = expectPagedEqualsContiguous(fx, q, rowSeq, rowPos, c);
   const kRow = c.nKv * c.headDim;
   const vRow = c.nKv * c.vHeadDim;
   const ref = attentionRef(
@@ -572,20 +592,7 @@ describe.runIf(isas.includes("avx512"))("the avx512 path is the avx2 arithmetic"
       try {
         const on = (isa: "avx2" | "avx512") => {
           kernels.setIsa(isa);
-          const { paged, contiguous } = runBoth(
-            fx,
-            q,
-            rowSeq,
-            rowPos,
-            c.nHeads,
-            c.nKv,
-            c.headDim,
-            c.vHeadDim,
-            c.pageSize,
-          );
-          expect(allFinite(paged)).toBe(true);
-          expect(sameBits(paged, contiguous)).toBe(true);
-          return paged;
+          return expectPagedEqualsContiguous(fx, q, rowSeq, rowPos, c).paged;
         };
         expect(sameBits(on("avx512"), on("avx2"))).toBe(true);
       } finally {
