@@ -160,10 +160,7 @@ std::string CudaEngine::set_weight(size_t index, DType dtype, const uint8_t* dat
   return "";
 }
 
-std::string CudaEngine::create_pool(int64_t num_pages, int32_t page_size) {
-  if (has_pool()) return "createPool: the engine already has a page pool";
-  const std::string err = validate_pool_shape(num_pages, page_size);
-  if (!err.empty()) return err;
+std::string CudaEngine::allocate_pool(int64_t num_pages, int32_t page_size) {
   const size_t kb = static_cast<size_t>(page_size) * spec_.n_kv * spec_.head_dim * sizeof(f16);
   const size_t vb = static_cast<size_t>(page_size) * spec_.n_kv * spec_.v_head_dim * sizeof(f16);
   std::vector<DeviceBuffer> k, v;
@@ -193,10 +190,7 @@ std::string CudaEngine::create_pool(int64_t num_pages, int32_t page_size) {
   return "";
 }
 
-std::string CudaEngine::create_contiguous(int32_t num_seqs, int32_t ctx_cap) {
-  if (ctx_seqs_ > 0) return "createContiguousCache: the engine already has a contiguous cache";
-  const std::string err = validate_contiguous_shape(spec_, num_seqs, ctx_cap);
-  if (!err.empty()) return err;
+std::string CudaEngine::allocate_contiguous(int32_t num_seqs, int32_t ctx_cap) {
   const size_t slots = static_cast<size_t>(num_seqs) * static_cast<size_t>(ctx_cap);
   std::vector<DeviceBuffer> k, v;
   try {

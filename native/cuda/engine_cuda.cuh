@@ -78,10 +78,9 @@ class CudaEngine final : public Backend {
   int32_t threads() const override { return 1; }
 
   std::string set_weight(size_t index, DType dtype, const uint8_t* data, size_t bytes) override;
-  std::string create_pool(int64_t num_pages, int32_t page_size) override;
   int64_t num_pages() const override { return num_pages_; }
   int32_t page_size() const override { return page_size_; }
-  std::string create_contiguous(int32_t num_seqs, int32_t ctx_cap) override;
+  bool has_contiguous() const override { return ctx_seqs_ > 0; }
 
   std::string validate_paged(const StepBatch& b) const override;
   std::string validate_contiguous(const StepBatch& b) const override;
@@ -92,6 +91,10 @@ class CudaEngine final : public Backend {
   void download_pages(const std::vector<int32_t>& ids, uint8_t* out) override;
   void upload_pages(const std::vector<int32_t>& ids, const uint8_t* in) override;
   void copy_page(int32_t src, int32_t dst) override;
+
+ protected:
+  std::string allocate_pool(int64_t num_pages, int32_t page_size) override;
+  std::string allocate_contiguous(int32_t num_seqs, int32_t ctx_cap) override;
 
  private:
   enum class Mode { Paged, Contiguous };

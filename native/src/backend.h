@@ -100,12 +100,25 @@ class Backend {
   std::vector<TensorSlot> tensor_slots() const { return ck::tensor_slots(spec()); }
   virtual std::string set_weight(size_t index, DType dtype, const uint8_t* data, size_t bytes) = 0;
 
-  virtual std::string create_pool(int64_t num_pages, int32_t page_size) = 0;
+  // Paged K/V pools, one K and one V per layer: [num_pages, page_size, n_kv,
+  // head_dim]. Once per engine; the shape is checked here, for every backend.
+  std::string create_pool(int64_t num_pages, int32_t page_size) {
+    if (has_pool()) return "createPool: the engine already has a page pool";
+    const std::string err = validate_pool_shape(num_pages, page_size);
+    return err.empty() ? allocate_pool(num_pages, page_size) : err;
+  }
   virtual int64_t num_pages() const = 0;
   virtual int32_t page_size() const = 0;
   bool has_pool() const { return num_pages() > 0; }
   int64_t page_bytes() const { return page_bytes_of(spec(), page_size()); }
-  virtual std::string create_contiguous(int32_t num_seqs, int32_t ctx_cap) = 0;
+  // Contiguous oracle cache: [num_seqs, ctx_cap, n_kv, head_dim] per layer.
+  // Once per engine; the shape is checked here, for every backend.
+  std::string create_contiguous(int32_t num_seqs, int32_t ctx_cap) {
+    if (has_contiguous()) return "createContiguousCache: the engine already has a contiguous cache";
+    const std::string err = validate_contiguous_shape(spec(), num_seqs, ctx_cap);
+    return err.empty() ? allocate_contiguous(num_seqs, ctx_cap) : err;
+  }
+  virtual bool has_contiguous() const = 0;
 
   virtual std::string validate_paged(const StepBatch& b) const = 0;
   virtual std::string validate_contiguous(const StepBatch& b) const = 0;
@@ -117,6 +130,13 @@ class Backend {
   virtual void download_pages(const std::vector<int32_t>& ids, uint8_t* out) = 0;
   virtual void upload_pages(const std::vector<int32_t>& ids, const uint8_t* in) = 0;
   virtual void copy_page(int32_t src, int32_t dst) = 0;
+
+ protected:
+  // The allocations behind create_pool / create_contiguous, called with a
+  // valid shape and none allocated yet; an error message, empty on success
+  // (on failure nothing stays allocated).
+  virtual std::string allocate_pool(int64_t num_pages, int32_t page_size) = 0;
+  virtual std::string allocate_contiguous(int32_t num_seqs, int32_t ctx_cap) = 0;
 };
 
 // ---- the CUDA backend as the binding sees it --------------------------------------

@@ -68,10 +68,7 @@ std::string Engine::set_weight(size_t index, DType dtype, const uint8_t* data, s
   return "";
 }
 
-std::string Engine::create_pool(int64_t num_pages, int32_t page_size) {
-  if (has_pool()) return "createPool: the engine already has a page pool";
-  const std::string err = validate_pool_shape(num_pages, page_size);
-  if (!err.empty()) return err;
+std::string Engine::allocate_pool(int64_t num_pages, int32_t page_size) {
   const int64_t slots = num_pages * page_size;
   for (int32_t l = 0; l < spec_.n_layers; ++l) {
     k_pages_.push_back(F16Buffer::zeroed(slots * spec_.n_kv * spec_.head_dim));
@@ -87,10 +84,7 @@ std::string Engine::create_pool(int64_t num_pages, int32_t page_size) {
   return "";
 }
 
-std::string Engine::create_contiguous(int32_t num_seqs, int32_t ctx_cap) {
-  if (ctx_seqs_ > 0) return "createContiguousCache: the engine already has a contiguous cache";
-  const std::string err = validate_contiguous_shape(spec_, num_seqs, ctx_cap);
-  if (!err.empty()) return err;
+std::string Engine::allocate_contiguous(int32_t num_seqs, int32_t ctx_cap) {
   const int64_t slots = static_cast<int64_t>(num_seqs) * ctx_cap;
   for (int32_t l = 0; l < spec_.n_layers; ++l) {
     k_ctx_.push_back(F16Buffer::zeroed(slots * spec_.n_kv * spec_.head_dim));

@@ -55,13 +55,9 @@ class Engine final : public Backend {
   // Copies one tensor in (tensor_slots() order); returns an error message, empty on success.
   std::string set_weight(size_t index, DType dtype, const uint8_t* data, size_t bytes) override;
 
-  // Paged K/V pools, one K and one V per layer: [num_pages, page_size, n_kv, head_dim].
-  std::string create_pool(int64_t num_pages, int32_t page_size) override;
   int64_t num_pages() const override { return num_pages_; }
   int32_t page_size() const override { return page_size_; }
-
-  // Contiguous oracle cache: [num_seqs, ctx_cap, n_kv, head_dim] per layer.
-  std::string create_contiguous(int32_t num_seqs, int32_t ctx_cap) override;
+  bool has_contiguous() const override { return ctx_seqs_ > 0; }
 
   // Empty when the batch is valid for step()/step_contiguous().
   std::string validate_paged(const StepBatch& b) const override;
@@ -76,6 +72,10 @@ class Engine final : public Backend {
   void download_pages(const std::vector<int32_t>& ids, uint8_t* out) override;
   void upload_pages(const std::vector<int32_t>& ids, const uint8_t* in) override;
   void copy_page(int32_t src, int32_t dst) override;
+
+ protected:
+  std::string allocate_pool(int64_t num_pages, int32_t page_size) override;
+  std::string allocate_contiguous(int32_t num_seqs, int32_t ctx_cap) override;
 
  private:
   enum class Mode { Paged, Contiguous };
