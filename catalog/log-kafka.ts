@@ -456,14 +456,10 @@ class ProposalBatcher {
 
   private async drain(): Promise<void> {
     while (this.queue.length > 0) {
-      let n = 0;
+      const head = this.queue.slice(0, this.limits.maxRecords).map((m) => m.value.length);
+      const n = nextGroupSize(head, 0, this.limits);
       let bytes = 0;
-      while (n < this.queue.length && n < this.limits.maxRecords) {
-        const size = this.queue[n]!.value.length;
-        if (n > 0 && bytes + size > this.limits.maxBytes) break;
-        bytes += size;
-        n++;
-      }
+      for (let i = 0; i < n; i++) bytes += head[i]!;
       const taken = this.queue.splice(0, n);
       for (const w of this.spaceFreed.splice(0)) w();
       try {
