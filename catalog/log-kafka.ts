@@ -1,4 +1,5 @@
 import { randomUUID } from "node:crypto";
+import * as net from "node:net";
 import {
   type Admin,
   AssignerProtocol,
@@ -12,6 +13,7 @@ import {
   type Producer,
   type Transaction,
 } from "kafkajs";
+import { producerWithCachedCoordinators } from "./kafka-coordinators.ts";
 import {
   mayBePacked,
   PROPOSAL_BATCH,
@@ -60,9 +62,11 @@ import {
  *     zombie that lost its group membership but still runs) is fenced, and its
  *     open transaction is aborted before we read any state;
  *   - per group of proposals (at most `writerTx` proposals and bytes, ending
- *     on a record boundary): begin → send packed tx records and rejections
- *     (one produce request up to 1 MiB) → sendOffsets (proposals consumed,
- *     with metadata {"txEnd","rejEnd"}) → commit. Groups are pipelined: the
+ *     on a record boundary): begin → sendOffsets (proposals consumed, with
+ *     metadata {"txEnd","rejEnd"}) → send packed tx records and rejections
+ *     (one produce request up to 1 MiB) → commit: five round trips (AddOffsetsToTxn,
+ *     TxnOffsetCommit, AddPartitionsToTxn, Produce, EndTxn), the coordinators'
+ *     addresses cached (catalog/kafka-coordinators.ts). Groups are pipelined: the
  *     next group is decided (even fetched) while this one commits, and its commit starts
  *     only after this one succeeded; a failure loses the lease, and the
  *     writer discards its db (which may hold decided, uncommitted groups). The
@@ -102,6 +106,8 @@ const DEFAULT_MAX_BATCH = 2000;
 const MAX_SEND_BYTES = 1 << 20;
 /** Topic-level record batch limit (room for one wire message of 16 MiB plus framing). */
 const TOPIC_MAX_MESSAGE_BYTES = 20 * 1024 * 1024;
+/** How long the writer's producer trusts a coordinator lookup (catalog/kafka-coordinators.ts): a moved coordinator costs at most this much retrying. */
+const COORDINATOR_TTL_MS = 1_000;
 /** Bound of the proposal producer's queue (proposals waiting for a send slot). */
 const MAX_PENDING_PROPOSALS = 20_000;
 
@@ -252,6 +258,14 @@ function kafkaClient(
     clientId,
     brokers: [...brokers],
     logLevel: levels[level ?? "error"],
+    // TCP_NODELAY, as the Java client sets it: Nagle's algorithm holds a small
+    // request written while an earlier one is unacknowledged until the ACK,
+    // which the broker's kernel may delay by up to 40 ms.
+    socketFactory: ({ host, port, onConnect }) => {
+      const socket = net.connect({ host, port, noDelay: true }, onConnect);
+      socket.setKeepAlive(true, 60_000);
+      return socket;
+    },
     // Bounded reconnects: about a minute of retries before an operation fails.
     retry: { initialRetryTime: 100, maxRetryTime: 5_000, retries: 15 },
     logCreator:
@@ -328,7 +342,7 @@ export async function ensureTopics(brokers: readonly string[], topics: KafkaTopi
 }
 
 /** Retries an operation while Kafka answers CONCURRENT_TRANSACTIONS: 2 ms doubling to 500 ms, 40 attempts (≥ 16 s). */
-async function retryConcurrent<T>(op: () => Promise<T>): Promise<T> {
+export async function retryConcurrent<T>(op: () => Promise<T>): Promise<T> {
   const attempts = 40;
   let delay = 2;
   for (let i = 1; ; i++) {
@@ -816,23 +830,27 @@ class KafkaWriterLease implements WriterLease {
       maxWaitTimeInMs: 50,
       readUncommitted: false,
     });
-    this.producer = kafka.producer({
-      transactionalId: writerTransactionalId(opts.topics),
-      idempotent: true,
-      maxInFlightRequests: 1,
-      transactionTimeout: 30_000,
-      createPartitioner: Partitioners.DefaultPartitioner,
-      // Back-to-back transactions: the first send of a transaction begun right
-      // after a commit meets CONCURRENT_TRANSACTIONS while the coordinator
-      // still writes the previous commit's markers (a few ms). kafkajs retries
-      // it itself, after the client's 100 ms initial backoff: a 100 ms stall
-      // per transaction. Start at 2 ms: on one broker the markers take a few
-      // ms, and at 5,000 proposals/s every transaction starts right after the
-      // previous commit, so this wait is on every proposal's lag (the Java
-      // producer uses 20 ms, KAFKA-5477). 25 retries doubling to 5 s still
-      // ride out about a minute of broker outage, like the client default.
-      retry: { initialRetryTime: 2, maxRetryTime: 5_000, retries: 25 },
-    });
+    this.producer = producerWithCachedCoordinators(
+      kafka,
+      {
+        transactionalId: writerTransactionalId(opts.topics),
+        idempotent: true,
+        maxInFlightRequests: 1,
+        transactionTimeout: 30_000,
+        createPartitioner: Partitioners.DefaultPartitioner,
+        // Back-to-back transactions: the first send of a transaction begun right
+        // after a commit meets CONCURRENT_TRANSACTIONS while the coordinator
+        // still writes the previous commit's markers (a few ms). kafkajs retries
+        // it itself, after the client's 100 ms initial backoff: a 100 ms stall
+        // per transaction. Start at 2 ms: on one broker the markers take a few
+        // ms, and at 5,000 proposals/s every transaction starts right after the
+        // previous commit, so this wait is on every proposal's lag (the Java
+        // producer uses 20 ms, KAFKA-5477). 25 retries doubling to 5 s still
+        // ride out about a minute of broker outage, like the client default.
+        retry: { initialRetryTime: 2, maxRetryTime: 5_000, retries: 25 },
+      },
+      COORDINATOR_TTL_MS,
+    );
   }
 
   private setState(s: LeaseState): void {
@@ -1021,6 +1039,28 @@ class KafkaWriterLease implements WriterLease {
   private async commit(c: WriterCommit, consumed: number): Promise<void> {
     const txn: Transaction = await this.producer.transaction();
     try {
+      // Offsets first. The transaction's first request meets CONCURRENT_TRANSACTIONS
+      // while the coordinator still writes the previous commit's markers (most
+      // back-to-back commits do). Answered to AddOffsetsToTxn, we retry it in
+      // retryConcurrent for one round trip each; answered to the AddPartitionsToTxn
+      // inside sendBatch, kafkajs's own retry also refreshes the metadata, two more
+      // round trips. The order of a transaction's parts does not matter: they commit
+      // together or not at all.
+      const metadata = JSON.stringify({
+        txEnd: this.txEnd + c.tx.length,
+        rejEnd: this.rejEnd + c.rejections.length,
+      });
+      await retryConcurrent(() =>
+        txn.sendOffsets({
+          consumerGroupId: writerGroupId(this.topics),
+          topics: [
+            {
+              topic: this.topics.proposals,
+              partitions: [{ partition: 0, offset: String(consumed), metadata }],
+            },
+          ],
+        } as unknown as Parameters<Transaction["sendOffsets"]>[0]),
+      );
       const stamp = (records: readonly Uint8Array[], from: number) =>
         records.map((r, i) => ({
           value: Buffer.from(r.buffer, r.byteOffset, r.byteLength),
@@ -1040,21 +1080,6 @@ class KafkaWriterLease implements WriterLease {
           .filter((t) => t.messages.length > 0);
         await retryConcurrent(() => txn.sendBatch({ acks: -1, topicMessages }));
       }
-      const metadata = JSON.stringify({
-        txEnd: this.txEnd + c.tx.length,
-        rejEnd: this.rejEnd + c.rejections.length,
-      });
-      await retryConcurrent(() =>
-        txn.sendOffsets({
-          consumerGroupId: writerGroupId(this.topics),
-          topics: [
-            {
-              topic: this.topics.proposals,
-              partitions: [{ partition: 0, offset: String(consumed), metadata }],
-            },
-          ],
-        } as unknown as Parameters<Transaction["sendOffsets"]>[0]),
-      );
       await txn.commit();
     } catch (err) {
       await txn.abort().catch(() => undefined);
