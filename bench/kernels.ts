@@ -23,7 +23,7 @@ import { type Bench, percentile, round } from "./contract.ts";
  * touch), so the kernels are timed on the memory they run on in the engine.
  * On a plain typed array (4 KiB pages) every jump to a shuffled page needs
  * translations no recent access used: a page walk the engine does not pay,
- * worth ~3% of paged throughput here.
+ * worth 1-3% of paged throughput here (medians, alternating runs).
  */
 const HEADS = 32;
 const KV = 8;
