@@ -268,6 +268,12 @@ export interface Kernels {
   memcpy(dst: Uint8Array, src: Uint8Array): void;
   /** Multi-threaded streaming read (a checksum of src's 64-bit words): the read-bandwidth yardstick. */
   memread(src: Uint8Array): number;
+  /**
+   * elems zeroed f16 in memory allocated as the CPU engine allocates its page
+   * pools (advised for 2 MiB pages before the first touch), freed with the
+   * array: benchmarks time the attention hooks on the engine's kind of memory.
+   */
+  poolF16(elems: number): Uint16Array;
 }
 
 interface Addon {

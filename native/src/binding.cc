@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -670,6 +671,27 @@ Napi::Value MemcpyJs(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
+// poolF16(elems): Uint16Array — zeroed f16 memory allocated the way the CPU
+// engine allocates its page pools and contiguous caches (F16Buffer::zeroed:
+// advised for 2 MiB pages before the first touch), freed when the array is
+// collected. Benchmarks time the attention hooks over it so they measure the
+// engine's kernels on the engine's memory: a V8 array gets 4 KiB pages, and
+// paged attention's jump to a random page every page_size keys then costs a
+// page walk that the engine never pays.
+Napi::Value PoolF16Js(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  need(env, info[0].IsNumber(), "poolF16: elems must be a number");
+  const double elems = info[0].As<Napi::Number>().DoubleValue();
+  need(env, elems >= 1 && elems <= 0x1p40 && elems == static_cast<double>(static_cast<int64_t>(elems)),
+       "poolF16: elems must be an integer in [1, 2^40]");
+  F16Buffer b = F16Buffer::zeroed(static_cast<int64_t>(elems));
+  need(env, b.ptr != nullptr, "poolF16: out of memory for " + std::to_string(static_cast<int64_t>(elems)) + " f16");
+  const size_t bytes = static_cast<size_t>(b.elems) * sizeof(f16);
+  Napi::ArrayBuffer ab =
+      Napi::ArrayBuffer::New(env, b.ptr.release(), bytes, [](Napi::Env, void* p) { std::free(p); });
+  return Napi::Uint16Array::New(env, static_cast<size_t>(b.elems), ab, 0);
+}
+
 // cudaProbe() -> {built, devices, reason}: whether this addon carries the
 // CUDA backend, and how many devices the runtime sees (or why none).
 Napi::Value CudaProbeJs(const Napi::CallbackInfo& info) {
@@ -717,6 +739,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   k.Set("embed", Napi::Function::New(env, EmbedJs));
   k.Set("memcpy", Napi::Function::New(env, MemcpyJs));
   k.Set("memread", Napi::Function::New(env, MemreadJs));
+  k.Set("poolF16", Napi::Function::New(env, PoolF16Js));
   exports.Set("kernels", k);
   return exports;
 }

@@ -545,6 +545,47 @@ describe.each(isas)("determinism on the %s path: a row's bits do not depend on i
   });
 });
 
+describe("poolF16: engine pool memory for the benchmarks", () => {
+  it("is zeroed, as long as asked, writable, and usable by the attention kernels", () => {
+    const a = kernels.poolF16(3 * 1024 * 1024 + 5); // past 2 MiB pages, and not a whole number of them
+    expect(a).toBeInstanceOf(Uint16Array);
+    expect(a.length).toBe(3 * 1024 * 1024 + 5);
+    expect(a.every((x) => x === 0)).toBe(true);
+    a[a.length - 1] = 0x3c00;
+    expect(a[a.length - 1]).toBe(0x3c00);
+    const fx = kvFixture(3, [9], 1, 8, 8, 4);
+    const kPages = kernels.poolF16(fx.kPages.length);
+    const vPages = kernels.poolF16(fx.vPages.length);
+    kPages.set(fx.kPages);
+    vPages.set(fx.vPages);
+    const args = {
+      q: randomF32(rng(2), 8),
+      pageTable: fx.pageTable,
+      rowSeq: Int32Array.from([0]),
+      rowPos: Int32Array.from([8]),
+      T: 1,
+      nHeads: 1,
+      nKv: 1,
+      headDim: 8,
+      pageSize: 4,
+      ptStride: fx.ptStride,
+      scale: 0.5,
+    };
+    const onPool = poisoned(8);
+    const onArray = poisoned(8);
+    kernels.pagedAttention({ ...args, kPages, vPages, out: onPool });
+    kernels.pagedAttention({ ...args, kPages: fx.kPages, vPages: fx.vPages, out: onArray });
+    expect(allFinite(onPool)).toBe(true);
+    expect(sameBits(onPool, onArray)).toBe(true);
+  });
+
+  it("refuses a length that is not a positive integer", () => {
+    for (const bad of [0, -1, 1.5, Number.NaN, 2 ** 41])
+      expect(() => kernels.poolF16(bad)).toThrow(/poolF16: elems must be an integer/);
+    expect(() => kernels.poolF16("8" as unknown as number)).toThrow(/poolF16: elems must be a number/);
+  });
+});
+
 describe("Llama-3 rotary frequencies", () => {
   it("keep high frequencies, divide low ones by the factor, and blend in between", () => {
     const base = ropeInvFreq({ headDim: 128, ropeTheta: 500000 });
