@@ -112,32 +112,45 @@ function publication(n: ChainNode, worker: string, tier: Tier, id: string): Prop
 let nextChain = 0;
 
 /**
- * `count` publications on fresh chains of `chainLength` chunks, as waves:
- * wave w holds the w-th group of `perProposal` chunks of every chain, one
- * proposal per group. Proposals of one wave are independent; a wave needs the
- * one before it applied (a chunk's parent must be published), so callers send
- * a wave only once the previous one is acknowledged. (Concurrent proposals may
- * be appended in any order.)
+ * `count` publications on fresh chains of `chainLength` chunks, in wave
+ * order: wave w holds the w-th group of `perProposal` chunks of every chain,
+ * one proposal per group. Proposals of one wave are independent; a wave needs
+ * the one before it applied (a chunk's parent must be published), so callers
+ * send a wave only once the previous one is acknowledged. (Concurrent
+ * proposals may be appended in any order.) The chains' hashes are computed up
+ * front; each proposal is built when it is asked for, so a caller that offers
+ * them over time (the lag run) does not hold tens of MB of proposals it has
+ * not sent yet in the heap it measures.
  */
-function publicationWaves(count: number, tag: string, chainLength: number, perProposal = 1): Proposal[][] {
+function* publications(
+  count: number,
+  tag: string,
+  chainLength: number,
+  perProposal = 1,
+): Generator<{ readonly wave: number; readonly proposal: Proposal }> {
   if (chainLength % perProposal !== 0) throw new RangeError("perProposal must divide chainLength");
   const chains = Math.ceil(count / chainLength);
   const nodes = Array.from({ length: chains }, () => chain(nextChain++, chainLength));
-  const waves: Proposal[][] = [];
   let made = 0;
   for (let w = 0; w < chainLength / perProposal; w++) {
-    const wave: Proposal[] = [];
     for (let c = 0; c < chains && made < count; c++) {
       const ops: CatalogOp[] = [];
       for (let k = 0; k < perProposal && made < count; k++, made++) {
         const worker = WORKERS[c % WORKERS.length]!;
         ops.push(...publication(nodes[c]![w * perProposal + k]!, worker, TIERS[c % TIERS.length]!, "").ops);
       }
-      if (ops.length > 0) wave.push({ id: `${tag}-${w}-${c}`, clientId: WORKERS[c % WORKERS.length]!, ops });
+      if (ops.length > 0)
+        yield { wave: w, proposal: { id: `${tag}-${w}-${c}`, clientId: WORKERS[c % WORKERS.length]!, ops } };
     }
-    waves.push(wave);
   }
-  return waves;
+}
+
+/** publications() collected, one array per wave. */
+function publicationWaves(count: number, tag: string, chainLength: number, perProposal = 1): Proposal[][] {
+  const waves: Proposal[][] = Array.from({ length: chainLength / perProposal }, () => []);
+  for (const { wave, proposal } of publications(count, tag, chainLength, perProposal))
+    waves[wave]!.push(proposal);
+  return waves.filter((w) => w.length > 0);
 }
 
 interface Pipeline {
@@ -277,7 +290,7 @@ async function lag(
 ): Promise<{ p50: number; p99: number; max: number; n: number; complete: boolean }> {
   const n = Math.round(ratePerS * seconds);
   // Chains of 4: a wave is a quarter of the run (≥ 1 s at 5,000/s over 4 s), far longer than the lag, so parents are applied before children are offered.
-  const ps = publicationWaves(n, `lag-${randomUUID().slice(0, 6)}`, 4).flat();
+  const ps = publications(n, `lag-${randomUUID().slice(0, 6)}`, 4);
   const sent = new Map<string, number>();
   const lags: number[] = [];
   const off = p.replica.listen((reports) => {
@@ -297,7 +310,7 @@ async function lag(
     // Offer everything due by now: (elapsed / 1000) × rate proposals in total.
     const due = Math.min(n, Math.floor(((performance.now() - t0) / 1000) * ratePerS) + Math.ceil(perSlot));
     for (; i < due; i++) {
-      const prop = ps[i]!;
+      const prop = ps.next().value!.proposal;
       const bytes = encodeMessage(ProposalMsg, prop);
       sent.set(prop.id, performance.now());
       acks.push(p.log.propose(bytes));
