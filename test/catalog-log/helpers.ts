@@ -1,7 +1,10 @@
 import { randomUUID } from "node:crypto";
-import type { LogRecord, RejectionReader, TxLogReader } from "../../catalog/log.ts";
+import { CatalogDb } from "../../catalog/db.ts";
+import type { FullCatalogLog, LogRecord, RejectionReader, TxLogReader } from "../../catalog/log.ts";
 import type { KafkaTopics } from "../../catalog/log-kafka.ts";
+import { CatalogWriter } from "../../catalog/writer.ts";
 import type { Proposal } from "../../schema/catalog.ts";
+import { silentLogger } from "../../schema/log.ts";
 
 /** The broker the global setup started (or the one CONTINUUM_KAFKA_BROKERS names). */
 export function kafkaBrokers(): string[] {
@@ -56,4 +59,20 @@ export const text = (b: Uint8Array): string => new TextDecoder().decode(b);
 /** A valid proposal: acquire lease `key` for `holder` at epoch 1. */
 export function leaseProposal(id: string, key: string, holder = "h1"): Proposal {
   return { id, clientId: "test-client", ops: [{ op: "lease.acquire", key, holder, epoch: 1 }] };
+}
+
+/** A catalog writer running on `log`; `stop` ends it and waits for its loop. */
+export function startWriter(log: FullCatalogLog): {
+  writer: CatalogWriter<CatalogDb>;
+  stop(): Promise<void>;
+} {
+  const writer = new CatalogWriter({ log, newDb: () => CatalogDb.empty(), logger: silentLogger });
+  const running = writer.run();
+  return {
+    writer,
+    stop: async () => {
+      await writer.stop();
+      await running;
+    },
+  };
 }

@@ -1,13 +1,10 @@
 import { execFileSync, spawnSync } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { afterAll, describe, expect, it } from "vitest";
-import { CatalogDb } from "../../catalog/db.ts";
 import { KafkaLog } from "../../catalog/log-kafka.ts";
-import { CatalogWriter } from "../../catalog/writer.ts";
 import { ProposalMsg } from "../../schema/catalog.ts";
-import { silentLogger } from "../../schema/log.ts";
 import { encodeMessage } from "../../schema/wire.ts";
-import { collect, kafkaBrokers, leaseProposal, uniqueTopics } from "./helpers.ts";
+import { collect, kafkaBrokers, leaseProposal, startWriter, uniqueTopics } from "./helpers.ts";
 
 /**
  * catalog/WIRE.md promises that a third party reads catalog.tx with kcat and
@@ -48,12 +45,7 @@ describe.skipIf(!toolsPresent())("the kcat + msgpack reader of catalog/WIRE.md (
     expect(reader).toContain("-b 127.0.0.1:9092 -t catalog.tx ");
     const log = await KafkaLog.open({ brokers: kafkaBrokers(), clientId: "wire-doc-test", topics });
     cleanups.push(() => log.close());
-    const writer = new CatalogWriter({ log, newDb: () => CatalogDb.empty(), logger: silentLogger });
-    const running = writer.run();
-    cleanups.push(async () => {
-      await writer.stop();
-      await running;
-    });
+    cleanups.push(startWriter(log).stop);
     // Proposed in one turn, so they travel packed (a proposal batch, then tx batches).
     const n = 5;
     await Promise.all(

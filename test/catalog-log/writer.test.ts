@@ -3,11 +3,9 @@ import { CatalogDb } from "../../catalog/db.ts";
 import type { FullCatalogLog } from "../../catalog/log.ts";
 import { EmbeddedLog } from "../../catalog/log-embedded.ts";
 import { KafkaLog } from "../../catalog/log-kafka.ts";
-import { CatalogWriter } from "../../catalog/writer.ts";
 import { ProposalMsg, RejectionMsg, TxMsg } from "../../schema/catalog.ts";
-import { silentLogger } from "../../schema/log.ts";
 import { decodeMessage, encodeMessage } from "../../schema/wire.ts";
-import { collect, kafkaBrokers, leaseProposal, uniqueTopics, until } from "./helpers.ts";
+import { collect, kafkaBrokers, leaseProposal, startWriter, uniqueTopics, until } from "./helpers.ts";
 
 const impls = [
   { name: "embedded", open: (): Promise<FullCatalogLog> => EmbeddedLog.open() },
@@ -22,16 +20,6 @@ const cleanups: Array<() => Promise<void>> = [];
 afterAll(async () => {
   for (const c of cleanups.reverse()) await c();
 });
-
-async function startWriter(log: FullCatalogLog) {
-  const writer = new CatalogWriter({ log, newDb: () => CatalogDb.empty(), logger: silentLogger });
-  const running = writer.run();
-  const stop = async () => {
-    await writer.stop();
-    await running;
-  };
-  return { writer, stop };
-}
 
 describe.each(impls)("catalog writer on the $name log", (impl) => {
   it("turns garbage, oversized, invalid and duplicate proposals into rejections and keeps going", async () => {
