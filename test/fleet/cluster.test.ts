@@ -66,6 +66,16 @@ async function catalogQuery(query: string): Promise<unknown[]> {
   return ((await r.json()) as { result: unknown[] }).result;
 }
 
+/** The controller's view of the fleet (GET /workers: what `cluster status` prints). */
+async function fetchWorkers(): Promise<FleetWorkerView[]> {
+  return ((await (await fetch(`${httpUrl}/workers`)).json()) as { workers: FleetWorkerView[] }).workers;
+}
+
+/** Prompt tokens each worker has computed, as its last heartbeat told the controller. */
+async function computedByWorker(): Promise<Map<string, number>> {
+  return new Map((await fetchWorkers()).map((w) => [w.workerId, w.status?.computedTokens ?? 0]));
+}
+
 /** Polls a catalog query until `ok` holds (bounded). */
 async function catalogUntil(query: string, ok: (rows: unknown[]) => boolean, timeoutMs = 20_000) {
   const deadline = Date.now() + timeoutMs;
@@ -246,8 +256,6 @@ describe("a controller and two worker processes", () => {
 
   it("GET /workers (what `cluster status` prints) shows per worker pages free and resident, cache hits by tier and its catalog replica's offset and lag", async () => {
     // After the case above: the holder computed a 1800-token prefix, reused 1792 of it from resident pages and checkpointed it.
-    const fetchWorkers = async () =>
-      ((await (await fetch(`${httpUrl}/workers`)).json()) as { workers: FleetWorkerView[] }).workers;
     const end = Number(await catalogQuery("[:find (count ?e) . :where [?e :chunk/node _]]"));
     expect(end).toBeGreaterThanOrEqual(14);
     // Heartbeats every second; each worker's replica applies the log and polls its end every 2 s.
@@ -380,9 +388,19 @@ describe("a controller and two worker processes", () => {
 
   it("falls back when an offer times out, and fences the late accept of the old attempt", async () => {
     const prefix = tokens(600, 7);
+    const computedBefore = await computedByWorker();
     const warm = await client.completions.create({ model: "tiny", prompt: [...prefix, 1], max_tokens: 1 });
     const stuckId = (await completedOn(warm.id)).workerId;
     const stuck = workers.get(stuckId)!;
+    // The premise: the controller has heard, in a heartbeat sent after the warm prefill, that
+    // the prefix is resident on stuckId, so it offers the next request there first. Under load a
+    // heartbeat can lag the completion; stopping the worker before it arrives would leave the
+    // controller blind to the prefix and free to pick either worker.
+    const deadline = Date.now() + 20_000;
+    while (((await computedByWorker()).get(stuckId) ?? 0) <= (computedBefore.get(stuckId) ?? 0)) {
+      if (Date.now() > deadline) throw new Error(`no heartbeat from ${stuckId} after the warm request`);
+      await new Promise((r) => setTimeout(r, 50));
+    }
     process.kill(stuck.pid, "SIGSTOP");
     let r: OpenAI.Completion;
     try {
