@@ -1,18 +1,17 @@
-import { randomUUID } from "node:crypto";
 import { mkdtemp, readdir, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
-import { CatalogDb } from "../../catalog/db.ts";
+import type { CatalogDb } from "../../catalog/db.ts";
 import type { CatalogLog, FullCatalogLog } from "../../catalog/log.ts";
 import { EmbeddedLog } from "../../catalog/log-embedded.ts";
 import { KafkaLog } from "../../catalog/log-kafka.ts";
 import { Replica, type TxReport } from "../../catalog/replica.ts";
 import { DirSnapshotStore, snapshotOffset, snapshotPosition } from "../../catalog/snapshot.ts";
-import { CatalogWriter } from "../../catalog/writer.ts";
+import type { CatalogWriter } from "../../catalog/writer.ts";
 import { ProposalMsg, TxMsg } from "../../schema/catalog.ts";
-import { silentLogger } from "../../schema/log.ts";
 import { encodeMessage } from "../../schema/wire.ts";
+import { kafkaBrokers, startWriter as startLogWriter, uniqueTopics } from "../catalog-log/helpers.ts";
 import { CatalogGen, fingerprintOf, LAYOUT } from "./gen.ts";
 
 const cleanups: (() => Promise<void>)[] = [];
@@ -22,12 +21,8 @@ afterEach(async () => {
 
 /** Starts a writer on the log; stopped after the test. */
 function startWriter(log: FullCatalogLog): CatalogWriter<CatalogDb> {
-  const writer = new CatalogWriter({ log, newDb: () => CatalogDb.empty(), logger: silentLogger });
-  const running = writer.run();
-  cleanups.push(async () => {
-    await writer.stop();
-    await running;
-  });
+  const { writer, stop } = startLogWriter(log);
+  cleanups.push(stop);
   return writer;
 }
 
@@ -152,17 +147,8 @@ const brokers = process.env.CONTINUUM_KAFKA_BROKERS;
 
 describe.skipIf(!brokers)("catalog replicas on real Kafka", () => {
   it("two replicas converge to the same dbHash after 10,000 random proposals", async () => {
-    const suffix = randomUUID().slice(0, 8);
-    const open = () =>
-      KafkaLog.open({
-        brokers: brokers!.split(","),
-        clientId: `replica-test-${suffix}`,
-        topics: {
-          proposals: `t-${suffix}.proposals`,
-          tx: `t-${suffix}.tx`,
-          rejections: `t-${suffix}.rejections`,
-        },
-      });
+    const topics = uniqueTopics();
+    const open = () => KafkaLog.open({ brokers: kafkaBrokers(), clientId: "replica-test", topics });
     const writerLog = await open();
     cleanups.push(() => writerLog.close());
     const writer = startWriter(writerLog);
@@ -184,15 +170,10 @@ describe.skipIf(!brokers)("catalog replicas on real Kafka", () => {
     // tx is its own record and logical offset N sits near partition offset 2N
     // (a commit marker follows each record), far past the ⌊N/512⌋ a reader
     // without a position would have to start from and skip forward.
-    const suffix = randomUUID().slice(0, 8);
     const log = await KafkaLog.open({
-      brokers: brokers!.split(","),
-      clientId: `replica-pos-${suffix}`,
-      topics: {
-        proposals: `p-${suffix}.proposals`,
-        tx: `p-${suffix}.tx`,
-        rejections: `p-${suffix}.rejections`,
-      },
+      brokers: kafkaBrokers(),
+      clientId: "replica-pos",
+      topics: uniqueTopics(),
     });
     cleanups.push(() => log.close());
     startWriter(log);

@@ -237,6 +237,21 @@ describe.each(isas)("kernels on the %s path", (isa) => {
  * given lengths, pages handed out shuffled from a pool with spare pages so
  * tables are fragmented and out of order.
  */
+/** Paged-attention shape arguments for one row (sequence 0) of one head, head_dim 8, 4-token pages of `fx`. */
+function oneHeadRow(fx: { readonly ptStride: number }, q: Float32Array, scale: number) {
+  return {
+    q,
+    rowSeq: Int32Array.from([0]),
+    T: 1,
+    nHeads: 1,
+    nKv: 1,
+    headDim: 8,
+    pageSize: 4,
+    ptStride: fx.ptStride,
+    scale,
+  };
+}
+
 function kvFixture(
   seed: number,
   lens: number[],
@@ -458,20 +473,7 @@ describe.each(isas)("attention on the %s path", (isa) => {
     const bad = Int32Array.from(fx.pageTable);
     bad[1] = fx.numPages;
     const out = poisoned(8);
-    const base = {
-      q: randomF32(rng(1), 8),
-      kPages: fx.kPages,
-      vPages: fx.vPages,
-      rowSeq: Int32Array.from([0]),
-      out,
-      T: 1,
-      nHeads: 1,
-      nKv: 1,
-      headDim: 8,
-      pageSize: 4,
-      ptStride: fx.ptStride,
-      scale: 1,
-    };
+    const base = { ...oneHeadRow(fx, randomF32(rng(1), 8), 1), kPages: fx.kPages, vPages: fx.vPages, out };
     expect(() => kernels.pagedAttention({ ...base, pageTable: bad, rowPos: Int32Array.from([4]) })).toThrow(
       /page id/,
     );
@@ -559,17 +561,9 @@ describe("poolF16: engine pool memory for the benchmarks", () => {
     kPages.set(fx.kPages);
     vPages.set(fx.vPages);
     const args = {
-      q: randomF32(rng(2), 8),
+      ...oneHeadRow(fx, randomF32(rng(2), 8), 0.5),
       pageTable: fx.pageTable,
-      rowSeq: Int32Array.from([0]),
       rowPos: Int32Array.from([8]),
-      T: 1,
-      nHeads: 1,
-      nKv: 1,
-      headDim: 8,
-      pageSize: 4,
-      ptStride: fx.ptStride,
-      scale: 0.5,
     };
     const onPool = poisoned(8);
     const onArray = poisoned(8);
