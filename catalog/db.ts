@@ -25,17 +25,23 @@ import {
   type WorkerRegisteredOp,
 } from "../schema/catalog.ts";
 import { CATALOG_NODE_TAG } from "../schema/identity.ts";
+import { ChunkLinks } from "./chunk-links.ts";
+import { attrInfo, EntityStore, MAX_EID, type Value } from "./entity-store.ts";
+import { HexIndex } from "./hex-index.ts";
 
 /**
  * The catalog database: the state every replica (and the writer) holds, and
  * the rules a proposal must pass.
  *
  * Two representations of one state:
- * - the entity store (plain maps: entity → attribute → value, unique values →
- *   entity, and the hot-path indexes below). It is authoritative: `resolve`
- *   validates against it, `apply` updates it, `dbHash` and `serialize` read it.
- *   Applying a datom costs a few map operations, so a replica keeps up with the
- *   log far above DataScript's transact rate (measured ~45,000 datoms/s here).
+ * - the entity store (catalog/entity-store.ts: one table of typed columns per
+ *   namespace) with the unique indexes and the hot-path indexes below. It is
+ *   authoritative: `resolve` validates against it, `apply` updates it, `dbHash`
+ *   and `serialize` read it. Applying a datom costs a few array writes, so a
+ *   replica keeps up with the log far above DataScript's transact rate
+ *   (measured ~45,000 datoms/s here), and a chunk with its replica fact adds
+ *   no object to the JS heap (V8's collections of a growing heap set the
+ *   apply-lag tail).
  * - the DataScript db for Datalog (`datalog()`), materialized from the same
  *   datoms: folded in with `db_with` when few are pending, rebuilt in bulk with
  *   `init_db` (~10× faster per datom) when many are. Its content (e, a, v)
@@ -43,17 +49,15 @@ import { CATALOG_NODE_TAG } from "../schema/identity.ts";
  *   own tx ids are not meaningful (the log's txNo is).
  *
  * Invariants: txs apply in txNo order 1, 2, 3… with no gap; every attribute is
- * cardinality one; a unique value is held by at most one entity; entity ids
- * are assigned by `resolve` (max + 1, …) so every replica assigns none.
+ * cardinality one; a unique value is held by at most one entity; an entity
+ * holds attributes of one namespace; entity ids are assigned by `resolve`
+ * (max + 1, …), so every replica assigns none and a tx never skips an id.
  */
 
-export type Value = string | number | boolean;
-type Entity = Map<Attr, Value>;
+export type { Value } from "./entity-store.ts";
 
 /** A proposal id is remembered for this many later proposals (the duplicate-detection window). */
 export const PROPOSAL_WINDOW = 1 << 20;
-/** DataScript's entity ids must stay below its tx0 (2^29). */
-const MAX_EID = 2 ** 29 - 1;
 /** Pending datoms past which the Datalog view is dropped and rebuilt in bulk when next needed. */
 const MAX_PENDING_DATOMS = 1 << 21;
 
@@ -118,17 +122,16 @@ export type ResolveResult =
   | { readonly ok: false; readonly reason: string; readonly duplicate?: boolean };
 
 export class CatalogDb {
-  /** entity id → its attributes. */
-  private readonly ents = new Map<number, Entity>();
-  /** unique attribute → value → entity id. */
-  private readonly uniq = new Map<Attr, Map<Value, number>>();
-  /** Hot path: chunk entity → its replica entities (every state). */
-  private readonly replicasByChunk = new Map<number, Set<number>>();
-  /** Hot path: model entity → prefix hash → chunk entity (node id = H(fingerprint, prefix), so this is the node index without hashing). */
-  private readonly chunksByPrefix = new Map<number, Map<string, number>>();
-  /** `chunk|worker|tier` → replica entity; same for placements. */
-  private readonly replicaKeys = new Map<string, number>();
-  private readonly placementKeys = new Map<string, number>();
+  private readonly store = new EntityStore();
+  /** Unique 64-hex attributes (model fingerprint, chunk node) → their index. */
+  private readonly hexUnique = new Map<Attr, HexIndex>();
+  /** Other unique attributes (worker id, lease key, decision key) → value → entity id. */
+  private readonly strUnique = new Map<Attr, Map<Value, number>>();
+  /** Hot path: (model entity, prefix hash) → chunk entity (node id = H(fingerprint, prefix), so this is the node index without hashing). */
+  private readonly prefixes = new HexIndex(this.store, CHUNK_PREFIX, CHUNK_MODEL);
+  /** Hot path: chunk entity → its replica entities (every state), and its placements. */
+  private readonly replicas = new ChunkLinks();
+  private readonly placements = new ChunkLinks();
   private readonly proposals = new Set<string>();
   private readonly proposalOrder: string[] = [];
   private proposalHead = 0;
@@ -140,7 +143,12 @@ export class CatalogDb {
   private pending: TxItem[] = [];
 
   private constructor() {
-    for (const [a, spec] of Object.entries(ATTR_SPECS)) if (spec.unique) this.uniq.set(a as Attr, new Map());
+    for (const a of Object.keys(ATTRIBUTES) as Attr[]) {
+      const info = attrInfo(a)!;
+      if (!info.unique) continue;
+      if (info.repr === "hex") this.hexUnique.set(a, new HexIndex(this.store, info));
+      else this.strUnique.set(a, new Map());
+    }
   }
 
   static empty(): CatalogDb {
@@ -159,36 +167,40 @@ export class CatalogDb {
     return this.datomTotal;
   }
   get entityCount(): number {
-    return this.ents.size;
+    return this.store.size;
   }
 
   // ------------------------------------------------------------ reads
 
   get(e: number, a: Attr): Value | undefined {
-    return this.ents.get(e)?.get(a);
-  }
-  entity(e: number): ReadonlyMap<Attr, Value> | undefined {
-    return this.ents.get(e);
+    const info = attrInfo(a);
+    return info === undefined ? undefined : this.store.get(e, info);
   }
   /** The entity holding a unique value, e.g. eidOf("chunk/node", id). */
   eidOf(a: Attr, v: Value): number | undefined {
-    return this.uniq.get(a)?.get(v);
+    const hex = this.hexUnique.get(a);
+    if (hex !== undefined) return typeof v === "string" ? hex.find(v) : undefined;
+    return this.strUnique.get(a)?.get(v);
   }
   /** The chunk entity of a model entity's prefix hash, if published. */
   chunkOf(model: number, prefix: string): number | undefined {
-    return this.chunksByPrefix.get(model)?.get(prefix);
+    return this.prefixes.find(prefix, model);
   }
-  /** Replica entities of a chunk entity, in every state. */
-  replicasOf(chunk: number): ReadonlySet<number> {
-    return this.replicasByChunk.get(chunk) ?? EMPTY;
+  /** Replica entities of a chunk entity, in every state, oldest first. */
+  replicasOf(chunk: number): readonly number[] {
+    return this.replicas.members(chunk);
   }
   hasProposal(id: string): boolean {
     return this.proposals.has(id);
   }
-  /** Every entity, in ascending id order. */
+  /** Every entity with its values, in ascending id order (a fresh map each: a slow path for scans and tests). */
   *entities(): IterableIterator<[number, ReadonlyMap<Attr, Value>]> {
-    const ids = [...this.ents.keys()].sort((x, y) => x - y);
-    for (const e of ids) yield [e, this.ents.get(e)!];
+    for (let e = 1; e <= this.maxEid; e++)
+      if (this.store.has(e)) yield [e, new Map(this.store.attributes(e))];
+  }
+  /** Entities that hold a value of `a`, in the order they were created. */
+  holders(a: Attr): IterableIterator<number> {
+    return this.store.holders(attrInfo(a)!);
   }
 
   // ------------------------------------------------------------ resolve
@@ -225,7 +237,7 @@ export class CatalogDb {
     if (tx.txNo !== this.lastTx + 1)
       throw new CatalogApplyError(`tx ${tx.txNo} out of order: the db has applied ${this.lastTx}`);
     const touched = new Set<number>();
-    for (const d of tx.datoms) this.applyDatom(d, touched);
+    for (const d of tx.datoms) this.applyDatom(d, touched, false);
     for (const e of touched) this.reindex(e);
     this.remember(tx.proposalId);
     this.lastTx = tx.txNo;
@@ -239,77 +251,71 @@ export class CatalogDb {
     }
   }
 
-  private applyDatom(d: Datom, touched: Set<number>): void {
+  /**
+   * One datom into the store and the unique indexes. In a tx (not a snapshot)
+   * a new entity's id is at most the highest so far + 1: the writer assigns
+   * ids in order, so a gap means a tx this db did not come from.
+   */
+  private applyDatom(d: Datom, touched: Set<number>, fromSnapshot: boolean): void {
     const [e, a, v, added] = d;
-    const spec = ATTR_SPECS[a];
-    if (spec === undefined) throw new CatalogApplyError(`unknown attribute ${a}`);
+    const info = attrInfo(a);
+    if (info === undefined) throw new CatalogApplyError(`unknown attribute ${a}`);
     if (!Number.isSafeInteger(e) || e <= 0 || e > MAX_EID) throw new CatalogApplyError(`bad entity id ${e}`);
-    const attr = a as Attr;
-    let ent = this.ents.get(e);
-    const old = ent?.get(attr);
+    if (!fromSnapshot && e > this.maxEid + 1)
+      throw new CatalogApplyError(`entity id ${e} skips ids: the highest so far is ${this.maxEid}`);
+    const old = this.store.get(e, info);
     if (added) {
-      if (typeof v !== (spec.type === "ref" ? "number" : spec.type))
-        throw new CatalogApplyError(`${a} takes a ${spec.type}, got ${typeof v}`);
-      if (ent === undefined) {
-        ent = new Map();
-        this.ents.set(e, ent);
-      }
-      const u = this.uniq.get(attr);
-      if (u !== undefined) {
-        const holder = u.get(v);
+      const why = this.store.refusal(e, info, v);
+      if (why !== undefined) throw new CatalogApplyError(why);
+      if (info.unique) {
+        const holder = this.eidOf(info.attr, v);
         if (holder !== undefined && holder !== e)
           throw new CatalogApplyError(`${a} ${String(v)} already held by ${holder}`);
-        if (old !== undefined) u.delete(old);
-        u.set(v, e);
       }
-      if (old === undefined) this.datomTotal++;
-      ent.set(attr, v);
+      if (this.store.set(e, info, v)) this.datomTotal++;
+      if (info.unique) {
+        const hex = this.hexUnique.get(info.attr);
+        if (hex !== undefined) hex.add(e);
+        else {
+          const byValue = this.strUnique.get(info.attr)!;
+          if (old !== undefined) byValue.delete(old);
+          byValue.set(v, e);
+        }
+      }
       if (e > this.maxEid) this.maxEid = e;
     } else {
       if (old !== v)
         throw new CatalogApplyError(`retract of ${e} ${a} ${String(v)}: current value is ${String(old)}`);
-      ent!.delete(attr);
-      this.uniq.get(attr)?.delete(v);
+      this.store.delete(e, info);
+      // A hex index needs no removal: its slot stops matching (catalog/hex-index.ts).
+      this.strUnique.get(info.attr)?.delete(v);
       this.datomTotal--;
-      if (ent!.size === 0) this.ents.delete(e);
     }
     touched.add(e);
   }
 
   /** Keeps the derived indexes current for an entity a tx touched. */
   private reindex(e: number): void {
-    const ent = this.ents.get(e);
-    if (ent === undefined) return;
-    const prefix = ent.get("chunk/prefix");
-    if (prefix !== undefined) {
-      // Chunks are immutable: indexed once, when created.
-      const model = ent.get("chunk/model") as number;
-      let byPrefix = this.chunksByPrefix.get(model);
-      if (byPrefix === undefined) {
-        byPrefix = new Map();
-        this.chunksByPrefix.set(model, byPrefix);
-      }
-      byPrefix.set(prefix as string, e);
+    const s = this.store;
+    if (s.holds(e, CHUNK_PREFIX)) {
+      // Chunks are immutable: indexed once, when created (adding again is a no-op).
+      if (s.holds(e, CHUNK_MODEL)) this.prefixes.add(e);
       return;
     }
-    const chunk = ent.get("replica/chunk");
+    const chunk = s.get(e, REPLICA_CHUNK) as number | undefined;
     if (chunk !== undefined) {
-      const key = `${chunk}|${ent.get("replica/worker")}|${ent.get("replica/tier")}`;
-      if (!this.replicaKeys.has(key)) {
-        this.replicaKeys.set(key, e);
-        let set = this.replicasByChunk.get(chunk as number);
-        if (set === undefined) {
-          set = new Set();
-          this.replicasByChunk.set(chunk as number, set);
-        }
-        set.add(e);
-      }
+      const worker = s.get(e, REPLICA_WORKER) as number;
+      const tier = s.get(e, REPLICA_TIER) as string;
+      if (!this.replicas.isLinked(e) && this.replicaKey(chunk, worker, tier) === undefined)
+        this.replicas.link(chunk, e);
       return;
     }
-    const pchunk = ent.get("placement/chunk");
+    const pchunk = s.get(e, PLACEMENT_CHUNK) as number | undefined;
     if (pchunk !== undefined) {
-      const key = `${pchunk}|${ent.get("placement/worker")}|${ent.get("placement/tier")}`;
-      if (!this.placementKeys.has(key)) this.placementKeys.set(key, e);
+      const worker = s.get(e, PLACEMENT_WORKER) as number;
+      const tier = s.get(e, PLACEMENT_TIER) as string;
+      if (!this.placements.isLinked(e) && this.placementKey(pchunk, worker, tier) === undefined)
+        this.placements.link(pchunk, e);
     }
   }
 
@@ -326,12 +332,21 @@ export class CatalogDb {
     this.proposalHead = (this.proposalHead + 1) % PROPOSAL_WINDOW;
   }
 
-  /** Internal lookups the draft needs. */
+  /** The replica entity of (chunk, worker, tier), if any; the draft's lookup. */
   replicaKey(chunk: number, worker: number, tier: string): number | undefined {
-    return this.replicaKeys.get(`${chunk}|${worker}|${tier}`);
+    const s = this.store;
+    return this.replicas.find(
+      chunk,
+      (r) => s.get(r, REPLICA_WORKER) === worker && s.get(r, REPLICA_TIER) === tier,
+    );
   }
+  /** The placement entity of (chunk, worker, tier), if any. */
   placementKey(chunk: number, worker: number, tier: string): number | undefined {
-    return this.placementKeys.get(`${chunk}|${worker}|${tier}`);
+    const s = this.store;
+    return this.placements.find(
+      chunk,
+      (p) => s.get(p, PLACEMENT_WORKER) === worker && s.get(p, PLACEMENT_TIER) === tier,
+    );
   }
   get highestEid(): number {
     return this.maxEid;
@@ -352,7 +367,7 @@ export class CatalogDb {
 
   private currentDatoms(): [number, string, unknown][] {
     const out: [number, string, unknown][] = [];
-    for (const [e, ent] of this.ents) for (const [a, v] of ent) out.push([e, a, v]);
+    for (let e = 1; e <= this.maxEid; e++) for (const [a, v] of this.store.attributes(e)) out.push([e, a, v]);
     return out;
   }
 
@@ -362,13 +377,11 @@ export class CatalogDb {
   dbHash(): string {
     const h = createHash("sha256");
     h.update(`continuum/catalog-db/v1\n${this.lastTx}\n${this.maxEid}\n`);
-    for (const [e, ent] of this.entities()) {
-      const attrs = [...ent.keys()].sort();
+    for (let e = 1; e <= this.maxEid; e++) {
+      if (!this.store.has(e)) continue;
+      const values = [...this.store.attributes(e)].sort(([x], [y]) => (x < y ? -1 : x > y ? 1 : 0));
       let line = `${e}`;
-      for (const a of attrs) {
-        const v = ent.get(a)!;
-        line += `\t${a}=${typeof v === "string" ? JSON.stringify(v) : String(v)}`;
-      }
+      for (const [a, v] of values) line += `\t${a}=${typeof v === "string" ? JSON.stringify(v) : String(v)}`;
       h.update(`${line}\n`);
     }
     return h.digest("hex");
@@ -376,9 +389,16 @@ export class CatalogDb {
 
   serialize(): Uint8Array {
     const ents: unknown[] = [];
-    for (const [e, ent] of this.entities()) {
-      ents.push(e, ent.size);
-      for (const [a, v] of ent) ents.push(a, v);
+    for (let e = 1; e <= this.maxEid; e++) {
+      if (!this.store.has(e)) continue;
+      const at = ents.length;
+      ents.push(e, 0);
+      let n = 0;
+      for (const [a, v] of this.store.attributes(e)) {
+        ents.push(a, v);
+        n++;
+      }
+      ents[at + 1] = n;
     }
     const proposals = [
       ...this.proposalOrder.slice(this.proposalHead),
@@ -410,28 +430,38 @@ export class CatalogDb {
       !Array.isArray(s.ents)
     )
       throw new CatalogApplyError("catalog snapshot is missing lastTx, maxEid, proposals or ents");
+    if (!Number.isSafeInteger(s.maxEid) || s.maxEid < 0 || s.maxEid > MAX_EID)
+      throw new CatalogApplyError(`catalog snapshot's maxEid ${s.maxEid} is not in [0, ${MAX_EID}]`);
     const db = new CatalogDb();
     const ents = s.ents as unknown[];
     const touched = new Set<number>();
     for (let i = 0; i < ents.length; ) {
       const e = ents[i++] as number;
       const n = ents[i++] as number;
+      if (e > s.maxEid) throw new CatalogApplyError(`catalog snapshot's entity ${e} is above its maxEid`);
       for (let k = 0; k < n; k++) {
         const a = ents[i++] as string;
         const v = ents[i++] as Value;
-        db.applyDatom([e, a, v, true], touched);
+        db.applyDatom([e, a, v, true], touched, true);
       }
     }
     for (const e of touched) db.reindex(e);
     for (const id of s.proposals as string[]) db.remember(id);
     db.lastTx = s.lastTx;
-    if (s.maxEid < db.maxEid) throw new CatalogApplyError("catalog snapshot's maxEid is below its entities");
     db.maxEid = s.maxEid;
     return db;
   }
 }
 
-const EMPTY: ReadonlySet<number> = new Set();
+const CHUNK_PREFIX = attrInfo("chunk/prefix")!;
+const CHUNK_MODEL = attrInfo("chunk/model")!;
+const REPLICA_CHUNK = attrInfo("replica/chunk")!;
+const REPLICA_WORKER = attrInfo("replica/worker")!;
+const REPLICA_TIER = attrInfo("replica/tier")!;
+const PLACEMENT_CHUNK = attrInfo("placement/chunk")!;
+const PLACEMENT_WORKER = attrInfo("placement/worker")!;
+const PLACEMENT_TIER = attrInfo("placement/tier")!;
+
 const SNAPSHOT_FORMAT = "continuum.catalog-db/1";
 const packr = new Packr({ useRecords: false, moreTypes: false, mapsAsObjects: true, variableMapSize: true });
 

@@ -182,9 +182,8 @@ export class DemandIndex {
   ) {
     if (!Number.isSafeInteger(bucketMs) || bucketMs <= 0)
       throw new RangeError(`bucketMs must be a positive integer, got ${bucketMs}`);
-    for (const [e, ent] of db.entities()) {
-      if (ent.has("demand/count") || ent.has("decision/key")) this.add(e);
-    }
+    for (const e of db.holders("demand/count")) this.add(e);
+    for (const e of db.holders("decision/key")) this.add(e);
   }
 
   /** Feed with a replica's reports: `replica.listen((r) => index.onReports(r))`. */

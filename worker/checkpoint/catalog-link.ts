@@ -1,4 +1,5 @@
 import { randomUUID } from "node:crypto";
+import type { CatalogDb } from "../../catalog/db.ts";
 import type { ProposalSink } from "../../catalog/log.ts";
 import type { Replica } from "../../catalog/replica.ts";
 import { type CatalogOp, ProposalMsg, type Tier } from "../../schema/catalog.ts";
@@ -68,10 +69,9 @@ export class CatalogLink {
     const me = db.eidOf("worker/id", this.id.workerId);
     if (me === undefined) return 0;
     const ops: CatalogOp[] = [];
-    for (const [, ent] of db.entities()) {
-      if (ent.get("replica/worker") !== me || ent.get("replica/tier") !== "ram") continue;
-      if (ent.get("replica/state") !== "ready") continue;
-      const node = db.get(ent.get("replica/chunk") as number, "chunk/node") as NodeId;
+    for (const r of db.holders("replica/worker")) {
+      if (!isReadyRamOf(db, r, me)) continue;
+      const node = db.get(db.get(r, "replica/chunk") as number, "chunk/node") as NodeId;
       ops.push({
         op: "replica.removed",
         node,
@@ -89,13 +89,8 @@ export class CatalogLink {
     if ((await this.forgetRam()) === 0) return;
     const me = this.db.eidOf("worker/id", this.id.workerId);
     const ok = await this.waitUntil(() => {
-      for (const [, ent] of this.db.entities())
-        if (
-          ent.get("replica/worker") === me &&
-          ent.get("replica/tier") === "ram" &&
-          ent.get("replica/state") === "ready"
-        )
-          return false;
+      if (me === undefined) return true;
+      for (const r of this.db.holders("replica/worker")) if (isReadyRamOf(this.db, r, me)) return false;
       return true;
     }, timeoutMs);
     if (!ok)
@@ -138,4 +133,13 @@ export class CatalogLink {
       }, timeoutMs);
     });
   }
+}
+
+/** True when replica entity r is a ready RAM copy held by worker entity `worker`. */
+function isReadyRamOf(db: CatalogDb, r: number, worker: number): boolean {
+  return (
+    db.get(r, "replica/worker") === worker &&
+    db.get(r, "replica/tier") === "ram" &&
+    db.get(r, "replica/state") === "ready"
+  );
 }
