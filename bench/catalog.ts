@@ -19,7 +19,15 @@ import {
 import { Replica } from "../catalog/replica.ts";
 import { CatalogWriter } from "../catalog/writer.ts";
 import { type CatalogOp, type Proposal, ProposalMsg, type Tier } from "../schema/catalog.ts";
-import { type ChainNode, catalogNodeId, modelFingerprint, prefixChain } from "../schema/identity.ts";
+import {
+  type ChainNode,
+  catalogNodeId,
+  chainHash,
+  chainRoot,
+  modelFingerprint,
+  prefixChain,
+} from "../schema/identity.ts";
+import type { PrefixHash } from "../schema/ids.ts";
 import { silentLogger } from "../schema/log.ts";
 import { encodeMessage } from "../schema/wire.ts";
 import { type Bench, type BenchOptions, percentile, round } from "./contract.ts";
@@ -81,10 +89,16 @@ function setup(): Proposal {
 }
 
 /** Chains of `length` chunks; chain c's tokens start with c so chains are distinct. */
+/** Token i of synthetic document c. */
+function token(c: number, i: number): number {
+  return i === 0 ? c : (c * 7919 + i) % 50_000;
+}
+
 function chain(c: number, length: number): ChainNode[] {
-  const tokens = new Array<number>(length * CHUNK);
-  for (let i = 0; i < tokens.length; i++) tokens[i] = i === 0 ? c : (c * 7919 + i) % 50_000;
-  return prefixChain(tokens, CHUNK);
+  return prefixChain(
+    Array.from({ length: length * CHUNK }, (_, i) => token(c, i)),
+    CHUNK,
+  );
 }
 
 function publication(n: ChainNode, worker: string, tier: Tier, id: string): Proposal {
@@ -120,10 +134,11 @@ let nextChain = 0;
  * one proposal per group. Proposals of one wave are independent; a wave needs
  * the one before it applied (a chunk's parent must be published), so callers
  * send a wave only once the previous one is acknowledged. (Concurrent
- * proposals may be appended in any order.) The chains' hashes are computed up
- * front; each proposal is built when it is asked for, so a caller that offers
- * them over time (the lag run) does not hold tens of MB of proposals it has
- * not sent yet in the heap it measures.
+ * proposals may be appended in any order.) Each proposal, and its chunks'
+ * hashes, are made when it is asked for (the generator keeps one prefix hash
+ * per chain), so a caller that offers them over time (the lag run) does not
+ * hold tens of MB of proposals or hashes in the heap it measures. The chunks
+ * equal `chain(c, chainLength)`'s.
  */
 function* publications(
   count: number,
@@ -133,14 +148,21 @@ function* publications(
 ): Generator<{ readonly wave: number; readonly proposal: Proposal }> {
   if (chainLength % perProposal !== 0) throw new RangeError("perProposal must divide chainLength");
   const chains = Math.ceil(count / chainLength);
-  const nodes = Array.from({ length: chains }, () => chain(nextChain++, chainLength));
+  const firstDoc = nextChain;
+  nextChain += chains;
+  // Chain c's prefix hash so far: its next chunk's parent.
+  const last = new Array<PrefixHash>(chains).fill(chainRoot());
   let made = 0;
   for (let w = 0; w < chainLength / perProposal; w++) {
     for (let c = 0; c < chains && made < count; c++) {
       const ops: CatalogOp[] = [];
       for (let k = 0; k < perProposal && made < count; k++, made++) {
+        const start = (w * perProposal + k) * CHUNK;
+        const tokens = Array.from({ length: CHUNK }, (_, j) => token(firstDoc + c, start + j));
+        const node: ChainNode = { hash: chainHash(last[c]!, tokens), parent: last[c]!, start, count: CHUNK };
+        last[c] = node.hash;
         const worker = WORKERS[c % WORKERS.length]!;
-        ops.push(...publication(nodes[c]![w * perProposal + k]!, worker, TIERS[c % TIERS.length]!, "").ops);
+        ops.push(...publication(node, worker, TIERS[c % TIERS.length]!, "").ops);
       }
       if (ops.length > 0)
         yield { wave: w, proposal: { id: `${tag}-${w}-${c}`, clientId: WORKERS[c % WORKERS.length]!, ops } };
@@ -285,7 +307,16 @@ async function throughput(p: Pipeline, n: number, perProposal = 1): Promise<Thro
   };
 }
 
-/** Apply lag at a fixed offered rate: proposals paced in 5 ms slots. */
+/**
+ * Apply lag at a fixed offered rate: proposals paced in 5 ms slots.
+ *
+ * The harness shares its process with the replica it measures, so it keeps
+ * its own garbage short-lived: a proposal's send time is dropped when its tx
+ * is reported, acknowledgements are counted rather than collected, and lags
+ * go to a preallocated array. (Holding a second of acknowledgement promises
+ * and every send time promoted them to the old generation and forced
+ * collections of the very heap whose pauses the lag should show.)
+ */
 async function lag(
   p: Pipeline,
   ratePerS: number,
@@ -298,44 +329,60 @@ async function lag(
   // Chains of 4: a wave is a quarter of the run (≥ 1 s at 5,000/s over 4 s), far longer than the lag, so parents are applied before children are offered.
   const ps = publications(n, `lag-${randomUUID().slice(0, 6)}`, 4);
   const sent = new Map<string, number>();
-  const lags: number[] = [];
+  const lags = new Float64Array(n - settle);
+  let measured = 0;
   const off = p.replica.listen((reports) => {
     const now = performance.now();
     for (const r of reports) {
       const t = sent.get(r.tx.proposalId);
-      if (t !== undefined) lags.push(now - t);
+      if (t === undefined) continue;
+      sent.delete(r.tx.proposalId);
+      lags[measured++] = now - t;
     }
   });
   const target = p.replica.offset() + n;
   const slotMs = 5;
   const perSlot = (ratePerS * slotMs) / 1000;
+  // At most this many proposals offered and not yet acknowledged by the log.
+  const maxUnacked = 5_000;
+  let unacked = 0;
+  let ackFailure: unknown;
+  const acked = () => {
+    unacked--;
+  };
+  const failed = (err: unknown) => {
+    unacked--;
+    ackFailure ??= err;
+  };
   const t0 = performance.now();
   let i = 0;
-  const acks: Promise<void>[] = [];
   while (i < n) {
     // Offer everything due by now: (elapsed / 1000) × rate proposals in total.
     const due = Math.min(n, Math.floor(((performance.now() - t0) / 1000) * ratePerS) + Math.ceil(perSlot));
-    for (; i < due; i++) {
+    for (; i < due && unacked < maxUnacked; i++) {
       const prop = ps.next().value!.proposal;
       const bytes = encodeMessage(ProposalMsg, prop);
       if (i >= settle) sent.set(prop.id, performance.now());
-      acks.push(p.log.propose(bytes));
+      unacked++;
+      p.log.propose(bytes).then(acked, failed);
     }
-    if (acks.length > 5_000) await Promise.all(acks.splice(0));
+    if (ackFailure !== undefined) throw ackFailure;
     await new Promise((r) => setTimeout(r, slotMs));
   }
-  await Promise.all(acks);
+  while (unacked > 0 && ackFailure === undefined) await new Promise((r) => setTimeout(r, slotMs));
+  if (ackFailure !== undefined) throw ackFailure;
   // A child offered before its parent was applied is rejected and never arrives: report, do not hang.
   const complete = await p.replica.waitFor(target, 60_000).then(
     () => true,
     () => false,
   );
   off();
+  const samples = Array.from(lags.subarray(0, measured));
   return {
-    p50: percentile(lags, 50),
-    p99: percentile(lags, 99),
-    max: percentile(lags, 100),
-    n: lags.length,
+    p50: percentile(samples, 50),
+    p99: percentile(samples, 99),
+    max: percentile(samples, 100),
+    n: measured,
     complete,
   };
 }

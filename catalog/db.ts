@@ -26,7 +26,7 @@ import {
 } from "../schema/catalog.ts";
 import { CATALOG_NODE_TAG } from "../schema/identity.ts";
 import { ChunkLinks } from "./chunk-links.ts";
-import { attrInfo, EntityStore, MAX_EID, type Value } from "./entity-store.ts";
+import { attrInfo, EntityStore, MAX_EID, ownString, type Value } from "./entity-store.ts";
 import { HexIndex } from "./hex-index.ts";
 
 /**
@@ -279,7 +279,8 @@ export class CatalogDb {
         else {
           const byValue = this.strUnique.get(info.attr)!;
           if (old !== undefined) byValue.delete(old);
-          byValue.set(v, e);
+          // The stored copy, not `v`: see ownString.
+          byValue.set(this.store.get(e, info)!, e);
         }
       }
       if (e > this.maxEid) this.maxEid = e;
@@ -319,7 +320,8 @@ export class CatalogDb {
     }
   }
 
-  private remember(id: string): void {
+  private remember(decoded: string): void {
+    const id = ownString(decoded);
     this.proposals.add(id);
     if (this.proposalOrder.length < PROPOSAL_WINDOW) {
       this.proposalOrder.push(id);
