@@ -26,7 +26,7 @@ import {
 } from "../schema/catalog.ts";
 import { CATALOG_NODE_TAG } from "../schema/identity.ts";
 import { ChunkLinks } from "./chunk-links.ts";
-import { attrInfo, EntityStore, MAX_EID, ownString, type Value } from "./entity-store.ts";
+import { attrInfo, EntityStore, isHex64, MAX_EID, ownString, type Value } from "./entity-store.ts";
 import { HexIndex } from "./hex-index.ts";
 
 /**
@@ -62,7 +62,6 @@ export const PROPOSAL_WINDOW = 1 << 20;
 const MAX_PENDING_DATOMS = 1 << 21;
 
 const NAME = /^[\x21-\x7e]{1,128}$/;
-const HEX64 = /^[0-9a-f]{64}$/;
 const MAX_TEXT = 256;
 const MAX_CANDIDATES_TEXT = 64 * 1024;
 
@@ -74,7 +73,7 @@ export class CatalogApplyError extends Error {
 class Reject extends Error {}
 
 function hex(what: string, s: string): void {
-  if (!HEX64.test(s))
+  if (!isHex64(s))
     throw new Reject(`${what} must be 64 lowercase hex digits, got ${JSON.stringify(s.slice(0, 80))}`);
 }
 function name(what: string, s: string): void {
