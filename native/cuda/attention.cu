@@ -5,13 +5,26 @@
 //   split s covers keys [s*S, min((s+1)*S, pos_t+1)), S = kAttnSplitKeys
 //   m_s = max_j s_j,  l_s = sum_j e^(s_j - m_s),  a_s = sum_j e^(s_j - m_s) v_j
 //   M = max_s m_s,  out = (sum_s a_s e^(m_s-M)) / (sum_s l_s e^(m_s-M))
-// Every sum runs in a fixed order (per-lane chains in increasing key order, a
-// fixed shuffle tree, warps added 0,1,2,3, splits added in increasing s), and
-// the split bounds are absolute key positions, so a row's bits depend only on
-// its own q, keys and values.
+//
+// Pass 1 runs both products on the tensor cores (mma.sync m16n8k16, f16 in,
+// f32 accumulate): K and V are f16 already, and the f32 operands (q, and the
+// probabilities p) are split into two f16 halves, x = hi + lo with
+// hi = f16(x), lo = f16(x - hi), which carries 22 of f32's 24 significand
+// bits. The 8 columns of the mma hold hi and lo of 4 query heads side by
+// side (column 2g = hi of head g, 2g + 1 = lo), so score_g = C[2g] + C[2g+1]
+// in the same lane. q is first scaled by a power of two per head (exact) so
+// that its largest element lies in [2^14, 2^15): no f16 overflow, and small
+// elements keep their bits; the score is scaled back by the same power.
+//
+// Every sum runs in a fixed order (mma k-steps in increasing dims, tiles of
+// a warp in increasing keys, warps merged 0,1,2,3, splits added in increasing
+// s), and the split bounds are absolute key positions, so a row's bits depend
+// only on its own q, keys and values: not on the batch, the chunking or the
+// addressing (paged and contiguous run the same code).
+#include <cuda_fp16.h>
+
 #include <cmath>
 
-#include "f16.cuh"
 #include "kernels_cuda.cuh"
 
 namespace ck::cuda {
@@ -20,19 +33,23 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kSplit = kAttnSplitKeys;
-constexpr int kUnroll = 4;  // keys per warp whose loads are issued before the first use
+constexpr int kTile = 16;      // keys per warp step: the mma's M for q·K, its K for p·V
+constexpr int kPassHeads = 4;  // query heads per block: hi and lo of 4 heads fill the mma's 8 columns
+constexpr int64_t kPastEnd = -2;  // key beyond the split: score -inf, p = 0
+constexpr int64_t kBadPage = -1;  // page table points outside the pool: score NaN, output NaN
+constexpr unsigned kFull = 0xffffffffu;
 
 // Key position j of a row -> index of its K/V row in the [rows, n_kv, dim]
-// view of the cache, or -1 when the page table points outside the pool.
+// view of the cache, or kBadPage when the page table points outside the pool.
 struct PagedAddr {
   const int32_t* page_table;
   int32_t pt_stride, page_size;
   int64_t num_pages;
   __device__ int64_t row(int32_t seq, int32_t j) const {
     const int32_t pi = j / page_size;
-    if (pi >= pt_stride) return -1;
+    if (pi >= pt_stride) return kBadPage;
     const int64_t page = page_table[int64_t{seq} * pt_stride + pi];
-    if (page < 0 || page >= num_pages) return -1;
+    if (page < 0 || page >= num_pages) return kBadPage;
     return page * page_size + (j - pi * page_size);
   }
   __device__ bool fits(int32_t n_keys) const { return n_keys <= int64_t{pt_stride} * page_size; }
@@ -56,191 +73,241 @@ struct AttnArgs {
   float scale;
 };
 
-// Loads N consecutive f16 (N in {2, 4, 8}: 4-, 8- or 16-byte loads) as f32.
-template <int N>
-__device__ __forceinline__ void load_f16(const f16* p, float (&out)[N]) {
-  static_assert(N == 2 || N == 4 || N == 8, "2, 4 or 8 halves per lane");
-  uint32_t w[N / 2];
-  if constexpr (N == 2) {
-    w[0] = *reinterpret_cast<const uint32_t*>(p);
-  } else if constexpr (N == 4) {
-    const uint2 u = *reinterpret_cast<const uint2*>(p);
-    w[0] = u.x;
-    w[1] = u.y;
+// D += A·B, m16n8k16, A row-major 16x16 f16, B column-major 16x8 f16, f32
+// accumulators (PTX ISA fragment layouts: lane = 4 g + t holds A rows g and
+// g + 8, columns 2t, 2t+1 and 2t+8, 2t+9; B columns g, rows 2t, 2t+1 and
+// 2t+8, 2t+9; C rows g and g + 8, columns 2t, 2t+1).
+__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// The f16 pair (x, y) (x in the low half): the hi parts, or with lo the
+// residuals x - f16(x), y - f16(y) rounded to f16.
+__device__ __forceinline__ uint32_t f16_pair(float x, float y, bool lo) {
+  __half hx = __float2half_rn(x), hy = __float2half_rn(y);
+  if (lo) {
+    hx = __float2half_rn(x - __half2float(hx));
+    hy = __float2half_rn(y - __half2float(hy));
+  }
+  return static_cast<uint32_t>(__half_as_ushort(hx)) | (static_cast<uint32_t>(__half_as_ushort(hy)) << 16);
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& u, int e) {
+  return e == 0 ? u.x : e == 1 ? u.y : e == 2 ? u.z : u.w;
+}
+
+// N 16-byte chunks of cache row `row` (halves off, off + STEP, ...), or zeros
+// for a key with no row (past the split or a bad page).
+template <int N, int STEP>
+__device__ __forceinline__ void load_chunks(const f16* base, int64_t row, int64_t row_stride, int off,
+                                            uint4 (&out)[N]) {
+  if (row >= 0) {
+    const f16* p = base + row * row_stride + off;
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = __ldg(reinterpret_cast<const uint4*>(p + STEP * i));
   } else {
-    const uint4 u = *reinterpret_cast<const uint4*>(p);
-    w[0] = u.x;
-    w[1] = u.y;
-    w[2] = u.z;
-    w[3] = u.w;
-  }
 #pragma unroll
-  for (int i = 0; i < N / 2; ++i) {
-    out[2 * i] = f16_to_f32_exact(static_cast<uint16_t>(w[i] & 0xffffu));
-    out[2 * i + 1] = f16_to_f32_exact(static_cast<uint16_t>(w[i] >> 16));
+    for (int i = 0; i < N; ++i) out[i] = make_uint4(0u, 0u, 0u, 0u);
   }
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
-}
+__device__ __forceinline__ float pow2(int e) { return __int_as_float((127 + e) << 23); }  // e in [-126, 127]
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
-  return v;
-}
+// Pass 1. Block = (split s, kv head and pass of 4 query heads, row t); 4
+// warps; warp w takes the split's 16-key tiles w, w+4, w+8, ... with an
+// online softmax, then the warps are merged in order 0..3. Lane = 4 r + c:
+//  - q·K: A = the tile's K (rows = keys r, r+8; each lane loads 16-byte runs
+//    of dims 32 i + 8 c .. + 7 of both keys and uses them as its A columns, the
+//    same dims as its B = q fragment), C = scores of keys r, r+8 for head c.
+//  - p·V: A = V^T (rows = dims, columns = keys 2c, 2c+1, 2c+8, 2c+9; each lane
+//    loads 16-byte runs of dims 64 j + 8 r .. + 7 of its 4 keys and pairs keys
+//    with byte permutes), B = p (shuffled from the score lanes), C = the
+//    output of head c at dims 64 j + 8 r + 2 e (+1), e = 0..3.
+// So lane c owns head c throughout: its running max, sum and accumulator.
+template <int HD, class Addr>
+__global__ void __launch_bounds__(kThreads, HD <= 128 ? 3 : 2) attn_partial_kernel(AttnArgs a, Addr addr) {
+  constexpr int KCH = HD / 32;        // K: 16-byte chunks per lane per key
+  constexpr int VCH = HD / 64;        // V: 16-byte chunks per lane per key
+  constexpr int KSTEPS = HD / 16;     // q·K mma steps (16 dims each)
+  constexpr int MTILES = HD / 16;     // p·V mma tiles (16 dims each)
+  constexpr bool kEarlyV = HD <= 128;  // V loads issued with K (registers allow it up to HD 128)
+  __shared__ float acc_sh[kWarps][kPassHeads][HD];
+  __shared__ float m_sh[kWarps][kPassHeads], l_sh[kWarps][kPassHeads];
 
-// Pass 1. Block = (split s, kv head, row t); 4 warps. Lane l owns dims
-// [l*DPL, (l+1)*DPL) of K and [l*VDPL, (l+1)*VDPL) of V; warp w owns the
-// split's keys w, w+4, w+8, ... Handles all `group` query heads of the kv head
-// so K and V are read once per kv head.
-template <int HD, int VHD, int MAXG, class Addr>
-__global__ void __launch_bounds__(kThreads) attn_partial_kernel(AttnArgs a, Addr addr) {
-  constexpr int DPL = HD / 32;
-  constexpr int VDPL = VHD / 32;
-  __shared__ float p_sh[MAXG][kSplit];  // scores, then e^(s - m)
-  __shared__ float m_sh[MAXG], l_sh[MAXG];
-  __shared__ float acc_sh[MAXG][VHD];   // cross-warp sum, warps added in order 0,1,2,3
-
-  const int32_t t = blockIdx.z, kvh = blockIdx.y, s = blockIdx.x;
+  const int32_t t = blockIdx.z, s = blockIdx.x;
+  const int32_t passes = (a.group + kPassHeads - 1) / kPassHeads;
+  const int32_t kvh = static_cast<int32_t>(blockIdx.y) / passes;
+  const int32_t g0 = (static_cast<int32_t>(blockIdx.y) % passes) * kPassHeads;  // first group head of this pass
+  const int32_t heads = min(kPassHeads, a.group - g0);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int r = lane >> 2, c = lane & 3;
   const int32_t pos = a.row_pos[t];
   const int32_t n_keys = pos + 1;
   const int32_t j0 = s * kSplit;
   if (pos < 0 || j0 >= n_keys || !addr.fits(n_keys)) return;  // split unused (combine reads only used splits)
   const int32_t nk = min(kSplit, n_keys - j0);
   const int32_t seq = a.row_seq[t];
-  const int32_t G = a.group;
-  const int64_t kv_stride_k = int64_t{a.n_kv} * HD;
-  const int64_t kv_stride_v = int64_t{a.n_kv} * VHD;
-  const f16* kbase = a.k + int64_t{kvh} * HD + lane * DPL;
-  const f16* vbase = a.v + int64_t{kvh} * VHD + lane * VDPL;
+  const int64_t row_stride = int64_t{a.n_kv} * HD;  // halves between consecutive cache rows (K and V)
+  const f16* kbase = a.k + int64_t{kvh} * HD;
+  const f16* vbase = a.v + int64_t{kvh} * HD;
 
-  float q[MAXG][DPL];
+  // ---- q as B fragments: column r = hi (r even) or lo (r odd) of head r/2 ----
+  const int qh = r >> 1;
+  const bool lo_col = (r & 1) != 0;
+  uint32_t qf[KSTEPS][2];
+  int shift;  // q of head qh is scaled by 2^-shift
+  {
+    float qv[KCH][8];
+    float mx = 0.0f;
+    const bool live = qh < heads;
+    const float* qp = a.q + (int64_t{t} * a.n_heads + int64_t{kvh} * a.group + g0 + (live ? qh : 0)) * HD + 8 * c;
 #pragma unroll
-  for (int g = 0; g < MAXG; ++g) {
-    if (g < G) {
-      const float* qp = a.q + (int64_t{t} * a.n_heads + int64_t{kvh} * G + g) * HD + lane * DPL;
+    for (int i = 0; i < KCH; ++i) {
+      const float4 x0 = live ? *reinterpret_cast<const float4*>(qp + 32 * i) : make_float4(0.f, 0.f, 0.f, 0.f);
+      const float4 x1 = live ? *reinterpret_cast<const float4*>(qp + 32 * i + 4) : make_float4(0.f, 0.f, 0.f, 0.f);
+      qv[i][0] = x0.x;
+      qv[i][1] = x0.y;
+      qv[i][2] = x0.z;
+      qv[i][3] = x0.w;
+      qv[i][4] = x1.x;
+      qv[i][5] = x1.y;
+      qv[i][6] = x1.z;
+      qv[i][7] = x1.w;
 #pragma unroll
-      for (int i = 0; i < DPL; ++i) q[g][i] = qp[i];
+      for (int u = 0; u < 8; ++u) mx = fmaxf(mx, fabsf(qv[i][u]));
     }
+    // The 8 lanes 8 qh .. 8 qh + 7 hold head qh.
+    mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 2));
+    mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 4));
+    // ilogb: 0 -> very negative, inf/NaN -> very positive; clamped so both
+    // 2^-shift and scale * 2^shift stay normal floats.
+    const int e = mx > 0.0f ? min(max(ilogbf(mx), -100), 100) : -100;
+    shift = e - 14;
+    const float down = pow2(-shift);
+#pragma unroll
+    for (int i = 0; i < KCH; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        qf[2 * i + h][0] = f16_pair(qv[i][4 * h] * down, qv[i][4 * h + 1] * down, lo_col);
+        qf[2 * i + h][1] = f16_pair(qv[i][4 * h + 2] * down, qv[i][4 * h + 3] * down, lo_col);
+      }
+  }
+  const float sc = a.scale * pow2(__shfl_sync(kFull, shift, 8 * c));  // for head c's scores
+
+  float m_run = -INFINITY, l_run = 0.0f;
+  float acc[MTILES][4];
+#pragma unroll
+  for (int i = 0; i < MTILES; ++i)
+#pragma unroll
+    for (int u = 0; u < 4; ++u) acc[i][u] = 0.0f;
+
+  const int32_t n_tiles = (nk + kTile - 1) / kTile;
+  for (int32_t tile = warp; tile < n_tiles; tile += kWarps) {
+    // Lane l looks up key l & 15 of the tile; the others shuffle its row.
+    const int32_t kk = tile * kTile + (lane & 15);
+    const int64_t my_row = kk < nk ? addr.row(seq, j0 + kk) : kPastEnd;
+    const int64_t row_k0 = __shfl_sync(kFull, my_row, r), row_k8 = __shfl_sync(kFull, my_row, r + 8);
+    const int64_t row_v[4] = {__shfl_sync(kFull, my_row, 2 * c), __shfl_sync(kFull, my_row, 2 * c + 1),
+                              __shfl_sync(kFull, my_row, 2 * c + 8), __shfl_sync(kFull, my_row, 2 * c + 9)};
+    uint4 k0[KCH], k8[KCH], v[4][VCH];
+    load_chunks<KCH, 32>(kbase, row_k0, row_stride, 8 * c, k0);
+    load_chunks<KCH, 32>(kbase, row_k8, row_stride, 8 * c, k8);
+    if constexpr (kEarlyV) {
+#pragma unroll
+      for (int u = 0; u < 4; ++u) load_chunks<VCH, 64>(vbase, row_v[u], row_stride, 8 * r, v[u]);
+    }
+
+    // ---- scores of keys r and r + 8 for head c ------------------------------
+    float sacc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < KCH; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        mma_16816(sacc, word(k0[i], 2 * h), word(k8[i], 2 * h), word(k0[i], 2 * h + 1), word(k8[i], 2 * h + 1),
+                  qf[2 * i + h][0], qf[2 * i + h][1]);
+    if constexpr (!kEarlyV) {
+#pragma unroll
+      for (int u = 0; u < 4; ++u) load_chunks<VCH, 64>(vbase, row_v[u], row_stride, 8 * r, v[u]);
+    }
+    float s0 = (sacc[0] + sacc[1]) * sc, s1 = (sacc[2] + sacc[3]) * sc;
+    if (row_k0 < 0) s0 = row_k0 == kBadPage ? __int_as_float(0x7fc00000) : -INFINITY;
+    if (row_k8 < 0) s1 = row_k8 == kBadPage ? __int_as_float(0x7fc00000) : -INFINITY;
+
+    // ---- online softmax: the tile max over the 8 lanes of head c ---------------
+    float tm = fmaxf(s0, s1);
+    tm = fmaxf(tm, __shfl_xor_sync(kFull, tm, 4));
+    tm = fmaxf(tm, __shfl_xor_sync(kFull, tm, 8));
+    tm = fmaxf(tm, __shfl_xor_sync(kFull, tm, 16));
+    const float m_new = fmaxf(m_run, tm);
+    const float alpha = expf(m_run - m_new);  // a tile of only bad keys: NaN, which propagates to out
+    const float p0 = expf(s0 - m_new), p1 = expf(s1 - m_new);  // NaN score (bad page) -> NaN
+    l_run = l_run * alpha + p0 + p1;
+    m_run = m_new;
+#pragma unroll
+    for (int i = 0; i < MTILES; ++i)
+#pragma unroll
+      for (int u = 0; u < 4; ++u) acc[i][u] *= alpha;
+
+    // ---- p as B fragments: column r = hi/lo of head r/2, keys 2c, 2c+1, 2c+8, 2c+9
+    // p of head h at key k (< 8) is p0 of lane 4 k + h, at key k + 8 its p1.
+    const int src = 8 * c + qh;
+    const float pa0 = __shfl_sync(kFull, p0, src), pb0 = __shfl_sync(kFull, p0, src + 4);
+    const float pa1 = __shfl_sync(kFull, p1, src), pb1 = __shfl_sync(kFull, p1, src + 4);
+    const uint32_t pf0 = f16_pair(pa0, pb0, lo_col), pf1 = f16_pair(pa1, pb1, lo_col);
+
+    // ---- acc += V^T p: rows = dims 64 j + 8 r + 2 e (+1 for rows r + 8) ---------
+#pragma unroll
+    for (int j = 0; j < VCH; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const uint32_t w0 = word(v[0][j], e), w1 = word(v[1][j], e), w2 = word(v[2][j], e), w3 = word(v[3][j], e);
+        mma_16816(acc[4 * j + e], __byte_perm(w0, w1, 0x5410), __byte_perm(w0, w1, 0x7632),
+                  __byte_perm(w2, w3, 0x5410), __byte_perm(w2, w3, 0x7632), pf0, pf1);
+      }
   }
 
-  // ---- scores: p_sh[g][kk] = scale * q_g · k_(j0+kk) --------------------
-  for (int32_t base = warp; base < nk; base += kWarps * kUnroll) {
-    float kf[kUnroll][DPL];
-    bool bad[kUnroll];
+  // ---- merge the warps in order 0..3 ------------------------------------------------
+  l_run += __shfl_xor_sync(kFull, l_run, 4);
+  l_run += __shfl_xor_sync(kFull, l_run, 8);
+  l_run += __shfl_xor_sync(kFull, l_run, 16);
+  if (c < heads) {
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int32_t kk = base + u * kWarps;
-      bad[u] = false;
-      if (kk < nk) {
-        const int64_t r = addr.row(seq, j0 + kk);
-        bad[u] = r < 0;
-        if (!bad[u]) load_f16<DPL>(kbase + r * kv_stride_k, kf[u]);
+    for (int j = 0; j < VCH; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int d = 64 * j + 8 * r + 2 * e;
+        acc_sh[warp][c][d] = acc[4 * j + e][0] + acc[4 * j + e][1];
+        acc_sh[warp][c][d + 1] = acc[4 * j + e][2] + acc[4 * j + e][3];
       }
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int32_t kk = base + u * kWarps;
-      if (kk >= nk) break;
-#pragma unroll
-      for (int g = 0; g < MAXG; ++g) {
-        if (g < G) {
-          float d = 0.0f;
-          if (!bad[u]) {
-#pragma unroll
-            for (int i = 0; i < DPL; ++i) d = fmaf(q[g][i], kf[u][i], d);
-          }
-          d = warp_sum(d);
-          if (lane == 0) p_sh[g][kk] = bad[u] ? __int_as_float(0x7fc00000) : a.scale * d;
-        }
-      }
+    if (r == 0) {
+      m_sh[warp][c] = m_run;
+      l_sh[warp][c] = l_run;
     }
   }
   __syncthreads();
-
-  // ---- per head: m = max, p = e^(s - m), l = sum p --------------------------
-  for (int g = warp; g < G; g += kWarps) {
-    float m = -INFINITY;
-    for (int32_t kk = lane; kk < nk; kk += 32) m = fmaxf(m, p_sh[g][kk]);
-    m = warp_max(m);
-    float l = 0.0f;
-    for (int32_t kk = lane; kk < nk; kk += 32) {
-      const float p = expf(p_sh[g][kk] - m);  // NaN score (bad page) -> NaN, propagates to out
-      p_sh[g][kk] = p;
-      l += p;
+  for (int idx = threadIdx.x; idx < heads * HD; idx += kThreads) {
+    const int hh = idx / HD, d = idx % HD;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, m_sh[w][hh]);
+    float L = 0.0f, A = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float f = expf(m_sh[w][hh] - M);  // a warp without keys: m = -inf, f = 0, l = acc = 0
+      L = fmaf(l_sh[w][hh], f, L);
+      A = fmaf(acc_sh[w][hh][d], f, A);
     }
-    l = warp_sum(l);
-    if (lane == 0) {
-      m_sh[g] = m;
-      l_sh[g] = l;
+    const int64_t h = int64_t{kvh} * a.group + g0 + hh;
+    float* rec = a.ws + ((int64_t{t} * a.n_heads + h) * a.n_splits + s) * (HD + 2);
+    rec[d] = A;
+    if (d == 0) {
+      rec[HD] = M;
+      rec[HD + 1] = L;
     }
-  }
-  __syncthreads();
-
-  // ---- acc[g][:] = sum_kk p[g][kk] v_kk -------------------------------------
-  float acc[MAXG][VDPL];
-#pragma unroll
-  for (int g = 0; g < MAXG; ++g)
-#pragma unroll
-    for (int i = 0; i < VDPL; ++i) acc[g][i] = 0.0f;
-  for (int32_t base = warp; base < nk; base += kWarps * kUnroll) {
-    float vf[kUnroll][VDPL];
-    bool bad[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int32_t kk = base + u * kWarps;
-      bad[u] = false;
-      if (kk < nk) {
-        const int64_t r = addr.row(seq, j0 + kk);
-        bad[u] = r < 0;
-        if (!bad[u]) load_f16<VDPL>(vbase + r * kv_stride_v, vf[u]);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int32_t kk = base + u * kWarps;
-      if (kk >= nk || bad[u]) continue;  // a bad key already made p (and so l) NaN
-#pragma unroll
-      for (int g = 0; g < MAXG; ++g) {
-        if (g < G) {
-          const float p = p_sh[g][kk];
-#pragma unroll
-          for (int i = 0; i < VDPL; ++i) acc[g][i] = fmaf(p, vf[u][i], acc[g][i]);
-        }
-      }
-    }
-  }
-  // Warps add into acc_sh in the fixed order 0, 1, 2, 3; warp 3 writes out.
-  for (int w = 0; w < kWarps; ++w) {
-    if (warp == w) {
-#pragma unroll
-      for (int g = 0; g < MAXG; ++g) {
-        if (g < G) {
-#pragma unroll
-          for (int i = 0; i < VDPL; ++i) {
-            const int d = lane * VDPL + i;
-            const float sum = w == 0 ? acc[g][i] : acc_sh[g][d] + acc[g][i];
-            if (w < kWarps - 1) {
-              acc_sh[g][d] = sum;
-            } else {
-              const int64_t h = int64_t{kvh} * G + g;
-              float* rec = a.ws + ((int64_t{t} * a.n_heads + h) * a.n_splits + s) * (VHD + 2);
-              rec[d] = sum;
-              if (d == 0) {
-                rec[VHD] = m_sh[g];
-                rec[VHD + 1] = l_sh[g];
-              }
-            }
-          }
-        }
-      }
-    }
-    __syncthreads();
   }
 }
 
@@ -271,20 +338,12 @@ __global__ void attn_combine_kernel(AttnArgs a, Addr addr, int32_t vhd) {
 
 int32_t splits_for(int32_t max_keys) { return (max_keys + kSplit - 1) / kSplit; }
 
-template <int HD, int MAXG, class Addr>
-void launch_partial(const AttnArgs& a, const Addr& addr, cudaStream_t stream) {
-  const dim3 grid(a.n_splits, a.n_kv, a.T);
-  attn_partial_kernel<HD, HD, MAXG, Addr><<<grid, kThreads, 0, stream>>>(a, addr);
-  CK_LAUNCH("attn_partial_kernel");
-}
-
 template <int HD, class Addr>
-void dispatch_group(const AttnArgs& a, const Addr& addr, cudaStream_t stream) {
-  if (a.group <= 1) return launch_partial<HD, 1>(a, addr, stream);
-  if (a.group <= 2) return launch_partial<HD, 2>(a, addr, stream);
-  if (a.group <= 4) return launch_partial<HD, 4>(a, addr, stream);
-  if (a.group <= 8) return launch_partial<HD, 8>(a, addr, stream);
-  return launch_partial<HD, 16>(a, addr, stream);
+void launch_partial(const AttnArgs& a, const Addr& addr, cudaStream_t stream) {
+  const int32_t passes = (a.group + kPassHeads - 1) / kPassHeads;
+  const dim3 grid(a.n_splits, a.n_kv * passes, a.T);
+  attn_partial_kernel<HD, Addr><<<grid, kThreads, 0, stream>>>(a, addr);
+  CK_LAUNCH("attn_partial_kernel");
 }
 
 template <class Addr>
@@ -292,9 +351,9 @@ void run_attention(const AttnArgs& a, const Addr& addr, int32_t head_dim, int32_
                    const AttentionLaunch& l) {
   if (a.T == 0) return;
   switch (head_dim) {
-    case 64: dispatch_group<64>(a, addr, l.stream); break;
-    case 128: dispatch_group<128>(a, addr, l.stream); break;
-    case 256: dispatch_group<256>(a, addr, l.stream); break;
+    case 64: launch_partial<64>(a, addr, l.stream); break;
+    case 128: launch_partial<128>(a, addr, l.stream); break;
+    case 256: launch_partial<256>(a, addr, l.stream); break;
     default: CK_REQUIRE(false, "attention: head_dim must be 64, 128 or 256");
   }
   attn_combine_kernel<Addr><<<dim3(a.n_heads, a.T), v_head_dim, 0, l.stream>>>(a, addr, v_head_dim);
@@ -312,8 +371,8 @@ AttnArgs make_args(const float* q, const f16* k, const f16* v, const int32_t* ro
   CK_REQUIRE(l.max_keys > 0, "attention: max_keys must be positive");
   CK_REQUIRE(l.workspace_bytes >= attention_workspace_bytes(T, n_heads, v_head_dim, l.max_keys),
              "attention: workspace too small for T, n_heads, v_head_dim, max_keys");
-  CK_REQUIRE(int64_t{n_kv} * T <= 65535LL * 65535LL && T <= 65535 && n_kv <= 65535,
-             "attention: T and n_kv must fit the grid (<= 65535 each)");
+  CK_REQUIRE(T <= 65535 && int64_t{n_kv} * ((n_heads / n_kv + kPassHeads - 1) / kPassHeads) <= 65535,
+             "attention: T and n_kv * ceil(group / 4) must fit the grid (<= 65535 each)");
   CK_REQUIRE((reinterpret_cast<uintptr_t>(k) & 15u) == 0 && (reinterpret_cast<uintptr_t>(v) & 15u) == 0,
              "attention: K and V pools must be 16-byte aligned");
   AttnArgs a{};
