@@ -359,9 +359,9 @@ void check_attention(Tally& tally, std::mt19937_64& rng, ck::ThreadPool* pool, i
                      int32_t head_dim, int32_t page_size) {
   const std::string tag = "h" + std::to_string(n_heads) + "/kv" + std::to_string(n_kv) + "/d" +
                           std::to_string(head_dim) + "/ps" + std::to_string(page_size);
-  // Lengths straddle split (256) and page boundaries; one long sequence.
+  // Lengths straddle split (kAttnSplitKeys) and page boundaries; one long sequence.
   std::uniform_int_distribution<int32_t> len_d(1, 700);
-  std::vector<int32_t> lens = {1, 256, 257, 1500};
+  std::vector<int32_t> lens = {1, ck::cuda::kAttnSplitKeys, ck::cuda::kAttnSplitKeys + 1, 1500};
   for (int i = 0; i < 4; ++i) lens.push_back(len_d(rng));
   const Cache c = make_cache(rng, lens, n_kv, head_dim, page_size);
   const DevCache dc(c);
