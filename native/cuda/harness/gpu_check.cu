@@ -876,6 +876,11 @@ void timings(std::mt19937_64& rng, bool quick) {
     det_decode_gbs = 2.0 * K * N / (dms * 1e6);
     std::printf("%-52s %9.3f ms %9.1f GB/s (weights)\n", "det. matmul T=8 (decode) K=N=4096 f16 W", dms,
                 det_decode_gbs);
+    for (const int32_t Tx : {1, 32}) {  // the small-T kernel's ends (T <= 32)
+      const double xms = time_ms([&] { ck::cuda::matmul(x.get(), Tx, K, W.dev, ck::DType::F16, N, nullptr, y.get(), nullptr); }, 2, reps);
+      std::printf("%-52s %9.3f ms %9.1f GB/s (weights)\n",
+                  ("det. matmul T=" + std::to_string(Tx) + " K=N=4096 f16 W").c_str(), xms, 2.0 * K * N / (xms * 1e6));
+    }
 #if defined(CK_HAVE_CUBLAS)
     ck::cuda::CublasGemm gemm(nullptr, int64_t{Tp} * K);
     const double cms = time_ms([&] { gemm.matmul(x.get(), Tp, K, W.dev, ck::DType::F16, N, nullptr, y.get()); }, 2, reps);
