@@ -99,17 +99,21 @@ __global__ void __launch_bounds__(kTX* kTY) matmul_kernel(const float* __restric
 // 32 outputs n (one per lane) and streams their W rows, with the matching
 // slice of x, through shared memory in stages of 16 KB of W with cp.async,
 // kMvStages deep, so ~48 KB of W per block is in flight; warp w runs the
-// chains of rows t = w, w + 4, ... (R of them, interleaved, which hides the
-// FMA latency), reading W and x from shared memory (x broadcast to the warp).
-// (Reading x through L1 instead left each warp waiting on L2 every 8 k:
-// 0.123 ms for T = 8, K = N = 4096 on H200, 272 GB/s of weights.) f16 weights are widened as in
-// load_w_fma.
+// chains of rows t = w, w + 8, ... (R of them, interleaved), reading W and x
+// from shared memory (x broadcast to the warp). f16 weights are widened as in
+// load_w_fma. Measured on H200 (K = N = 4096, f16 W, T = 1 / 8 / 32):
+// 8 warps 0.045 / 0.047 / 0.122 ms; 4 warps (2 rows a warp at T = 8)
+// 0.053 / 0.079 / 0.219 ms; reading x through L1 instead of shared memory
+// 0.123 ms at T = 8 (each warp waited on L2 every 8 k); loading the next
+// step's operands one step ahead by hand did not help at 8 warps and 16 warps
+// were slower. The single chain per output (4096 dependent FMAs) bounds T = 1:
+// one warp per SM has all the work.
 constexpr int kMvN = 32;          // outputs (W rows) a block: one per lane
-constexpr int kMvWarps = 4;       // warp w takes rows t = w + 4 r, r < R
+constexpr int kMvWarps = 8;       // warp w takes rows t = w + 8 r, r < R
 constexpr int kMvStages = 4;      // W stages in shared memory
 constexpr int kMvStageBytes = 16384;
 constexpr int kMvRowPad = 16;     // bytes after each W row slice: the lanes' 16-byte reads hit distinct banks
-constexpr int32_t kMvMaxT = 4 * kMvWarps * 2;  // 32 rows: R = 8
+constexpr int32_t kMvMaxT = 4 * kMvWarps;  // 32 rows: R = 4
 
 constexpr int kMvRowBytes = kMvStageBytes / kMvN + kMvRowPad;  // one W row's slice of a stage in shared memory
 
@@ -244,8 +248,7 @@ void matmul_small_t(const float* x, int32_t T, int32_t K, const void* W, int32_t
                     cudaStream_t stream) {
   if (T <= kMvWarps) return launch_small_t<WT, 1>(x, T, K, W, N, bias, y, stream);
   if (T <= 2 * kMvWarps) return launch_small_t<WT, 2>(x, T, K, W, N, bias, y, stream);
-  if (T <= 4 * kMvWarps) return launch_small_t<WT, 4>(x, T, K, W, N, bias, y, stream);
-  launch_small_t<WT, 8>(x, T, K, W, N, bias, y, stream);
+  launch_small_t<WT, 4>(x, T, K, W, N, bias, y, stream);
 }
 
 // ---- rmsnorm -------------------------------------------------------------------
