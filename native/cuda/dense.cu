@@ -2,6 +2,8 @@
 // Each output element is reduced by one thread (matmul) or one fixed-size
 // block (rmsnorm) in an order that depends only on the element's own row, so
 // results never depend on T or on the other rows of the batch.
+#include <cuda_fp16.h>
+
 #include <cmath>
 
 #include "f16.cuh"
@@ -16,6 +18,16 @@ __device__ __forceinline__ float load_w(const void* w, int64_t i) {
   if constexpr (W == ck::DType::F16) return f16_to_f32_exact(static_cast<const uint16_t*>(w)[i]);
   if constexpr (W == ck::DType::BF16) return bf16_to_f32_exact(static_cast<const uint16_t*>(w)[i]);
   return 0.0f;
+}
+
+// A weight that only ever enters an FMA: f16 widened by the hardware
+// conversion (exact, like f16_to_f32_exact; a NaN's payload may differ, but
+// the FMA returns the canonical NaN either way, so the sums' bits are the
+// same). Fewer instructions and registers than the bit-level formula.
+template <ck::DType W>
+__device__ __forceinline__ float load_w_fma(const void* w, int64_t i) {
+  if constexpr (W == ck::DType::F16) return __half2float(__ushort_as_half(static_cast<const unsigned short*>(w)[i]));
+  return load_w<W>(w, i);
 }
 
 // ---- matmul ------------------------------------------------------------------
@@ -49,7 +61,7 @@ __global__ void __launch_bounds__(kTX* kTY) matmul_kernel(const float* __restric
       const int64_t k = k0 + kk;
       const int64_t xr = row0 + r, wr = col0 + r;
       xs[kk][r] = (xr < T && k < K) ? x[xr * K + k] : 0.0f;
-      ws[kk][r] = (wr < N && k < K) ? load_w<WT>(W, wr * K + k) : 0.0f;
+      ws[kk][r] = (wr < N && k < K) ? load_w_fma<WT>(W, wr * K + k) : 0.0f;
     }
     __syncthreads();
 #pragma unroll
@@ -76,6 +88,167 @@ __global__ void __launch_bounds__(kTX* kTY) matmul_kernel(const float* __restric
       if (c < N) y[r * N + c] = bias != nullptr ? acc[i][j] + bias[c] : acc[i][j];
     }
   }
+}
+
+// ---- matmul, small T (decode) ---------------------------------------------------
+// The same arithmetic as matmul_kernel (each y[t,n] is the FMA chain
+// fmaf(x[t,k], W[n,k], acc) over k = 0..K-1 in increasing order, then + bias),
+// so a row gives the same bits through either kernel: the switch on T never
+// changes a row's result. Only the schedule differs, for the case where W is
+// the whole cost (decode: T rows, each W element used T times): a block owns
+// 32 outputs n (one per lane) and streams their W rows, with the matching
+// slice of x, through shared memory in stages of 16 KB of W with cp.async,
+// kMvStages deep, so ~48 KB of W per block is in flight; warp w runs the
+// chains of rows t = w, w + 8, ... (R of them, interleaved), reading W and x
+// from shared memory (x broadcast to the warp). f16 weights are widened as in
+// load_w_fma. Measured on H200 (K = N = 4096, f16 W, T = 1 / 8 / 32):
+// 8 warps 0.045 / 0.047 / 0.122 ms; 4 warps (2 rows a warp at T = 8)
+// 0.053 / 0.079 / 0.219 ms; reading x through L1 instead of shared memory
+// 0.123 ms at T = 8 (each warp waited on L2 every 8 k); loading the next
+// step's operands one step ahead by hand did not help at 8 warps and 16 warps
+// were slower. The single chain per output (4096 dependent FMAs) bounds T = 1:
+// one warp per SM has all the work.
+constexpr int kMvN = 32;          // outputs (W rows) a block: one per lane
+constexpr int kMvWarps = 8;       // warp w takes rows t = w + 8 r, r < R
+constexpr int kMvStages = 4;      // W stages in shared memory
+constexpr int kMvStageBytes = 16384;
+constexpr int kMvRowPad = 16;     // bytes after each W row slice: the lanes' 16-byte reads hit distinct banks
+constexpr int32_t kMvMaxT = 4 * kMvWarps;  // 32 rows: R = 4
+
+constexpr int kMvRowBytes = kMvStageBytes / kMvN + kMvRowPad;  // one W row's slice of a stage in shared memory
+
+// Shared memory of one stage: the W slice, then x[T][KC] f32 (KC = k per stage).
+__host__ __device__ constexpr size_t mv_stage_bytes(int32_t T, int wbytes) {
+  return size_t{kMvN} * kMvRowBytes + size_t(T) * (kMvStageBytes / (kMvN * wbytes)) * 4;
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(dst), "l"(gmem));
+}
+
+// 8 consecutive weights of a row slice in shared memory, as f32.
+template <ck::DType WT>
+__device__ __forceinline__ void mv_weights(const unsigned char* p, float (&w)[8]) {
+  if constexpr (WT == ck::DType::F32) {
+    const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 16);
+    w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+  } else {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const uint32_t h[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (WT == ck::DType::F16) {
+        w[2 * i] = __half2float(__ushort_as_half(static_cast<unsigned short>(h[i] & 0xffffu)));
+        w[2 * i + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(h[i] >> 16)));
+      } else {
+        w[2 * i] = __uint_as_float(h[i] << 16);
+        w[2 * i + 1] = __uint_as_float(h[i] & 0xffff0000u);
+      }
+    }
+  }
+}
+
+// Needs K % 8 == 0 and 16-byte aligned x and W (checked by the caller).
+template <ck::DType WT, int R>
+__global__ void __launch_bounds__(kMvN* kMvWarps) matmul_small_t_kernel(const float* __restrict__ x, int32_t T,
+                                                                         int32_t K, const void* __restrict__ W,
+                                                                         int32_t N, const float* __restrict__ bias,
+                                                                         float* __restrict__ y) {
+  constexpr int WB = WT == ck::DType::F32 ? 4 : 2;
+  constexpr int KC = kMvStageBytes / (kMvN * WB);  // k per stage: 256 (f16, bf16) or 128 (f32)
+  constexpr int ROW = kMvRowBytes;
+  constexpr int CPR = KC * WB / 16;  // 16-byte chunks of a W row slice
+  constexpr int XPR = KC * 4 / 16;   // 16-byte chunks of an x row slice
+  extern __shared__ __align__(16) unsigned char sm[];  // [kMvStages] x {W [kMvN][ROW], x [T][KC]}
+  const size_t stage_bytes = mv_stage_bytes(T, WB);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t n0 = int64_t{blockIdx.x} * kMvN;
+  const int32_t n_stages = (K + KC - 1) / KC;
+  const unsigned char* wb = static_cast<const unsigned char*>(W);
+  const int64_t w_row = int64_t{K} * WB;  // bytes of a W row
+
+  // Stage st: W[n0 .. n0+31][st*KC .. +KC) and x[0 .. T-1][st*KC .. +KC)
+  // into buffer st % kMvStages. Every thread commits a group per call (empty
+  // past the end) so wait_group counts match across threads and stages.
+  auto issue = [&](int32_t st) {
+    if (st < n_stages) {
+      unsigned char* dst = sm + (st % kMvStages) * stage_bytes;
+      const int64_t kb0 = int64_t{st} * KC * WB;
+      const int64_t chunks = min(int64_t{CPR}, (w_row - kb0) / 16);
+      for (int i = threadIdx.x; i < kMvN * CPR; i += kMvN * kMvWarps) {
+        const int row = i / CPR, ch = i % CPR;
+        if (ch < chunks && n0 + row < N) cp_async16(dst + row * ROW + ch * 16, wb + (n0 + row) * w_row + kb0 + ch * 16);
+      }
+      float* xs = reinterpret_cast<float*>(dst + kMvN * ROW);
+      const int32_t k0 = st * KC, xchunks = min(KC, K - k0) / 4;
+      for (int i = threadIdx.x; i < T * XPR; i += kMvN * kMvWarps) {
+        const int t = i / XPR, ch = i % XPR;
+        if (ch < xchunks) cp_async16(xs + t * KC + ch * 4, x + int64_t{t} * K + k0 + ch * 4);
+      }
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  };
+
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+#pragma unroll
+  for (int st = 0; st < kMvStages - 1; ++st) issue(st);
+  for (int32_t st = 0; st < n_stages; ++st) {
+    asm volatile("cp.async.wait_group %0;" ::"n"(kMvStages - 2) : "memory");
+    __syncthreads();  // stage st landed for all threads; stage st - 1's buffer is free
+    issue(st + kMvStages - 1);
+    const unsigned char* wr = sm + (st % kMvStages) * stage_bytes + lane * ROW;
+    const float* xs = reinterpret_cast<const float*>(sm + (st % kMvStages) * stage_bytes + kMvN * ROW);
+    const int32_t k0 = st * KC, kn = min(KC, K - k0);
+#pragma unroll 2
+    for (int32_t kk = 0; kk < kn; kk += 8) {
+      float w[8];
+      mv_weights<WT>(wr + kk * WB, w);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int32_t t = warp + kMvWarps * r;
+        if (t < T) {
+          const float* xp = xs + t * KC + kk;
+          const float4 a = *reinterpret_cast<const float4*>(xp), b = *reinterpret_cast<const float4*>(xp + 4);
+          const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[r] = fmaf(xv[i], w[i], acc[r]);
+        }
+      }
+    }
+  }
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  const int64_t n = n0 + lane;
+  if (n >= N) return;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int32_t t = warp + kMvWarps * r;
+    if (t < T) y[int64_t{t} * N + n] = bias != nullptr ? acc[r] + bias[n] : acc[r];
+  }
+}
+
+template <ck::DType WT, int R>
+void launch_small_t(const float* x, int32_t T, int32_t K, const void* W, int32_t N, const float* bias, float* y,
+                    cudaStream_t stream) {
+  constexpr int WB = WT == ck::DType::F32 ? 4 : 2;
+  static const bool smem_ok = [] {  // more than 48 KB of dynamic shared memory must be asked for, once
+    CK_CUDA(cudaFuncSetAttribute(matmul_small_t_kernel<WT, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(kMvStages * mv_stage_bytes(kMvWarps * R, WB))));
+    return true;
+  }();
+  (void)smem_ok;
+  const size_t smem = kMvStages * mv_stage_bytes(T, WB);
+  matmul_small_t_kernel<WT, R><<<(N + kMvN - 1) / kMvN, kMvN * kMvWarps, smem, stream>>>(x, T, K, W, N, bias, y);
+}
+
+template <ck::DType WT>
+void matmul_small_t(const float* x, int32_t T, int32_t K, const void* W, int32_t N, const float* bias, float* y,
+                    cudaStream_t stream) {
+  if (T <= kMvWarps) return launch_small_t<WT, 1>(x, T, K, W, N, bias, y, stream);
+  if (T <= 2 * kMvWarps) return launch_small_t<WT, 2>(x, T, K, W, N, bias, y, stream);
+  launch_small_t<WT, 4>(x, T, K, W, N, bias, y, stream);
 }
 
 // ---- rmsnorm -------------------------------------------------------------------
@@ -165,6 +338,16 @@ void matmul(const float* x, int32_t T, int32_t K, const void* W, ck::DType wt, i
   CK_REQUIRE((T + kBM - 1) / kBM <= 65535, "matmul: T too large for one launch");
   require_dtype(wt, "matmul");
   if (T == 0) return;
+  const bool aligned = (reinterpret_cast<uintptr_t>(x) & 15u) == 0 && (reinterpret_cast<uintptr_t>(W) & 15u) == 0;
+  if (T <= kMvMaxT && K % 8 == 0 && aligned) {  // decode-sized batch: stream W (same bits as below)
+    switch (wt) {
+      case ck::DType::F32: matmul_small_t<ck::DType::F32>(x, T, K, W, N, bias, y, stream); break;
+      case ck::DType::F16: matmul_small_t<ck::DType::F16>(x, T, K, W, N, bias, y, stream); break;
+      case ck::DType::BF16: matmul_small_t<ck::DType::BF16>(x, T, K, W, N, bias, y, stream); break;
+    }
+    CK_LAUNCH("matmul_small_t_kernel");
+    return;
+  }
   const dim3 grid((N + kBN - 1) / kBN, (T + kBM - 1) / kBM), block(kTX, kTY);
   switch (wt) {
     case ck::DType::F32: matmul_kernel<ck::DType::F32><<<grid, block, 0, stream>>>(x, T, K, W, N, bias, y); break;

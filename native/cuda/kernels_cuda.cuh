@@ -49,9 +49,14 @@ void routed_append(const float* rows, const int32_t* slots, int32_t B, int32_t r
 // unnormalised V accumulation for every query head of the GQA group; pass 2
 // combines the splits of a (row, head) in increasing s:
 //   M = max_s m_s,  L = sum_s l_s e^(m_s - M),  out = sum_s acc_s e^(m_s - M) / L.
+// Pass 1 uses the tensor cores with q and p split into f16 hi + lo parts
+// (22 significand bits; see attention.cu): relative error ~2e-7 against
+// float64, like an f32 CUDA-core kernel. Pass 2 is launched with
+// programmatic dependent launch (it waits on the device for pass 1).
 // Supported shapes: head_dim and v_head_dim in {64, 128, 256}; n_heads / n_kv
-// at most 16.
-constexpr int32_t kAttnSplitKeys = 256;
+// at most 16 (groups above 4 heads run as passes of 4, each re-reading K/V,
+// mostly from L2); max_keys at most 2^21.
+constexpr int32_t kAttnSplitKeys = 512;
 
 // Scratch for the partial results: [T, n_heads, splits, v_head_dim + 2] f32,
 // splits = ceil(max_keys / kAttnSplitKeys).

@@ -359,9 +359,9 @@ void check_attention(Tally& tally, std::mt19937_64& rng, ck::ThreadPool* pool, i
                      int32_t head_dim, int32_t page_size) {
   const std::string tag = "h" + std::to_string(n_heads) + "/kv" + std::to_string(n_kv) + "/d" +
                           std::to_string(head_dim) + "/ps" + std::to_string(page_size);
-  // Lengths straddle split (256) and page boundaries; one long sequence.
+  // Lengths straddle split (kAttnSplitKeys) and page boundaries; one long sequence.
   std::uniform_int_distribution<int32_t> len_d(1, 700);
-  std::vector<int32_t> lens = {1, 256, 257, 1500};
+  std::vector<int32_t> lens = {1, ck::cuda::kAttnSplitKeys, ck::cuda::kAttnSplitKeys + 1, 1500};
   for (int i = 0; i < 4; ++i) lens.push_back(len_d(rng));
   const Cache c = make_cache(rng, lens, n_kv, head_dim, page_size);
   const DevCache dc(c);
@@ -876,6 +876,11 @@ void timings(std::mt19937_64& rng, bool quick) {
     det_decode_gbs = 2.0 * K * N / (dms * 1e6);
     std::printf("%-52s %9.3f ms %9.1f GB/s (weights)\n", "det. matmul T=8 (decode) K=N=4096 f16 W", dms,
                 det_decode_gbs);
+    for (const int32_t Tx : {1, 32}) {  // the small-T kernel's ends (T <= 32)
+      const double xms = time_ms([&] { ck::cuda::matmul(x.get(), Tx, K, W.dev, ck::DType::F16, N, nullptr, y.get(), nullptr); }, 2, reps);
+      std::printf("%-52s %9.3f ms %9.1f GB/s (weights)\n",
+                  ("det. matmul T=" + std::to_string(Tx) + " K=N=4096 f16 W").c_str(), xms, 2.0 * K * N / (xms * 1e6));
+    }
 #if defined(CK_HAVE_CUBLAS)
     ck::cuda::CublasGemm gemm(nullptr, int64_t{Tp} * K);
     const double cms = time_ms([&] { gemm.matmul(x.get(), Tp, K, W.dev, ck::DType::F16, N, nullptr, y.get()); }, 2, reps);
