@@ -341,6 +341,19 @@ export async function ensureTopics(brokers: readonly string[], topics: KafkaTopi
   }
 }
 
+/**
+ * The writer's proposal fetches return once 32 KiB are there or 10 ms have
+ * passed. Proposals fetched while a commit is in flight (15–25 ms at 5,000/s
+ * here) wait for it anyway, so fetching on every byte only cost requests:
+ * one per proposer send, ~200/s, each ~0.1–0.25 ms of CPU in the writer and
+ * in the broker on this machine. Measured side by side (full catalog bench,
+ * two rounds): publications/s 12.0k/12.9k against 10.5k/9.9k, writer CPU per
+ * publication 50–54 µs against 63–68, lag unchanged within noise. A lone
+ * proposal waits up to 10 ms longer to be fetched.
+ */
+const WRITER_FETCH_WAIT_MS = 10;
+const WRITER_FETCH_MIN_BYTES = 32 << 10;
+
 /** Retries an operation while Kafka answers CONCURRENT_TRANSACTIONS: 2 ms doubling to 500 ms, 40 attempts (≥ 16 s). */
 export async function retryConcurrent<T>(op: () => Promise<T>): Promise<T> {
   const attempts = 40;
@@ -827,7 +840,8 @@ class KafkaWriterLease implements WriterLease {
       heartbeatInterval: Math.max(100, Math.floor(sessionTimeout / 6)),
       partitionAssigners: [stickyWriterAssigner(() => this.owner)],
       maxBytesPerPartition: 8 << 20,
-      maxWaitTimeInMs: 50,
+      maxWaitTimeInMs: WRITER_FETCH_WAIT_MS,
+      minBytes: WRITER_FETCH_MIN_BYTES,
       readUncommitted: false,
     });
     this.producer = producerWithCachedCoordinators(
