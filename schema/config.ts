@@ -128,6 +128,8 @@ export interface Config {
      * published prefix from any tier or peer instead of recomputing it).
      * false: neither; the worker reuses only prefixes still resident in its own
      * page pool and advertises no durable tiers (a baseline to compare with).
+     * A worker on the CUDA engine keeps it off whatever this says
+     * (cli/embedded/model.ts engineMatchesVariant).
      */
     durableReuse: boolean;
     /** This worker's token for the controller's socket (controller.workerTokens); empty: auth.clusterSecret. */

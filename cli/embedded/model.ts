@@ -1,5 +1,6 @@
 import { access } from "node:fs/promises";
 import { basename, join, resolve } from "node:path";
+import type { BackendName } from "../../native/index.ts";
 import type { Config } from "../../schema/config.ts";
 import type { Logger } from "../../schema/log.ts";
 import { generateModel } from "../../worker/model/generate.ts";
@@ -12,6 +13,21 @@ import {
 
 /** The execution variant of the CPU engine (part of the model fingerprint). */
 export const CPU_VARIANT = "cpu-f32acc/v1";
+
+/**
+ * Whether the KV bytes an engine backend computes are the numerics the model
+ * fingerprint's execution variant names. Every process loads the model with
+ * CPU_VARIANT, and only the CPU engine computes it: the CUDA engine's K/V
+ * agree with the CPU's to rounding, not bit for bit (98.6 % of fp16 values
+ * equal on an H200, native/GPU_RESULTS.md). Its checkpoints would be
+ * published under the CPU variant's fingerprint and restored by CPU workers
+ * as exact, so a process whose engine does not match keeps durable reuse off
+ * (it still reuses its own resident pages) until the CUDA engine's numerics
+ * have a variant, and a fingerprint, of their own.
+ */
+export function engineMatchesVariant(backend: BackendName, variant: string): boolean {
+  return backend === "cpu" && variant === CPU_VARIANT;
+}
 
 /**
  * The model a process serves: `model.dir` when set, else the generated preset
