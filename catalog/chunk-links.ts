@@ -9,7 +9,8 @@ import { MAX_EID } from "./entity-store.ts";
  * A chunk has few members (at most workers × tiers that hold or are meant to
  * hold it), so lookups walk the list. Members are linked once and never
  * unlinked: a replica's chunk does not change (the writer creates a new
- * entity for another chunk, worker or tier). Memory: 13 bytes × highest id.
+ * entity for another chunk, worker or tier). Memory: 13 bytes per id up to
+ * the highest id seen, the arrays sized to the next power of two (≤ MAX_EID + 1).
  */
 export class ChunkLinks {
   private head = new Int32Array(INITIAL);

@@ -11,7 +11,9 @@ import { type AttrInfo, type EntityStore, isHex64 } from "./entity-store.ts";
  * compares the query with the slot entity's current value. So a value that
  * changes or goes needs no removal: its stale slot stops matching, and the
  * table drops stale slots when it rebuilds (before it would pass load 1/2).
- * Memory: 4 bytes × capacity, capacity ≤ 4 × (entities indexed + 1024).
+ * Memory: 4 bytes × capacity; a rebuild sizes it to the smallest power of two
+ * ≥ 4 × (entities still indexed + 1), at least 1,024 slots, so it stays below
+ * 8 × (entities indexed + 1) or 1,024.
  *
  * Hash: the value's eight little-endian words and the qualifier mixed with
  * multiplications and a murmur3 finalizer. The values are sha256 outputs, but
