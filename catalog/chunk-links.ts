@@ -1,4 +1,4 @@
-import { MAX_EID } from "./entity-store.ts";
+import { grown, idCapacity } from "./entity-store.ts";
 
 /**
  * The entities that name a chunk (its replicas, or its placements), per
@@ -51,23 +51,12 @@ export class ChunkLinks {
 
   private fit(id: number): void {
     if (id < this.head.length) return;
-    if (id > MAX_EID) throw new RangeError(`entity id ${id} is above ${MAX_EID}`);
-    let n = this.head.length;
-    while (n <= id) n *= 2;
-    n = Math.min(n, MAX_EID + 1);
+    const n = idCapacity(this.head.length, id);
     this.head = grown(this.head, n);
     this.tail = grown(this.tail, n);
     this.next = grown(this.next, n);
-    const linked = new Uint8Array(n);
-    linked.set(this.linked);
-    this.linked = linked;
+    this.linked = grown(this.linked, n);
   }
 }
 
 const INITIAL = 64;
-
-function grown(a: Int32Array, n: number): Int32Array<ArrayBuffer> {
-  const b = new Int32Array(n);
-  b.set(a);
-  return b;
-}

@@ -131,6 +131,30 @@ export function isHex64(v: string): boolean {
   return true;
 }
 
+type NumericArray =
+  | Float64Array<ArrayBuffer>
+  | Int32Array<ArrayBuffer>
+  | Uint32Array<ArrayBuffer>
+  | Uint8Array<ArrayBuffer>;
+
+/** A longer copy of a typed array: the same kind, `length` elements, zeros past the old ones. */
+export function grown<T extends NumericArray>(a: T, length: number): T {
+  const b = new (a.constructor as new (n: number) => T)(length);
+  b.set(a);
+  return b;
+}
+
+/**
+ * Length for arrays indexed by entity id that must hold `id`: `current`
+ * doubled until it does, at most MAX_EID + 1. Throws past MAX_EID.
+ */
+export function idCapacity(current: number, id: number): number {
+  if (id > MAX_EID) throw new RangeError(`entity id ${id} is above ${MAX_EID}`);
+  let n = current;
+  while (n <= id) n *= 2;
+  return Math.min(n, MAX_EID + 1);
+}
+
 interface Column {
   grow(rows: number): void;
   get(row: number): Value;
@@ -142,9 +166,7 @@ interface Column {
 class NumberColumn implements Column {
   private a = new Float64Array(INITIAL_ROWS);
   grow(rows: number): void {
-    const a = new Float64Array(rows);
-    a.set(this.a);
-    this.a = a;
+    this.a = grown(this.a, rows);
   }
   get(row: number): number {
     return this.a[row]!;
@@ -158,9 +180,7 @@ class NumberColumn implements Column {
 class BooleanColumn implements Column {
   private a = new Uint8Array(INITIAL_ROWS);
   grow(rows: number): void {
-    const a = new Uint8Array(rows);
-    a.set(this.a);
-    this.a = a;
+    this.a = grown(this.a, rows);
   }
   get(row: number): boolean {
     return this.a[row] === 1;
@@ -172,7 +192,7 @@ class BooleanColumn implements Column {
 }
 
 /** 64-hex values as 32 bytes each: row r at bytes [32r, 32r + 32). */
-export class HexColumn implements Column {
+class HexColumn implements Column {
   bytes = Buffer.alloc(INITIAL_ROWS * 32);
   grow(rows: number): void {
     const b = Buffer.alloc(rows * 32);
@@ -247,12 +267,8 @@ class Table {
   add(e: number): number {
     if (this.rows === this.capacity) {
       this.capacity *= 2;
-      const eids = new Int32Array(this.capacity);
-      eids.set(this.eids);
-      this.eids = eids;
-      const present = new Uint32Array(this.capacity);
-      present.set(this.present);
-      this.present = present;
+      this.eids = grown(this.eids, this.capacity);
+      this.present = grown(this.present, this.capacity);
       for (const c of this.columns) c.grow(this.capacity);
     }
     const row = this.rows++;
@@ -351,10 +367,14 @@ export class EntityStore {
     }
   }
 
-  /** The hex column of an attribute and e's row in it, when e holds a value there. */
-  hexOf(e: number, info: AttrInfo): { column: HexColumn; row: number } | undefined {
-    if (info.repr !== "hex" || !this.holds(e, info)) return undefined;
-    return { column: this.tables[info.ns]!.columns[info.slot] as HexColumn, row: this.rowOf[e]! };
+  /** The bytes of hex attribute `info`'s column (replaced when the table grows: read it after any set). */
+  hexBytes(info: AttrInfo): Buffer {
+    return (this.tables[info.ns]!.columns[info.slot] as HexColumn).bytes;
+  }
+
+  /** Where e's value of hex attribute `info` starts in hexBytes(info), or -1 when e holds none. */
+  hexOffset(e: number, info: AttrInfo): number {
+    return this.holds(e, info) ? this.rowOf[e]! * 32 : -1;
   }
 
   /** True when e holds exactly the 32 bytes `key` as its value of hex attribute `info`. */
@@ -389,15 +409,8 @@ export class EntityStore {
 
   /** Grows the id arrays (by doubling) until they hold entity id e. */
   private growIds(e: number): void {
-    if (e > MAX_EID) throw new RangeError(`entity id ${e} is above ${MAX_EID}`);
-    let n = this.nsOf.length;
-    while (n <= e) n *= 2;
-    n = Math.min(n, MAX_EID + 1);
-    const nsOf = new Uint8Array(n);
-    nsOf.set(this.nsOf);
-    this.nsOf = nsOf;
-    const rowOf = new Int32Array(n);
-    rowOf.set(this.rowOf);
-    this.rowOf = rowOf;
+    const n = idCapacity(this.nsOf.length, e);
+    this.nsOf = grown(this.nsOf, n);
+    this.rowOf = grown(this.rowOf, n);
   }
 }

@@ -56,13 +56,12 @@ export class HexIndex {
 
   /** Puts e in `slots` under its current value unless it is there already; true when it took a slot. */
   private place(slots: Int32Array, e: number): boolean {
-    const at = this.store.hexOf(e, this.hex);
-    if (at === undefined) throw new Error(`HexIndex: entity ${e} holds no ${this.hex.attr}`);
+    const off = this.store.hexOffset(e, this.hex);
+    const bytes = this.store.hexBytes(this.hex);
+    if (off < 0) throw new Error(`HexIndex: entity ${e} holds no ${this.hex.attr}`);
     const q = this.qualifierOf(e);
-    const key = at.column.bytes;
-    const off = at.row * 32;
     const mask = slots.length - 1;
-    for (let i = hash(key, off, q) & mask; ; i = (i + 1) & mask) {
+    for (let i = hash(bytes, off, q) & mask; ; i = (i + 1) & mask) {
       const held = slots[i]!;
       if (held === 0) {
         slots[i] = e;
@@ -84,22 +83,23 @@ export class HexIndex {
     return this.qualifier === undefined || this.store.get(e, this.qualifier) === q;
   }
 
-  /** Re-places every entity that still holds a value, in a table at load ≤ 1/4 after one more. */
+  /** Re-places every entity that still holds a value (stale slots go), in a table at load ≤ 1/4 after one more. */
   private rebuild(): void {
-    let live = 0;
-    for (const e of this.slots) if (e !== 0 && this.stillIndexed(e)) live++;
+    const live: number[] = [];
+    for (const e of this.slots) if (e !== 0 && this.stillIndexed(e)) live.push(e);
     let size = MIN_SLOTS;
-    while (size < 4 * (live + 1)) size *= 2;
+    while (size < 4 * (live.length + 1)) size *= 2;
     const slots = new Int32Array(size);
     let used = 0;
-    for (const e of this.slots) if (e !== 0 && this.stillIndexed(e) && this.place(slots, e)) used++;
+    for (const e of live) if (this.place(slots, e)) used++;
     this.slots = slots;
     this.used = used;
   }
 
   private stillIndexed(e: number): boolean {
-    if (this.store.hexOf(e, this.hex) === undefined) return false;
-    return this.qualifier === undefined || this.store.get(e, this.qualifier) !== undefined;
+    return (
+      this.store.holds(e, this.hex) && (this.qualifier === undefined || this.store.holds(e, this.qualifier))
+    );
   }
 }
 

@@ -8,7 +8,7 @@ import { openEmbeddedCache } from "../../worker/restore/embedded.ts";
 import { loadEngine } from "../../worker/runtime/engine-load.ts";
 import { WorkerRuntime } from "../../worker/runtime/runtime.ts";
 import { type Command, UsageError } from "../command.ts";
-import { engineMatchesVariant, ensureModel } from "../embedded/model.ts";
+import { durableReuseAllowed, ensureModel } from "../embedded/model.ts";
 import { EmbeddedService } from "../embedded/service.ts";
 import { parseRoleArgs } from "../options.ts";
 import { resource, runScoped } from "../run-scoped.ts";
@@ -55,13 +55,7 @@ const command: Command = {
           (c) => c.close(),
         );
         // No checkpoints or restores from an engine whose numerics are not the fingerprint's: see engineMatchesVariant.
-        const exact = engineMatchesVariant(engine.backend, model.manifest.variant);
-        if (!exact)
-          log.log("warn", "serve.durable_reuse_off", {
-            engine: engine.backend,
-            variant: model.manifest.variant,
-            reason: "the engine's KV numerics are not the model fingerprint's execution variant",
-          });
+        const exact = durableReuseAllowed(true, engine.backend, model.manifest.variant, log);
         const runtime = yield* resource(
           () => {
             const rt = new WorkerRuntime(engine, {

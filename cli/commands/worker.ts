@@ -5,7 +5,7 @@ import { DurableCache } from "../../worker/restore/durable-cache.ts";
 import { loadEngine } from "../../worker/runtime/engine-load.ts";
 import { WorkerRuntime } from "../../worker/runtime/runtime.ts";
 import type { Command } from "../command.ts";
-import { engineMatchesVariant, ensureModel } from "../embedded/model.ts";
+import { durableReuseAllowed, ensureModel } from "../embedded/model.ts";
 import {
   durableTiers,
   fleetSnapshots,
@@ -100,14 +100,12 @@ const command: Command = {
         // the heartbeats advertise no durable tiers, so nothing is captured,
         // published or restored; only this pool's resident prefixes are reused.
         // A CUDA engine also keeps it off: see engineMatchesVariant.
-        const exact = engineMatchesVariant(engine.backend, model.manifest.variant);
-        if (config.worker.durableReuse && !exact)
-          log.log("warn", "worker.durable_reuse_off", {
-            engine: engine.backend,
-            variant: model.manifest.variant,
-            reason: "the engine's KV numerics are not the model fingerprint's execution variant",
-          });
-        const reuse = config.worker.durableReuse && exact;
+        const reuse = durableReuseAllowed(
+          config.worker.durableReuse,
+          engine.backend,
+          model.manifest.variant,
+          log,
+        );
         const runtime = yield* resource(
           () => {
             const rt = new WorkerRuntime(engine, {

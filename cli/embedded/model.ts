@@ -30,6 +30,27 @@ export function engineMatchesVariant(backend: BackendName, variant: string): boo
 }
 
 /**
+ * Whether a process may checkpoint and restore: durable reuse is `wanted` and
+ * the engine computes the fingerprint's numerics (engineMatchesVariant). A
+ * refusal of what was wanted is logged with the engine and the variant.
+ */
+export function durableReuseAllowed(
+  wanted: boolean,
+  backend: BackendName,
+  variant: string,
+  log: Logger,
+): boolean {
+  const exact = engineMatchesVariant(backend, variant);
+  if (wanted && !exact)
+    log.log("warn", "durable_reuse.off", {
+      engine: backend,
+      variant,
+      reason: "the engine's KV numerics are not the model fingerprint's execution variant",
+    });
+  return wanted && exact;
+}
+
+/**
  * The model a process serves: `model.dir` when set, else the generated preset
  * under the data dir, written on first use (same seed, same bytes, so every
  * process of a local fleet generates the same fingerprint).
