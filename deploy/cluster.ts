@@ -235,12 +235,15 @@ export async function waitForLog(
   what: string,
   timeoutMs: number,
   from = p.logFrom,
+  /** Other processes the line depends on: one that exits ends the wait at once. */
+  needs: readonly ClusterProcess[] = [],
 ): Promise<Record<string, unknown>> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     const hit = logEvents(p.log).slice(from).find(ok);
     if (hit) return hit;
-    if (!alive(p.pid)) throw new Error(`${p.name} exited before ${what}; see ${p.log}:\n${tail(p.log)}`);
+    for (const q of [p, ...needs])
+      if (!alive(q.pid)) throw new Error(`${q.name} exited before ${what}; see ${q.log}:\n${tail(q.log)}`);
     if (Date.now() > deadline)
       throw new Error(`${p.name}: no ${what} within ${timeoutMs} ms; see ${p.log}:\n${tail(p.log)}`);
     await new Promise((r) => setTimeout(r, 200));
@@ -342,6 +345,8 @@ export async function clusterUp(o: UpOptions): Promise<ClusterState> {
         (l) => l.event === "hub.worker_connected" && l.workerId === w.name,
         `hub.worker_connected for ${w.name}`,
         o.readyTimeoutMs,
+        controller.logFrom,
+        [w],
       );
       o.progress(`${w.name}: connected`);
     }

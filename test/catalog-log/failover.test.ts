@@ -10,7 +10,8 @@ import { CatalogWriter } from "../../catalog/writer.ts";
 import { ProposalMsg, TxMsg, type TxRecord } from "../../schema/catalog.ts";
 import { silentLogger } from "../../schema/log.ts";
 import { decodeMessage, encodeMessage } from "../../schema/wire.ts";
-import { freePortPair, startBroker } from "../setup/kafka.ts";
+import { freePortPair } from "../ports.ts";
+import { startBroker } from "../setup/kafka.ts";
 import { collect, kafkaBrokers, leaseProposal, uniqueTopics, until } from "./helpers.ts";
 
 /**

@@ -1,10 +1,10 @@
 import { execFile } from "node:child_process";
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
 import OpenAI from "openai";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { runQuery } from "../../catalog/console.ts";
 import { KafkaLog } from "../../catalog/log-kafka.ts";
 import { Replica } from "../../catalog/replica.ts";
@@ -30,8 +30,7 @@ import { decodeMessage, encodeMessage } from "../../schema/wire.ts";
 import { S3Tier } from "../../worker/store/s3.ts";
 import { collect, leaseProposal } from "../catalog-log/helpers.ts";
 import { tokens } from "../fleet/fleet-process.ts";
-import { freePort } from "../integration/serve-process.ts";
-import { freePortPair } from "../setup/kafka.ts";
+import { freePort, freePortPair } from "../ports.ts";
 
 /**
  * Faults on a whole fleet brought up by `continuum cluster up`'s own code
@@ -59,13 +58,18 @@ function proc(name: string): ClusterProcess {
   return procs.find((p) => p.name === name)!;
 }
 
-/** How many of these catalog nodes have a ready S3 replica. */
-async function s3ReadyOf(nodes: readonly string[]): Promise<number> {
+/** The catalog nodes with a ready S3 replica. */
+async function s3ReadyNodes(): Promise<Set<string>> {
   const rows = (await catalogQuery(
     '[:find ?n :where [?r :replica/tier "s3"] [?r :replica/state "ready"] [?r :replica/chunk ?c] [?c :chunk/node ?n]]',
   )) as [string][];
-  const want = new Set(nodes);
-  return rows.filter(([n]) => want.has(n)).length;
+  return new Set(rows.map(([n]) => n));
+}
+
+/** How many of these catalog nodes have a ready S3 replica. */
+async function s3ReadyOf(nodes: readonly string[]): Promise<number> {
+  const ready = await s3ReadyNodes();
+  return nodes.filter((n) => ready.has(n)).length;
 }
 
 function controller(): ClusterProcess {
@@ -143,10 +147,33 @@ async function catalogMatchesS3(): Promise<number> {
   return rows.length;
 }
 
+/** Lines of each process log printed when a case fails (CI keeps no files, so the output is the post-mortem). */
+const FAILURE_LOG_LINES = 60;
+/** Characters kept of one printed log line. */
+const FAILURE_LINE_CHARS = 400;
+
+/** Prints the tail of every process log of the cluster (and its progress lines) to stderr. */
+async function printLogs(why: string): Promise<void> {
+  const logs = join(dir, "logs");
+  const out = [`== fleet-faults: ${why}; progress:`, ...progress.slice(-20)];
+  for (const f of (await readdir(logs).catch(() => [] as string[])).sort()) {
+    const lines = (await readFile(join(logs, f), "utf8").catch(() => "")).split("\n").filter((l) => l !== "");
+    out.push(`== ${f} (last ${Math.min(FAILURE_LOG_LINES, lines.length)} of ${lines.length} lines)`);
+    for (const l of lines.slice(-FAILURE_LOG_LINES)) out.push(l.slice(0, FAILURE_LINE_CHARS));
+  }
+  process.stderr.write(`${out.join("\n")}\n`);
+}
+
+beforeEach(({ onTestFailed }) => {
+  onTestFailed(({ task }) => printLogs(`"${task.name}" failed`));
+});
+
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), "continuum-fault-"));
   // The roles inherit this environment; the tests read their info-level events.
-  process.env.CONTINUUM_LOG_LEVEL = "info";
+  // Debug events too (checkpoint decisions among them: a few hundred lines a run), for printLogs;
+  // CONTINUUM_FAULT_LOG_LEVEL=info leaves them out.
+  process.env.CONTINUUM_LOG_LEVEL = process.env.CONTINUUM_FAULT_LOG_LEVEL ?? "debug";
   const base = resolveConfig({}, {});
   const peerBase = await freePortPair();
   config = {
@@ -163,15 +190,20 @@ beforeAll(async () => {
     },
     worker: { ...base.worker, peerPortBase: peerBase, threads: 1, heartbeatIntervalMs: 1_000 },
   };
-  state = await clusterUp({
-    dir,
-    workers: 2,
-    config,
-    kafkaPort: await freePortPair(),
-    s3Port: await freePort(),
-    readyTimeoutMs: 150_000,
-    progress: (l) => progress.push(l),
-  });
+  try {
+    state = await clusterUp({
+      dir,
+      workers: 2,
+      config,
+      kafkaPort: await freePortPair(),
+      s3Port: await freePort(),
+      readyTimeoutMs: 150_000,
+      progress: (l) => progress.push(l),
+    });
+  } catch (err) {
+    await printLogs(`cluster up failed: ${(err as Error).message}`);
+    throw err;
+  }
   procs = [...state.processes];
   const ready = logEvents(state.processes.find((p) => p.role === "controller")!.log).find(
     (l) => l.event === "controller.ready",
@@ -529,19 +561,22 @@ describe("fleet faults (cluster up: real Kafka, real S3, real processes)", () =>
     // Writes resume. A worker captures a new prefix when its admission expects
     // the capture to pay, and else, after at most 8 declines in a row, as a
     // probe that re-measures the cost (worker/checkpoint/admission.ts). Its
-    // captures run one at a time behind the outage prefix's upload, whose
-    // retries may outlast a burst of fast requests (and a queued probe's route
-    // may be evicted meanwhile), so new prefixes keep coming, one at a time,
-    // until one is whole in S3: at most 60, each of whose 4 chunks of 128 is
-    // uploaded to the returned S3 and published as ready there, in chain order.
+    // captures run one at a time, so a probe may wait behind another capture's
+    // upload retries. So new prefixes keep coming, one at a time, until one is
+    // whole in S3 (each of its 4 chunks of 128 uploaded to the returned S3 and
+    // published as ready there), for at most RESUME_MS.
+    const RESUME_MS = 180_000;
     const fresh: string[][] = [];
     const wholeInS3 = async () => {
-      let whole = 0;
-      for (const nodes of fresh) if ((await s3ReadyOf(nodes)) === nodes.length) whole++;
+      const ready = await s3ReadyNodes();
+      const whole = fresh.filter((nodes) => nodes.every((n) => ready.has(n))).length;
       return whole > 0 ? whole * 4 : undefined;
     };
+    const deadline = Date.now() + RESUME_MS;
     let resumed: number | undefined;
-    for (let i = 0; i < 60 && resumed === undefined; i++) {
+    for (let i = 0; resumed === undefined; i++) {
+      if (Date.now() > deadline)
+        throw new Error(`${i} prefixes computed since S3 returned, none whole in S3 after ${RESUME_MS} ms`);
       const p = tokens(600, 100 + i);
       const r = await client.completions.create({ model: "tiny", prompt: p, max_tokens: 2, temperature: 0 });
       expect(r.choices).toHaveLength(1);
@@ -551,7 +586,6 @@ describe("fleet faults (cluster up: real Kafka, real S3, real processes)", () =>
       await new Promise((r) => setTimeout(r, 250));
       resumed = await wholeInS3();
     }
-    resumed ??= await until("a prefix computed after S3 returned, whole in S3", wholeInS3);
     // Every S3 replica the catalog calls ready, including any proposed during the outage, is in S3 and verifies.
     expect(await catalogMatchesS3()).toBeGreaterThanOrEqual(readyBefore + resumed);
   }, 300_000);

@@ -16,8 +16,8 @@ import { chainRoot, prefixChain } from "../../schema/identity.ts";
 import type { ModelFingerprint } from "../../schema/ids.ts";
 import { encodeMessage } from "../../schema/wire.ts";
 import { KV_LAYOUT } from "../../worker/model/fingerprint.ts";
-import { freePort } from "../integration/serve-process.ts";
-import { freePortPair, startBroker } from "../setup/kafka.ts";
+import { freePort, freePortPair } from "../ports.ts";
+import { startBroker } from "../setup/kafka.ts";
 import { RoleProcess, tokens } from "./fleet-process.ts";
 
 /**

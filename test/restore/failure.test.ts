@@ -1,5 +1,5 @@
 import { open } from "node:fs/promises";
-import { createServer, type Server, type Socket } from "node:net";
+import { connect, createServer, type Server, type Socket } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { EmbeddedLog } from "../../catalog/log-embedded.ts";
 import { longestPublishedPrefix } from "../../catalog/queries.ts";
@@ -75,6 +75,44 @@ function replicaState(w: TestWorker, node: NodeId, worker: string, tier: string)
       return db.get(r, "replica/state") as string;
   }
   return undefined;
+}
+
+/**
+ * A TCP proxy in front of the test S3 server that holds every connection
+ * until `release()`: an S3 that answers, but slowly. Real sockets both ways.
+ */
+async function heldS3(): Promise<{ endpoint: string; release(): void; close(): Promise<void> }> {
+  const upstream = new URL(process.env.CONTINUUM_S3_ENDPOINT!);
+  let held = true;
+  const waiting: (() => void)[] = [];
+  const open = new Set<Socket>();
+  const server = createServer((client) => {
+    open.add(client);
+    client.on("close", () => open.delete(client));
+    const forward = () => {
+      const up = connect(Number(upstream.port), upstream.hostname);
+      open.add(up);
+      up.on("close", () => open.delete(up));
+      client.on("error", () => up.destroy());
+      up.on("error", () => client.destroy());
+      client.pipe(up);
+      up.pipe(client);
+    };
+    if (held) waiting.push(forward);
+    else forward();
+  });
+  await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+  return {
+    endpoint: `http://127.0.0.1:${(server.address() as { port: number }).port}`,
+    release() {
+      held = false;
+      for (const f of waiting.splice(0)) f();
+    },
+    async close() {
+      for (const s of open) s.destroy();
+      await new Promise<void>((r) => server.close(() => r()));
+    },
+  };
 }
 
 beforeAll(async () => {
@@ -218,18 +256,63 @@ describe("restore failures fall back and change nothing", () => {
     expect(stored).toBeDefined();
     expect(g.cache.checkpointer.stats().chunksStored).toBe(1);
     expect(g.cache.checkpointer.stats().chunksPublished).toBe(0);
-    // The bytes are on disk, but no one can see them.
-    let files = 0;
-    for await (const _ of g.cache.tiers.file.list()) files++;
-    expect(files).toBe(1);
-    await log.endOffset().then((end) => g.cache.replica.waitFor(end, 10_000));
-    expect(g.cache.catalog.db.eidOf("chunk/node", stored!)).toBeUndefined();
     const fp = g.cache.catalog.id.fingerprint;
     const nodes = prefixChain(prompt.slice(0, -1), CHUNK).map((n) => catalogNodeId(fp, n.hash));
+    // The bytes are on disk (every chunk of the route is stored before the first is published), but no one can see them.
+    let files = 0;
+    for await (const _ of g.cache.tiers.file.list()) files++;
+    expect(nodes.length).toBeGreaterThan(1);
+    expect(files).toBe(nodes.length);
+    await log.endOffset().then((end) => g.cache.replica.waitFor(end, 10_000));
+    expect(g.cache.catalog.db.eidOf("chunk/node", stored!)).toBeUndefined();
     expect(longestPublishedPrefix(g.cache.catalog.db, nodes).length).toBe(0);
     const dev = await device();
     const r = await restoreInto(dev, restorerFor(g, dev.engine), prompt, preferring("ssd"));
     expect(r.restoreTo).toBe(0);
+  });
+
+  it("a slow S3 does not cut a capture short: once its chunks are stored, the route may be evicted", async () => {
+    const bucket = uniqueBucket();
+    // A worker on the S3 server itself creates the bucket; the next one reaches it through the proxy.
+    await worker({ id: "f-i0", s3Bucket: bucket });
+    const s3 = await heldS3();
+    try {
+      // 24 pages: a finished 300-token prompt keeps 18 of them as its cache route, so the next prompt evicts it.
+      const w = await worker({
+        id: "f-i",
+        s3Bucket: bucket,
+        s3Endpoint: s3.endpoint,
+        runtime: { physicalPages: 24 },
+      });
+      const a = promptOf(300, 26);
+      await generate(w.runtime, a, 2);
+      const fp = w.cache.catalog.id.fingerprint;
+      const nodes = prefixChain(a.slice(0, -1), CHUNK).map((n) => catalogNodeId(fp, n.hash));
+      expect(nodes.length).toBeGreaterThan(1);
+      // Every chunk of the route reaches the local tiers while S3 holds the first upload.
+      const deadline = Date.now() + 20_000;
+      for (;;) {
+        let files = 0;
+        for await (const _ of w.cache.tiers.file.list()) files++;
+        if (files === nodes.length) break;
+        if (Date.now() > deadline)
+          throw new Error(`only ${files} of ${nodes.length} chunks stored while S3 was held`);
+        await new Promise((r) => setTimeout(r, 20));
+      }
+      expect(w.cache.checkpointer.stats().chunksPublished).toBe(0);
+      // The next prompt needs the pages the first one's cache route holds.
+      const evicted = w.runtime.stats().evictedRoutes;
+      await generate(w.runtime, promptOf(300, 27), 2);
+      expect(w.runtime.stats().evictedRoutes).toBeGreaterThan(evicted);
+      s3.release();
+      await w.cache.idle();
+      await log.endOffset().then((end) => w.cache.replica.waitFor(end, 10_000));
+      expect(longestPublishedPrefix(w.cache.catalog.db, nodes).length).toBe(nodes.length);
+      for (const node of nodes) expect(replicaState(w, node, "f-i", "s3")).toBe("ready");
+    } finally {
+      s3.release();
+      await s3.close();
+    }
   });
 
   it("an S3 upload that fails is never published", async () => {

@@ -1,9 +1,9 @@
 import { execFile } from "node:child_process";
 import { mkdtemp, rm } from "node:fs/promises";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
+import { freePortPair } from "../ports.ts";
 
 /**
  * vitest global setup: a real Kafka broker for the suites that need one.
@@ -31,30 +31,6 @@ function needsKafka(argv: readonly string[]): boolean {
   const filters = argv.slice(2).filter((a) => !a.startsWith("-") && (a.includes("/") || a.includes(".test")));
   const paths = filters.filter((a) => !a.includes("node_modules") && !a.endsWith("vitest.mjs"));
   return paths.length === 0 || paths.some((a) => NEEDS_KAFKA.test(a));
-}
-
-function canBind(port: number): Promise<boolean> {
-  return new Promise((resolve) => {
-    const s = createServer();
-    s.once("error", () => resolve(false));
-    s.listen(port, "127.0.0.1", () => s.close(() => resolve(true)));
-  });
-}
-
-/** A port P with P and P+1 free on 127.0.0.1 (broker and controller listeners); 50 tries. */
-export async function freePortPair(): Promise<number> {
-  for (let i = 0; i < 50; i++) {
-    const port = await new Promise<number>((resolve, reject) => {
-      const s = createServer();
-      s.once("error", reject);
-      s.listen(0, "127.0.0.1", () => {
-        const addr = s.address();
-        s.close(() => resolve(typeof addr === "object" && addr ? addr.port : 0));
-      });
-    });
-    if (port > 0 && port < 65535 && (await canBind(port + 1))) return port;
-  }
-  throw new Error("no free pair of adjacent ports on 127.0.0.1 after 50 tries");
 }
 
 /** Starts a broker with deploy/kafka.sh; returns its address and a stop function. */

@@ -1,7 +1,7 @@
 import { execFile } from "node:child_process";
-import { createServer } from "node:net";
 import { join } from "node:path";
 import { promisify } from "node:util";
+import { freePort } from "../ports.ts";
 
 const run = promisify(execFile);
 const script = join(import.meta.dirname, "..", "..", "deploy", "s3proxy.sh");
@@ -9,18 +9,6 @@ const script = join(import.meta.dirname, "..", "..", "deploy", "s3proxy.sh");
 /** Fixed test credentials of deploy/s3proxy.sh. */
 export const S3_ACCESS_KEY_ID = "continuum";
 export const S3_SECRET_ACCESS_KEY = "continuum-secret";
-
-/** A port nobody listens on right now (the kernel's pick). */
-export function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.once("error", reject);
-    srv.listen(0, "127.0.0.1", () => {
-      const addr = srv.address();
-      srv.close(() => (typeof addr === "object" && addr ? resolve(addr.port) : reject(new Error("no port"))));
-    });
-  });
-}
 
 export interface RunningS3Proxy {
   readonly endpoint: string;

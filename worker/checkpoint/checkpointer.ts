@@ -1,12 +1,13 @@
 import type { Engine } from "../../native/index.ts";
 import type { CatalogOp } from "../../schema/catalog.ts";
 import { type ChainNode, catalogNodeId, prefixChain } from "../../schema/identity.ts";
-import type { ContinuationId, NodeId, PageId } from "../../schema/ids.ts";
+import type { ContentId, ContinuationId, NodeId, PageId } from "../../schema/ids.ts";
 import type { Logger } from "../../schema/log.ts";
 import { type Estimate, smooth } from "../calibration/calibration.ts";
 import type { PageManager } from "../pages/page-manager.ts";
 import type { CheckpointOffer, RouteCheckpointer } from "../restore/hooks.ts";
 import type { ChunkTiers } from "../restore/tiers.ts";
+import type { PutResult } from "../store/tiered.ts";
 import { captureDecision } from "./admission.ts";
 import type { CatalogLink } from "./catalog-link.ts";
 import { describeChunk, type KvGeometry, packChunk } from "./chunk-format.ts";
@@ -56,6 +57,16 @@ export interface CheckpointStats {
   readonly confirmWaitMs: Estimate;
 }
 
+/** A chunk in the store (local tiers written), waiting for its remote confirmation and its proposal. */
+interface StoredChunk {
+  readonly descriptor: ReturnType<typeof describeChunk>["descriptor"];
+  readonly id: ContentId;
+  readonly put: Extract<PutResult, { status: "stored" }>;
+  readonly storeMs: number;
+  /** performance.now() when the local writes ended. */
+  readonly storedAt: number;
+}
+
 interface CaptureJob {
   readonly route: ContinuationId;
   readonly pages: PageManager;
@@ -66,13 +77,19 @@ interface CaptureJob {
  * Turns sealed, immutable page ranges of a route into durable, published chunks.
  *
  *   offer (sync, in the loop) ─▶ bounded queue ─▶ one capture at a time:
- *     for each chunk of the route, in chain order:
- *       beginCapture (pins its pages) ─▶ downloadPages (transfer thread)
- *       ─▶ endCapture ─▶ re-pack token-major ─▶ store put (files, RAM,
- *       write-behind to S3) ─▶ wait for the store's confirmation
- *       ─▶ propose chunk.published + replica.ready
- *     then wait for this worker's replica to apply the last chunk and mark the
- *     route durable.
+ *     1. store, for each chunk of the route in chain order, while it is resident:
+ *        beginCapture (pins its pages) ─▶ downloadPages (transfer thread)
+ *        ─▶ endCapture ─▶ re-pack token-major ─▶ store put (files, RAM,
+ *        write-behind to S3)
+ *     2. publish, for each stored chunk in chain order:
+ *        wait for the store's confirmation ─▶ propose chunk.published + replica.ready
+ *     then, if every chunk was published, wait for this worker's replica to
+ *     apply the last one and mark the route durable.
+ *
+ * Two phases so that the route is needed only for the local work
+ * (milliseconds): the S3 confirmations (tens of ms each, seconds while S3
+ * retries) used to sit between the chunks' downloads, and a burst of
+ * requests could evict the route meanwhile and cut the capture short.
  *
  * Confirmation: a put's `durable` promise, which resolves once the most
  * durable configured tier holds the chunk — the S3 upload acknowledged when S3
@@ -81,9 +98,11 @@ interface CaptureJob {
  * its parent published).
  *
  * Bounds: at most `maxQueued` routes wait; staging is one chunk's host copy
- * (the next download starts after the previous payload is stored); a store
- * whose write-behind queue is full refuses the optional put and the capture
- * ends there. The loop never waits on any of it.
+ * (the next download starts after the previous payload is stored; stored
+ * payloads waiting for S3 are the write-behind queue's, bounded by its jobs
+ * and bytes); a store whose write-behind queue is full refuses the optional
+ * put and the capture's store phase ends there. The loop never waits on any
+ * of it.
  */
 export class Checkpointer implements RouteCheckpointer {
   private readonly queue: CaptureJob[] = [];
@@ -151,6 +170,19 @@ export class Checkpointer implements RouteCheckpointer {
         probeEvery: this.opts.probeEvery ?? DEFAULT_PROBE_EVERY,
       },
     );
+    this.opts.logger.log("debug", "checkpoint.offer", {
+      route: o.route,
+      chunks: nodes.length,
+      hits: o.hits,
+      capture: decision.capture,
+      probe: decision.probe,
+      expectedValueMs: decision.expectedValueMs,
+      prefillPerTokenMs: c.prefillPerTokenMs.value,
+      restorePerByteMs: c.restorePerByteMs.ssd.value,
+      capturePerByteMs: this.capturePerByte.value,
+      declinedSinceSample: this.declinedSinceSample,
+      queued: this.queue.length,
+    });
     if (!decision.capture) {
       this.counters.skippedValue++;
       this.declinedSinceSample++;
@@ -205,13 +237,24 @@ export class Checkpointer implements RouteCheckpointer {
     }
   }
 
-  private async capture(job: CaptureJob): Promise<void> {
+  /**
+   * Phase 1: each chunk of the route, in chain order, downloaded from the
+   * device, re-packed and put in the store, while the route is resident. The
+   * local writes take milliseconds; the remote confirmation (an S3 upload:
+   * tens of ms, seconds while S3 retries) is awaited in phase 2, so the
+   * route's pages are needed only for this short phase and a later request
+   * evicting the route no longer cuts a capture short while it waits on S3.
+   * Stops at the first chunk it cannot take (route evicted, store refused):
+   * what was stored before it is still published, a chain's prefix.
+   */
+  private async store(job: CaptureJob): Promise<StoredChunk[]> {
     const { catalog, tiers, geometry, pageTokens: P } = this.opts;
-    const fp = catalog.id.fingerprint;
-    let last: NodeId | undefined;
+    const stored: StoredChunk[] = [];
     for (const node of job.nodes) {
-      // The route may have been evicted since the offer: nothing to capture then.
-      if (!job.pages.hasRoute(job.route)) return;
+      if (!job.pages.hasRoute(job.route)) {
+        this.opts.logger.log("debug", "checkpoint.route_gone", { route: job.route, start: node.start });
+        break;
+      }
       const end = node.start + node.count;
       const firstPage = Math.floor(node.start / P);
       const pageCount = Math.ceil(end / P) - firstPage;
@@ -229,30 +272,52 @@ export class Checkpointer implements RouteCheckpointer {
         node.start,
         node.count,
       );
-      const { descriptor, meta, id } = describeChunk(fp, catalog.id.layout, node, payload);
+      const { descriptor, meta, id } = describeChunk(
+        catalog.id.fingerprint,
+        catalog.id.layout,
+        node,
+        payload,
+      );
       const put = await tiers.store.put(id, payload, meta, "optional");
       if (put.status === "refused") {
         this.counters.skippedFull++;
-        return;
+        this.opts.logger.log("debug", "checkpoint.refused", { route: job.route, reason: put.reason });
+        break;
       }
       // The capture's own cost ends with the local writes; the remote tier's
       // confirmation is measured apart (admission.ts says why).
-      const stored = performance.now();
-      this.capturePerByte = smooth(this.capturePerByte, (stored - t0) / payload.byteLength, 0.2);
+      const storedAt = performance.now();
+      this.capturePerByte = smooth(this.capturePerByte, (storedAt - t0) / payload.byteLength, 0.2);
       this.declinedSinceSample = 0;
+      stored.push({ descriptor, id, put, storeMs: storedAt - t0, storedAt });
+    }
+    return stored;
+  }
+
+  /**
+   * Phase 2: in chain order, each stored chunk's confirmation awaited, then
+   * its facts proposed. A failed confirmation ends the capture there (it
+   * throws): neither that chunk nor any later one is proposed, since a child
+   * needs its parent published. Returns the last node proposed.
+   */
+  private async publish(job: CaptureJob, stored: readonly StoredChunk[]): Promise<NodeId | undefined> {
+    const { catalog, tiers } = this.opts;
+    const me = catalog.id.workerId;
+    let last: NodeId | undefined;
+    for (const { descriptor, id, put, storeMs, storedAt } of stored) {
       await put.durable;
-      this.confirmWait = smooth(this.confirmWait, performance.now() - stored, 0.2);
+      const confirmed = performance.now();
+      this.confirmWait = smooth(this.confirmWait, confirmed - storedAt, 0.2);
       this.counters.chunksStored++;
       await this.opts.beforePublish?.(descriptor.node);
       const verifiedAt = Date.now();
-      const me = catalog.id.workerId;
       const ops: CatalogOp[] = [
         {
           op: "chunk.published",
           node: descriptor.node,
           prefix: descriptor.prefix,
           parent: descriptor.parent,
-          model: fp,
+          model: catalog.id.fingerprint,
           start: descriptor.start,
           tokens: descriptor.tokens,
           content: id,
@@ -266,11 +331,27 @@ export class Checkpointer implements RouteCheckpointer {
         ops.push({ op: "replica.ready", node: descriptor.node, worker: me, tier: "ram", verifiedAt });
       if (put.remote === "queued")
         ops.push({ op: "replica.ready", node: descriptor.node, worker: me, tier: "s3", verifiedAt });
+      const proposing = performance.now();
       await catalog.propose(ops);
       this.counters.chunksPublished++;
+      this.opts.logger.log("debug", "checkpoint.published", {
+        route: job.route,
+        start: descriptor.start,
+        storeMs,
+        confirmMs: confirmed - storedAt,
+        proposeMs: performance.now() - proposing,
+      });
       last = descriptor.node;
     }
-    if (last === undefined) return;
+    return last;
+  }
+
+  private async capture(job: CaptureJob): Promise<void> {
+    const { catalog } = this.opts;
+    const stored = await this.store(job);
+    const last = await this.publish(job, stored);
+    // Only a route whose every chunk is published may be marked durable (evictable as restorable).
+    if (last === undefined || stored.length < job.nodes.length) return;
     const node = last;
     const applied = await catalog.waitUntil(
       () => catalog.db.eidOf("chunk/node", node) !== undefined,
