@@ -18,6 +18,7 @@ import {
 } from "../catalog/queries.ts";
 import { Replica } from "../catalog/replica.ts";
 import { CatalogWriter } from "../catalog/writer.ts";
+import { NODE_HEAP_FLAGS } from "../deploy/node-flags.ts";
 import { type CatalogOp, type Proposal, ProposalMsg, type Tier } from "../schema/catalog.ts";
 import {
   type ChainNode,
@@ -228,7 +229,7 @@ async function pipeline(): Promise<Pipeline> {
     const prof = process.execArgv.filter((a) => a.startsWith("--cpu-prof"));
     const child = spawn(
       process.execPath,
-      [...prof, "--import", "tsx", WRITER, brokers, JSON.stringify(topics)],
+      [...prof, ...NODE_HEAP_FLAGS, "--import", "tsx", WRITER, brokers, JSON.stringify(topics)],
       {
         stdio: ["ignore", "pipe", "inherit"],
       },
@@ -607,6 +608,9 @@ const bench: Bench = {
         kafka_tx_record_max_txs: TX_BATCH.maxItems,
         chunk_tokens: CHUNK,
         workers: WORKERS.length,
+        // The replica's process: its old-space flag (deploy/node-flags.ts) is on when started as ./bin/continuum.mjs.
+        main_node_flags: process.execArgv.join(" "),
+        writer_node_flags: NODE_HEAP_FLAGS.join(" "),
       },
     };
   },

@@ -1,6 +1,7 @@
-#!/usr/bin/env node
+#!/usr/bin/env -S node --initial-old-space-size=256
 // The `continuum` command. Sources are TypeScript; tsx compiles them on load so
-// a clone runs without a separate build step.
+// a clone runs without a separate build step. The shebang's heap flag: see
+// deploy/node-flags.ts.
 import { register } from "tsx/esm/api";
 
 register();

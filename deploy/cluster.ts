@@ -8,6 +8,7 @@ import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import type { FleetWorkerView } from "../controller/api/service.ts";
 import type { Config } from "../schema/config.ts";
+import { NODE_HEAP_FLAGS } from "./node-flags.ts";
 
 /**
  * A local fleet on 127.0.0.1 as separate, detached processes: the Kafka
@@ -191,7 +192,7 @@ export function spawnRole(
   const logFrom = logEvents(log).length;
   const fd = openSync(log, "a");
   try {
-    const child = spawn(process.execPath, [BIN, role, "--config", configPath], {
+    const child = spawn(process.execPath, [...NODE_HEAP_FLAGS, BIN, role, "--config", configPath], {
       cwd: ROOT,
       detached: true,
       stdio: ["ignore", fd, fd],
