@@ -251,7 +251,8 @@ export async function waitForLog(
   }
 }
 
-function tail(path: string, n = 15): string {
+/** The last `n` lines of a log file ("" when it cannot be read). */
+export function tail(path: string, n = 15): string {
   try {
     return readFileSync(path, "utf8").split("\n").slice(-n).join("\n");
   } catch {

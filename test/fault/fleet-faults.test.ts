@@ -1,5 +1,5 @@
 import { execFile } from "node:child_process";
-import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
+import { mkdtemp, readdir, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
@@ -20,6 +20,7 @@ import {
   parseMetrics,
   spawnRole,
   stopProcess,
+  tail,
   waitForLog,
 } from "../../deploy/cluster.ts";
 import { ProposalMsg, TxMsg } from "../../schema/catalog.ts";
@@ -157,9 +158,9 @@ async function printLogs(why: string): Promise<void> {
   const logs = join(dir, "logs");
   const out = [`== fleet-faults: ${why}; progress:`, ...progress.slice(-20)];
   for (const f of (await readdir(logs).catch(() => [] as string[])).sort()) {
-    const lines = (await readFile(join(logs, f), "utf8").catch(() => "")).split("\n").filter((l) => l !== "");
-    out.push(`== ${f} (last ${Math.min(FAILURE_LOG_LINES, lines.length)} of ${lines.length} lines)`);
-    for (const l of lines.slice(-FAILURE_LOG_LINES)) out.push(l.slice(0, FAILURE_LINE_CHARS));
+    out.push(`== ${f} (last ${FAILURE_LOG_LINES} lines)`);
+    for (const l of tail(join(logs, f), FAILURE_LOG_LINES).split("\n"))
+      out.push(l.slice(0, FAILURE_LINE_CHARS));
   }
   process.stderr.write(`${out.join("\n")}\n`);
 }

@@ -1,5 +1,5 @@
 import { open } from "node:fs/promises";
-import { connect, createServer, type Server, type Socket } from "node:net";
+import { createServer, type Server, type Socket } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { EmbeddedLog } from "../../catalog/log-embedded.ts";
 import { longestPublishedPrefix } from "../../catalog/queries.ts";
@@ -22,6 +22,7 @@ import {
   uniqueBucket,
   waitPublished,
 } from "./harness.ts";
+import { PausableRelay } from "./relay.ts";
 
 /**
  * Failures never change the output and never publish a partial chunk: a
@@ -75,44 +76,6 @@ function replicaState(w: TestWorker, node: NodeId, worker: string, tier: string)
       return db.get(r, "replica/state") as string;
   }
   return undefined;
-}
-
-/**
- * A TCP proxy in front of the test S3 server that holds every connection
- * until `release()`: an S3 that answers, but slowly. Real sockets both ways.
- */
-async function heldS3(): Promise<{ endpoint: string; release(): void; close(): Promise<void> }> {
-  const upstream = new URL(process.env.CONTINUUM_S3_ENDPOINT!);
-  let held = true;
-  const waiting: (() => void)[] = [];
-  const open = new Set<Socket>();
-  const server = createServer((client) => {
-    open.add(client);
-    client.on("close", () => open.delete(client));
-    const forward = () => {
-      const up = connect(Number(upstream.port), upstream.hostname);
-      open.add(up);
-      up.on("close", () => open.delete(up));
-      client.on("error", () => up.destroy());
-      up.on("error", () => client.destroy());
-      client.pipe(up);
-      up.pipe(client);
-    };
-    if (held) waiting.push(forward);
-    else forward();
-  });
-  await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
-  return {
-    endpoint: `http://127.0.0.1:${(server.address() as { port: number }).port}`,
-    release() {
-      held = false;
-      for (const f of waiting.splice(0)) f();
-    },
-    async close() {
-      for (const s of open) s.destroy();
-      await new Promise<void>((r) => server.close(() => r()));
-    },
-  };
 }
 
 beforeAll(async () => {
@@ -273,9 +236,10 @@ describe("restore failures fall back and change nothing", () => {
 
   it("a slow S3 does not cut a capture short: once its chunks are stored, the route may be evicted", async () => {
     const bucket = uniqueBucket();
-    // A worker on the S3 server itself creates the bucket; the next one reaches it through the proxy.
+    // A worker on the S3 server itself creates the bucket; the next one reaches it through the relay (paused).
     await worker({ id: "f-i0", s3Bucket: bucket });
-    const s3 = await heldS3();
+    const s3 = await PausableRelay.start(new URL(process.env.CONTINUUM_S3_ENDPOINT!));
+    s3.pause();
     try {
       // 24 pages: a finished 300-token prompt keeps 18 of them as its cache route, so the next prompt evicts it.
       const w = await worker({
@@ -304,13 +268,13 @@ describe("restore failures fall back and change nothing", () => {
       const evicted = w.runtime.stats().evictedRoutes;
       await generate(w.runtime, promptOf(300, 27), 2);
       expect(w.runtime.stats().evictedRoutes).toBeGreaterThan(evicted);
-      s3.release();
+      s3.resume();
       await w.cache.idle();
       await log.endOffset().then((end) => w.cache.replica.waitFor(end, 10_000));
       expect(longestPublishedPrefix(w.cache.catalog.db, nodes).length).toBe(nodes.length);
       for (const node of nodes) expect(replicaState(w, node, "f-i", "s3")).toBe("ready");
     } finally {
-      s3.release();
+      s3.resume();
       await s3.close();
     }
   });

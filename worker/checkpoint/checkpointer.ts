@@ -10,7 +10,7 @@ import type { ChunkTiers } from "../restore/tiers.ts";
 import type { PutResult } from "../store/tiered.ts";
 import { captureDecision } from "./admission.ts";
 import type { CatalogLink } from "./catalog-link.ts";
-import { describeChunk, type KvGeometry, packChunk } from "./chunk-format.ts";
+import { type ChunkDescriptor, describeChunk, type KvGeometry, packChunk } from "./chunk-format.ts";
 
 const DEFAULT_PROBE_EVERY = 8;
 
@@ -59,7 +59,7 @@ export interface CheckpointStats {
 
 /** A chunk in the store (local tiers written), waiting for its remote confirmation and its proposal. */
 interface StoredChunk {
-  readonly descriptor: ReturnType<typeof describeChunk>["descriptor"];
+  readonly descriptor: ChunkDescriptor;
   readonly id: ContentId;
   readonly put: Extract<PutResult, { status: "stored" }>;
   readonly storeMs: number;
