@@ -10,9 +10,12 @@ const globalSetup = readdirSync(new URL("./test/setup/", import.meta.url))
   .sort()
   .map((f) => `./test/setup/${f}`);
 
-// Suites live under test/: unit (pure logic, no services), oracle (numerics
-// against references), integration (real Kafka, real S3, real processes) and
-// fault.
+// test/ mirrors the source tree: test/<room>/... holds the tests of
+// <room>/... (schema, catalog, controller, worker, native, deploy), whether they
+// are pure-logic units, numeric oracles or in-process integration against the
+// real Kafka and S3 that test/setup/ starts. test/e2e/ holds the process-level
+// suites: `continuum serve` and `cluster up` as child processes, the fleet's
+// fault cases and the OpenAI client against a running server.
 export default defineConfig({
   test: {
     include: ["test/**/*.test.ts"],

@@ -25,7 +25,7 @@ import { CatalogLogError } from "./log.ts";
  * private `private:Kafka:createCluster` function, synchronously inside
  * `kafka.producer()`. We wrap that function for the one call and wrap the
  * cluster's findGroupCoordinator. kafkajs is pinned (package.json), and
- * test/catalog-log/kafka-coordinators.test.ts counts the FindCoordinator
+ * test/catalog/kafka/coordinators.test.ts counts the FindCoordinator
  * requests of real transactions, so an upgrade that moves these internals
  * fails that test, or this function throws, instead of silently losing the
  * cache.

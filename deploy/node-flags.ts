@@ -16,7 +16,7 @@
  *
  * V8 reads the flag when it creates the heap, so it must be on the command
  * line (Node refuses it in NODE_OPTIONS): bin/continuum.mjs's shebang and
- * package.json's start script carry the same flags (test/unit/node-flags.test.ts
+ * package.json's start script carry the same flags (test/deploy/node-flags.test.ts
  * checks they agree), and processes this code spawns get them here.
  */
 export const NODE_HEAP_FLAGS: readonly string[] = ["--initial-old-space-size=256"];

@@ -11,8 +11,8 @@ import { DirSnapshotStore, snapshotOffset, snapshotPosition } from "../../catalo
 import type { CatalogWriter } from "../../catalog/writer.ts";
 import { ProposalMsg, TxMsg } from "../../schema/catalog.ts";
 import { encodeMessage } from "../../schema/wire.ts";
-import { kafkaBrokers, startWriter as startLogWriter, uniqueTopics } from "../catalog-log/helpers.ts";
 import { CatalogGen, fingerprintOf, LAYOUT } from "./gen.ts";
+import { kafkaBrokers, startWriter as startLogWriter, uniqueTopics } from "./log-helpers.ts";
 
 const cleanups: (() => Promise<void>)[] = [];
 afterEach(async () => {

@@ -6,7 +6,7 @@ import {
   S3_ACCESS_KEY_ID,
   S3_SECRET_ACCESS_KEY,
   startS3Proxy,
-} from "../store/s3proxy.ts";
+} from "../worker/store/s3proxy.ts";
 
 /**
  * Global setup: a real S3-compatible server for the integration suites.

@@ -130,7 +130,7 @@ export function checkMeta(id: ContentId, meta: unknown): Buffer {
  * The content hash fed incrementally:
  *   sha256(CONTENT_TAG ‖ u32le len(metaJson) ‖ metaJson ‖ bytes…)
  * which equals schema/identity.ts `contentId(bytes, meta)` whenever metaJson is
- * utf8(canonicalJson(meta)) (pinned by test/store/chunk.test.ts). Lets a reader
+ * utf8(canonicalJson(meta)) (pinned by test/worker/store/chunk.test.ts). Lets a reader
  * hash each piece as it arrives instead of after the whole object.
  */
 export function contentHasher(metaJson: Uint8Array): Hash {

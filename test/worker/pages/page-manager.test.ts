@@ -1,0 +1,467 @@
+import { createHash } from "node:crypto";
+import fc from "fast-check";
+import { describe, expect, it } from "vitest";
+import { ContinuationId, type PageId, PrefixHash, TokenCount } from "../../../schema/ids.ts";
+import { type AppendPlan, type LoadTicket, PageManager } from "../../../worker/pages/page-manager.ts";
+import { type CaptureId, type LeaseId, PageError } from "../../../worker/pages/page-state.ts";
+
+const P = 4;
+const cid = (s: string) => ContinuationId(s);
+const hashOf = (rows: readonly number[]) =>
+  PrefixHash(createHash("sha256").update(rows.join(",")).digest("hex"));
+
+/**
+ * A test double of the engine's page memory: page contents as values, so a
+ * copy-on-write bug that overwrote another route's rows would show up.
+ */
+class PageMemory {
+  readonly pages = new Map<number, (number | undefined)[]>();
+  execute(plan: AppendPlan, values: readonly number[]): void {
+    for (const { src, dst } of plan.copies) this.pages.set(dst, [...(this.pages.get(src) ?? [])]);
+    plan.slots.forEach((slot, i) => {
+      this.write(Math.floor(slot / P), slot % P, values[i]!);
+    });
+  }
+  write(page: number, offset: number, value: number): void {
+    const rows = this.pages.get(page) ?? [];
+    rows[offset] = value;
+    this.pages.set(page, rows);
+  }
+  read(pm: PageManager, id: ContinuationId): number[] {
+    const r = pm.route(id);
+    return Array.from(
+      { length: r.tokens },
+      (_, i) => this.pages.get(r.pages[Math.floor(i / P)]!)?.[i % P] as number,
+    );
+  }
+}
+
+/** Sealed prefix hashes of pages [from, to) for a route whose rows are `rows`. */
+const sealedHashes = (rows: readonly number[], from: number, to: number) =>
+  Array.from({ length: to - from }, (_, k) => hashOf(rows.slice(0, (from + k + 1) * P)));
+
+interface ModelRoute {
+  rows: number[];
+  pending: { plan: AppendPlan; values: number[] } | null;
+  load: { values: number[]; tickets: LoadTicket[]; base: number } | null;
+  cancelled: boolean;
+  pins: number;
+}
+
+// Kinds 0–18 name operations; forks (2), commits (5) and adoptions (18) are
+// drawn more often so copy-on-write of shared partial tails and adoption of
+// pages sealed by another route happen often enough to be tested.
+const op = fc.record({
+  kind: fc.integer({ min: 0, max: 27 }).map((k) => (k < 19 ? k : k < 22 ? 2 : k < 25 ? 5 : 18)),
+  a: fc.nat(1000),
+  b: fc.nat(1000),
+  c: fc.nat(1000),
+});
+
+describe("PageManager under random operation sequences", () => {
+  it("conserves refcounts, never frees a referenced page, keeps generations monotonic, isolates copy-on-write, and leaks nothing", () => {
+    // How often each interesting path ran, so the generator is known to reach them.
+    const seen = {
+      ok: 0,
+      refused: 0,
+      copies: 0,
+      staleTickets: 0,
+      loadsDone: 0,
+      deferredCancels: 0,
+      adopted: 0,
+      adoptedLater: 0,
+    };
+    fc.assert(
+      fc.property(
+        fc.integer({ min: 4, max: 24 }),
+        fc.array(op, { minLength: 10, maxLength: 100, size: "max" }),
+        (N, ops) => {
+          const pm = new PageManager({ pageTokens: P, physicalPages: N, debugInvariants: true });
+          const mem = new PageMemory();
+          const model = new Map<ContinuationId, ModelRoute>();
+          const leases: LeaseId[] = [];
+          const captures: CaptureId[] = [];
+          const allTickets: LoadTicket[] = [];
+          let counter = 1;
+          let nextId = 0;
+          const fresh = (n: number) => Array.from({ length: n }, () => counter++);
+          const live = () => [...model.keys()].filter((id) => pm.hasRoute(id));
+          const pick = (i: number) => {
+            const ids = live();
+            return ids.length ? ids[i % ids.length]! : undefined;
+          };
+          const generations = () =>
+            Array.from({ length: N }, (_, p) => pm.pageState(p as PageId).generation as number);
+
+          const step = (o: { kind: number; a: number; b: number; c: number }) => {
+            const id = pick(o.a);
+            const m = id ? model.get(id)! : undefined;
+            switch (o.kind) {
+              case 0: {
+                const nid = cid(`r${nextId++}`);
+                const src = pick(o.b);
+                const s = src ? model.get(src)! : undefined;
+                const sealed = s ? Math.floor(pm.route(src!).tokens / P) : 0;
+                const k = sealed ? o.c % (sealed + 1) : 0;
+                const prefix = s ? sealedHashes(s.rows, 0, k) : [];
+                expect(pm.matchPrefix(prefix)).toBe(k);
+                if (k > 0) seen.adopted++;
+                pm.openRoute(nid, { prefix, reserveTokens: TokenCount(k * P + (o.c % 9)) });
+                model.set(nid, {
+                  rows: s ? s.rows.slice(0, k * P) : [],
+                  pending: null,
+                  load: null,
+                  cancelled: false,
+                  pins: 0,
+                });
+                return;
+              }
+              case 1:
+                if (id) pm.reserve(id, TokenCount(pm.route(id).tokens + (o.b % 12)));
+                return;
+              case 2: {
+                if (!id) return;
+                const nid = cid(`r${nextId++}`);
+                pm.fork(id, nid, { reserveTokens: TokenCount(pm.route(id).tokens + (o.b % 6)) });
+                model.set(nid, { rows: [...m!.rows], pending: null, load: null, cancelled: false, pins: 0 });
+                return;
+              }
+              case 3:
+              case 4: {
+                if (!id) return;
+                const n = 1 + (o.b % 6);
+                const plan = pm.beginAppend(id, TokenCount(n));
+                const values = fresh(n);
+                mem.execute(plan, values);
+                seen.copies += plan.copies.length;
+                m!.pending = { plan, values };
+                return;
+              }
+              case 5: {
+                if (!id || !m!.pending) return;
+                const before = m!.rows.length;
+                const rows = [...m!.rows, ...m!.pending.values];
+                pm.commitAppend(id, sealedHashes(rows, Math.floor(before / P), Math.floor(rows.length / P)));
+                m!.rows = rows;
+                m!.pending = null;
+                return;
+              }
+              case 6:
+                if (id && m!.pending) {
+                  pm.abortAppend(id);
+                  m!.pending = null;
+                }
+                return;
+              case 7: {
+                const ids = live().filter((x, i) => (o.b >> i) & 1 || x === id);
+                if (ids.length) leases.push(pm.acquireLease(ids));
+                return;
+              }
+              case 8:
+                if (leases.length) pm.releaseLease(leases.splice(o.a % leases.length, 1)[0]!);
+                return;
+              case 9: {
+                if (!id) return;
+                const n = 1 + (o.b % 9);
+                const values = fresh(n);
+                const rows = [...m!.rows, ...values];
+                const base = m!.rows.length;
+                const tickets = pm.beginLoad(
+                  id,
+                  TokenCount(n),
+                  sealedHashes(rows, Math.floor(base / P), Math.floor(base / P) + Math.floor(n / P)),
+                );
+                m!.load = { values, tickets: [...tickets], base };
+                allTickets.push(...tickets);
+                return;
+              }
+              case 10:
+              case 11: {
+                if (!allTickets.length) return;
+                const t = allTickets[o.b % allTickets.length]!;
+                const owner = model.get(t.route);
+                const state = pm.pageState(t.page);
+                const live = state.kind === "loading" && state.generation === t.generation;
+                if (!live) seen.staleTickets++;
+                if (o.kind === 10) {
+                  // The "DMA" writes only a live ticket's page; a stale one must change nothing.
+                  if (live) {
+                    const k = owner!.load!.tickets.indexOf(t);
+                    for (let i = 0; i < P; i++) {
+                      const v = owner!.load!.values[k * P + i];
+                      if (v !== undefined) mem.write(t.page, i, v);
+                    }
+                  }
+                  expect(pm.completeLoad(t).applied).toBe(live);
+                } else {
+                  expect(pm.failLoad(t).applied).toBe(live);
+                }
+                return;
+              }
+              case 12: {
+                if (!id) return;
+                const sealed = Math.floor(pm.route(id).tokens / P);
+                if (sealed) captures.push(pm.beginCapture(id, o.b % sealed, 1).id);
+                return;
+              }
+              case 13:
+                if (captures.length) pm.endCapture(captures.splice(o.a % captures.length, 1)[0]!);
+                return;
+              case 14:
+                if (id) {
+                  pm.pin(id);
+                  m!.pins++;
+                }
+                return;
+              case 15:
+                if (id && m!.pins) {
+                  m!.pins--;
+                  pm.unpin(id);
+                }
+                return;
+              case 16:
+                if (id) pm.releaseRoute(id);
+                return;
+              case 17:
+                if (id) {
+                  if (!pm.cancelRoute(id).released) seen.deferredCancels++;
+                  m!.cancelled = true;
+                }
+                return;
+              case 18: {
+                // In-flight prefix sharing: a route continues with pages another route sealed
+                // since, when its rows are a prefix of that route's.
+                if (!id) return;
+                const mine = m!.rows;
+                const ids = live();
+                const longer = ids.filter(
+                  (x) =>
+                    model.get(x)!.rows.length >= mine.length + P &&
+                    mine.every((v, i) => model.get(x)!.rows[i] === v),
+                );
+                // Mostly a route that continues this one; sometimes any route (a foreign chain).
+                const src = o.c % 4 && longer.length ? longer[o.b % longer.length] : pick(o.b);
+                const s = src ? model.get(src)! : undefined;
+                const continues = s && mine.every((v, i) => s.rows[i] === v);
+                const chain = continues
+                  ? sealedHashes(s!.rows, 0, Math.floor(pm.route(src!).tokens / P))
+                  : sealedHashes(mine, 0, Math.floor(mine.length / P));
+                const expected = Math.max(0, pm.matchPrefix(chain) - pm.route(id).pages.length);
+                const adopted = pm.adoptPrefix(id, chain);
+                expect(adopted).toBe(expected);
+                if (adopted > 0) {
+                  seen.adoptedLater++;
+                  m!.rows = s!.rows.slice(0, mine.length + adopted * P);
+                }
+                return;
+              }
+            }
+          };
+
+          const checkWorld = (gensBefore: number[]) => {
+            const gens = generations();
+            for (let p = 0; p < N; p++) expect(gens[p]).toBeGreaterThanOrEqual(gensBefore[p]!);
+            const snap = pm.snapshot();
+            for (const r of snap.routes) {
+              for (const p of r.pages) {
+                expect(pm.pageState(p).kind).toBe("resident");
+                expect(snap.refcounts[p]).toBeGreaterThan(0);
+              }
+              // Copy-on-write isolation: every route still reads exactly its own rows.
+              expect(mem.read(pm, r.id)).toEqual(model.get(r.id)!.rows);
+            }
+            expect(snap.freePages + snap.residentPages + snap.loadingPages + snap.evictingPages).toBe(N);
+          };
+
+          /** A finished load shows as rows (success) or none (abandoned); released routes leave the model. */
+          const syncModel = () => {
+            for (const [rid, m] of model) {
+              if (!pm.hasRoute(rid)) {
+                model.delete(rid);
+                continue;
+              }
+              const r = pm.route(rid);
+              if (m.load && !r.loading) {
+                seen.loadsDone++;
+                if (r.tokens === m.load.base + m.load.values.length) m.rows.push(...m.load.values);
+                else expect(r.tokens).toBe(m.load.base);
+                m.load = null;
+              }
+            }
+          };
+
+          for (const o of ops) {
+            const gens = generations();
+            const before = pm.snapshot();
+            try {
+              step(o);
+              seen.ok++;
+            } catch (e) {
+              if (!(e instanceof PageError)) throw e;
+              seen.refused++;
+              // A refused operation changes nothing.
+              expect(pm.snapshot()).toEqual(before);
+              expect(generations()).toEqual(gens);
+            }
+            syncModel();
+            checkWorld(gens);
+          }
+
+          // Quiesce everything, then cancel every route: no page may leak.
+          for (const l of leases) pm.releaseLease(l);
+          for (const c of captures) pm.endCapture(c);
+          for (const [rid, m] of model) {
+            if (!pm.hasRoute(rid)) continue;
+            if (m.pending) pm.abortAppend(rid);
+            for (const t of m.load?.tickets ?? []) pm.completeLoad(t);
+            for (let i = 0; i < m.pins; i++) pm.unpin(rid);
+            if (pm.hasRoute(rid)) pm.cancelRoute(rid);
+          }
+          const end = pm.snapshot();
+          expect(end.routes).toEqual([]);
+          expect(end.freePages).toBe(N);
+          expect(end.reservedPages).toBe(0);
+          expect(end.prefixes).toEqual([]);
+          pm.checkInvariants();
+        },
+      ),
+      { numRuns: 220 },
+    );
+    for (const [k, v] of Object.entries(seen)) expect(v, k).toBeGreaterThan(10);
+  });
+});
+
+describe("PageManager operations", () => {
+  const seal = (rows: number[], from: number, to: number) => sealedHashes(rows, from, to);
+
+  it("copies a shared partial tail before appending and leaves the other route's rows alone", () => {
+    const pm = new PageManager({ pageTokens: P, physicalPages: 8, debugInvariants: true });
+    const mem = new PageMemory();
+    const a = cid("a");
+    pm.openRoute(a, { reserveTokens: TokenCount(6) });
+    const plan = pm.beginAppend(a, TokenCount(6));
+    mem.execute(plan, [1, 2, 3, 4, 5, 6]);
+    pm.commitAppend(a, seal([1, 2, 3, 4, 5, 6], 0, 1));
+    const b = cid("b");
+    pm.fork(a, b, { reserveTokens: TokenCount(8) });
+    const tail = pm.route(a).pages[1]!;
+    expect(pm.snapshot().refcounts[tail]).toBe(2);
+    const bPlan = pm.beginAppend(b, TokenCount(1));
+    expect(bPlan.copies).toHaveLength(1);
+    expect(bPlan.copies[0]!.src).toBe(tail);
+    mem.execute(bPlan, [99]);
+    pm.commitAppend(b, []);
+    expect(mem.read(pm, a)).toEqual([1, 2, 3, 4, 5, 6]);
+    expect(mem.read(pm, b)).toEqual([1, 2, 3, 4, 5, 6, 99]);
+    expect(pm.route(b).pages[0]).toBe(pm.route(a).pages[0]);
+    expect(pm.snapshot().refcounts[tail]).toBe(1);
+  });
+
+  it("reports a late completion into a reused page as a no-op", () => {
+    const pm = new PageManager({ pageTokens: P, physicalPages: 1, debugInvariants: true });
+    const a = cid("a");
+    pm.openRoute(a, { reserveTokens: TokenCount(4) });
+    const [t] = pm.beginLoad(a, TokenCount(3), []);
+    expect(pm.failLoad(t!)).toMatchObject({ applied: true });
+    const b = cid("b");
+    pm.openRoute(b);
+    const [t2] = pm.beginLoad(b, TokenCount(2), []);
+    expect(t2!.page).toBe(t!.page);
+    expect(t2!.generation).toBe(t!.generation + 1);
+    expect(pm.completeLoad(t!)).toEqual({ applied: false, reason: "stale-generation" });
+    expect(pm.pageState(t2!.page).kind).toBe("loading");
+    expect(pm.completeLoad(t2!)).toEqual({ applied: true, route: b, routeReady: true, released: false });
+    expect(pm.route(b).tokens).toBe(2);
+  });
+
+  it("fences a cancelled route at once and frees its pages only when its lease ends", () => {
+    const pm = new PageManager({ pageTokens: P, physicalPages: 4, debugInvariants: true });
+    const a = cid("a");
+    pm.openRoute(a, { reserveTokens: TokenCount(12) });
+    pm.beginAppend(a, TokenCount(5));
+    const lease = pm.acquireLease([a]);
+    expect(pm.cancelRoute(a)).toEqual({ released: false, waitingFor: ["lease", "append"] });
+    expect(() => pm.beginAppend(a, TokenCount(1))).toThrow(/cancelled/);
+    expect(() => pm.acquireLease([a])).toThrow(PageError);
+    expect(pm.snapshot().reservedPages).toBe(0);
+    pm.commitAppend(a, [hashOf([0])]);
+    expect(pm.snapshot().freePages).toBe(2);
+    expect(pm.releaseLease(lease)).toEqual([a]);
+    expect(pm.hasRoute(a)).toBe(false);
+    expect(pm.snapshot().freePages).toBe(4);
+  });
+
+  it("credits resident pages and one copy-on-write page in reservations, and refuses over-capacity without change", () => {
+    const pm = new PageManager({ pageTokens: P, physicalPages: 6, debugInvariants: true });
+    const a = cid("a");
+    pm.openRoute(a, { reserveTokens: TokenCount(6) });
+    pm.beginAppend(a, TokenCount(6));
+    pm.commitAppend(a, [hashOf([1])]);
+    const b = cid("b");
+    pm.fork(a, b);
+    // b has 2 pages (one a shared partial tail): growing to 12 rows lacks 1 page + 1 copy-on-write page.
+    expect(pm.reservationNeed(b, TokenCount(12))).toBe(2);
+    const before = pm.snapshot();
+    expect(() => pm.reserve(b, TokenCount(100))).toThrow(/over-capacity|only/);
+    expect(pm.snapshot()).toEqual(before);
+    expect(pm.reserve(b, TokenCount(12))).toBe(2);
+  });
+
+  it("keeps a captured page in evicting after its route is released, freeing it when the capture ends", () => {
+    const pm = new PageManager({ pageTokens: P, physicalPages: 2, debugInvariants: true });
+    const a = cid("a");
+    pm.openRoute(a, { reserveTokens: TokenCount(4) });
+    pm.beginAppend(a, TokenCount(4));
+    pm.commitAppend(a, [hashOf([7])]);
+    const cap = pm.beginCapture(a, 0, 1);
+    const page = pm.route(a).pages[0]!;
+    pm.releaseRoute(a);
+    expect(pm.pageState(page).kind).toBe("evicting");
+    expect(pm.matchPrefix([hashOf([7])])).toBe(0);
+    expect(pm.endCapture(cap.id)).toEqual([page]);
+    expect(pm.pageState(page)).toEqual({ kind: "free", generation: 1 });
+  });
+
+  it("shares sealed prefix pages between routes by hash", () => {
+    const pm = new PageManager({ pageTokens: P, physicalPages: 4, debugInvariants: true });
+    const a = cid("a");
+    pm.openRoute(a, { reserveTokens: TokenCount(8) });
+    pm.beginAppend(a, TokenCount(8));
+    const h = seal([1, 2, 3, 4, 5, 6, 7, 8], 0, 2);
+    pm.commitAppend(a, h);
+    const b = cid("b");
+    pm.openRoute(b, { prefix: h, reserveTokens: TokenCount(9) });
+    expect(pm.route(b).pages).toEqual(pm.route(a).pages);
+    expect(pm.route(b).reservedPages).toBe(1);
+    expect(pm.snapshot().prefixes.map((x) => x.tokens)).toEqual([4, 8]);
+    expect(() => pm.openRoute(cid("c"), { prefix: [hashOf([42])] })).toThrow(/not resident/);
+  });
+
+  it("a route at a page boundary adopts the pages another route sealed since, returning their reservation", () => {
+    const pm = new PageManager({ pageTokens: P, physicalPages: 8, debugInvariants: true });
+    const rows = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12];
+    const h = seal(rows, 0, 3);
+    const producer = cid("producer");
+    pm.openRoute(producer, { reserveTokens: TokenCount(13) });
+    const waiter = cid("waiter");
+    pm.openRoute(waiter, { reserveTokens: TokenCount(13) });
+    expect(pm.adoptPrefix(waiter, h)).toBe(0);
+    pm.beginAppend(producer, TokenCount(8));
+    pm.commitAppend(producer, h.slice(0, 2));
+    const available = pm.availablePages;
+    expect(pm.adoptPrefix(waiter, h)).toBe(2);
+    expect(pm.route(waiter)).toMatchObject({ tokens: 8, pages: pm.route(producer).pages, reservedPages: 2 });
+    expect(pm.availablePages).toBe(available + 2);
+    // A chain that does not continue the route is refused and changes nothing.
+    const before = pm.snapshot();
+    expect(() => pm.adoptPrefix(waiter, seal([9, 9, 9, 9, 9, 9, 9, 9], 0, 2))).toThrow(/does not continue/);
+    expect(pm.snapshot()).toEqual(before);
+    // Mid-page, a route cannot adopt.
+    pm.beginAppend(waiter, TokenCount(1));
+    pm.commitAppend(waiter, []);
+    expect(() => pm.adoptPrefix(waiter, h)).toThrow(/page boundary/);
+    pm.releaseRoute(producer);
+    pm.releaseRoute(waiter);
+    expect(pm.snapshot().freePages).toBe(8);
+  });
+});

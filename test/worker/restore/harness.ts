@@ -1,0 +1,336 @@
+import { randomUUID } from "node:crypto";
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { CatalogDb } from "../../../catalog/db.ts";
+import type { CatalogLog, TxLogReader, WriterLog } from "../../../catalog/log.ts";
+import { longestPublishedPrefix } from "../../../catalog/queries.ts";
+import { CatalogWriter } from "../../../catalog/writer.ts";
+import type { Engine } from "../../../native/index.ts";
+import { type Config, defaultConfig } from "../../../schema/config.ts";
+import { catalogNodeId, prefixChain } from "../../../schema/identity.ts";
+import { ContinuationId, type PageId, RequestId, TokenCount } from "../../../schema/ids.ts";
+import { silentLogger } from "../../../schema/log.ts";
+import {
+  type Calibration,
+  type ConfiguredCosts,
+  initialCalibration,
+} from "../../../worker/calibration/calibration.ts";
+import { KvGeometry } from "../../../worker/checkpoint/chunk-format.ts";
+import type { LoadedModel } from "../../../worker/model/model-dir.ts";
+import { PageManager } from "../../../worker/pages/page-manager.ts";
+import { DurableCache, type DurableCacheOptions } from "../../../worker/restore/durable-cache.ts";
+import { Restorer } from "../../../worker/restore/restorer.ts";
+import { buildBatch } from "../../../worker/runtime/batch.ts";
+import { loadEngine } from "../../../worker/runtime/engine-load.ts";
+import { PageHashChain } from "../../../worker/runtime/page-hashes.ts";
+import { type RuntimeOptions, WorkerRuntime } from "../../../worker/runtime/runtime.ts";
+
+export const PAGE = 16;
+/** 130 is not a multiple of 16: chunk boundaries fall inside pages (rows 130, 260, 390). */
+export const CHUNK = 130;
+
+/** Test credentials of the S3 server the global setup started. */
+export function s3Settings(bucket: string, endpoint?: string): Config["store"]["s3"] {
+  return {
+    ...defaultConfig.store.s3,
+    enabled: true,
+    endpoint: endpoint ?? process.env.CONTINUUM_S3_ENDPOINT!,
+    accessKeyId: process.env.CONTINUUM_S3_ACCESS_KEY_ID!,
+    secretAccessKey: process.env.CONTINUUM_S3_SECRET_ACCESS_KEY!,
+    region: process.env.CONTINUUM_S3_REGION ?? "us-east-1",
+    bucket,
+    // A stand-in endpoint (a dead or silent server) is never asked to create the bucket.
+    createBucket: endpoint === undefined,
+    maxAttempts: 2,
+    requestTimeoutMs: 5_000,
+  };
+}
+
+export const uniqueBucket = (): string => `restore-${randomUUID().slice(0, 8)}`;
+
+export const costs: ConfiguredCosts = {
+  prefillPerTokenMs: 0.5,
+  firstTokenMs: 1,
+  decodeStepMs: 1,
+  restorePerByteMs: { ram: 1e-7, ssd: 1e-6, peer: 1e-5, s3: 1e-4 },
+};
+
+/** A calibration in which only `tier` is cheaper than recompute, so a plan must take it first. */
+export function preferring(tier: "ram" | "ssd" | "peer" | "s3"): Calibration {
+  const per = { ram: 1, ssd: 1, peer: 1, s3: 1 };
+  per[tier] = 1e-7;
+  return initialCalibration({ ...costs, restorePerByteMs: per });
+}
+
+/** The catalog writer running over `log` until stop(). */
+export function startWriter(log: TxLogReader & WriterLog): { stop(): Promise<void> } {
+  const writer = new CatalogWriter({ log, newDb: () => CatalogDb.empty(), logger: silentLogger });
+  const run = writer.run().catch(() => undefined);
+  return {
+    async stop() {
+      await writer.stop();
+      await run;
+    },
+  };
+}
+
+export interface TestWorker {
+  readonly id: string;
+  readonly engine: Engine;
+  readonly cache: DurableCache;
+  readonly runtime: WorkerRuntime;
+  readonly dir: string;
+  close(): Promise<void>;
+}
+
+export interface WorkerSpec {
+  readonly id: string;
+  readonly log: CatalogLog;
+  readonly s3Bucket?: string;
+  /** Another S3 endpoint than the test server (a dead or silent one). */
+  readonly s3Endpoint?: string;
+  readonly ramBytes?: number;
+  readonly secret?: string;
+  readonly runtime?: Partial<RuntimeOptions>;
+  readonly cache?: Partial<DurableCacheOptions>;
+  /** Reuse a data directory (a restarted worker); it is then left in place at close. */
+  readonly dir?: string;
+}
+
+/** One worker: engine, durable cache (own store dir, own replica, peer server) and a started runtime with its hooks. */
+export async function startWorker(model: LoadedModel, spec: WorkerSpec): Promise<TestWorker> {
+  const dir = spec.dir ?? (await mkdtemp(join(tmpdir(), `continuum-restore-${spec.id}-`)));
+  const config = {
+    pages: { ...defaultConfig.pages, pageTokens: PAGE, chunkTokens: CHUNK },
+    store: {
+      dataDir: dir,
+      ram: { maxBytes: spec.ramBytes ?? 64 << 20 },
+      dir: { path: join(dir, "store"), maxObjectBytes: 64 << 20 },
+      s3: spec.s3Bucket ? s3Settings(spec.s3Bucket, spec.s3Endpoint) : defaultConfig.store.s3,
+    },
+    worker: { ...defaultConfig.worker, id: spec.id },
+    auth: { tokens: {}, clusterSecret: spec.secret ?? "cluster-secret" },
+  };
+  const ropts: RuntimeOptions = {
+    fingerprint: model.fingerprint,
+    vocab: model.config.spec.vocab,
+    maxContext: model.config.spec.maxPosition,
+    pageTokens: PAGE,
+    physicalPages: 256,
+    maxBatchTokens: 256,
+    maxBatchSeqs: 16,
+    minPrefillTokens: 32,
+    prefillTile: 64,
+    maxQueued: 64,
+    costs,
+    logger: silentLogger,
+    ...spec.runtime,
+  };
+  const engine = await loadEngine(model, ropts, { threads: 1 });
+  const cache = await DurableCache.open({
+    engine,
+    fingerprint: model.fingerprint,
+    modelName: "tiny",
+    layout: model.manifest.layout,
+    config,
+    log: spec.log,
+    logger: silentLogger,
+    peerPort: 0,
+    fetchTimeoutMs: 2_000,
+    storeReport: () => undefined,
+    ...spec.cache,
+  });
+  const runtime = new WorkerRuntime(engine, { ...ropts, ...cache.hooks });
+  runtime.start();
+  return {
+    id: spec.id,
+    engine,
+    cache,
+    runtime,
+    dir,
+    async close() {
+      await runtime.stop();
+      await cache.close();
+      engine.free();
+      if (spec.dir === undefined) await rm(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+/** Greedy generation through a runtime: the tokens and how many prompt tokens were reused. */
+export async function generate(
+  runtime: WorkerRuntime,
+  prompt: readonly number[],
+  maxTokens: number,
+): Promise<{ tokens: number[]; cachedTokens: number }> {
+  const gen = runtime.submit({
+    requestId: RequestId(`q-${randomUUID().slice(0, 8)}`),
+    salt: undefined,
+    prompt,
+    maxTokens,
+    temperature: 0,
+    topP: 1,
+    topK: 0,
+    seed: 1,
+    stopTokenIds: [],
+  });
+  const tokens: number[] = [];
+  for await (const e of gen.events) {
+    if (e.type === "token") tokens.push(e.token);
+    else if (e.type === "error") throw new Error(e.message);
+    else return { tokens, cachedTokens: e.cachedTokens };
+  }
+  throw new Error("the generation ended without an end event");
+}
+
+/** A deterministic prompt of `n` tokens below `vocab`. */
+export function promptOf(n: number, seed: number, vocab = 512): number[] {
+  let x = seed >>> 0 || 1;
+  const out: number[] = [];
+  for (let i = 0; i < n; i++) {
+    x ^= x << 13;
+    x ^= x >>> 17;
+    x ^= x << 5;
+    out.push((x >>> 0) % vocab);
+  }
+  return out;
+}
+
+/**
+ * A bare device for exactness checks: a fresh engine and page manager on which
+ * a test restores a route and then runs prefill and greedy decode itself, so
+ * it can read the logits.
+ */
+export class Device {
+  readonly pages: PageManager;
+  private constructor(readonly engine: Engine) {
+    this.pages = new PageManager({ pageTokens: PAGE, physicalPages: 256, debugInvariants: true });
+  }
+
+  static async open(model: LoadedModel): Promise<Device> {
+    return new Device(await loadEngine(model, { physicalPages: 256, pageTokens: PAGE }, { threads: 1 }));
+  }
+
+  openRoute(name: string, totalTokens: number): ContinuationId {
+    const id = ContinuationId(name);
+    this.pages.openRoute(id, { reserveTokens: TokenCount(totalTokens) });
+    return id;
+  }
+
+  /**
+   * Feeds tokens[route rows, tokens.length) in one step (the rest of the
+   * prompt, pending token last) and then `decode` greedy tokens one at a
+   * time. Returns the first token's logits and the greedy tokens.
+   */
+  async continueGreedy(
+    route: ContinuationId,
+    tokens: readonly number[],
+    decode: number,
+  ): Promise<{ logits: Float32Array; greedy: number[] }> {
+    const seq = [...tokens];
+    const chain = new PageHashChain(PAGE, undefined);
+    let first: Float32Array | undefined;
+    const greedy: number[] = [];
+    for (let step = 0; step <= decode; step++) {
+      const have = this.pages.route(route).tokens;
+      const rows = seq.length - have;
+      const plan = this.pages.beginAppend(route, TokenCount(rows));
+      for (const c of plan.copies) await this.engine.copyPage(c.src, c.dst);
+      const built = buildBatch([
+        {
+          tokens: seq.slice(have),
+          firstPosition: have,
+          slots: plan.slots,
+          pageTable: plan.pageTable as PageId[],
+          wantLogits: true,
+        },
+      ]);
+      const logits = await this.engine.step(built.batch);
+      const before = Math.floor(have / PAGE);
+      this.pages.commitAppend(route, chain.extend(seq, seq.length).slice(before));
+      const vocab = this.engine.spec.vocab;
+      const at = built.logitIndex[0]!;
+      const row = logits.slice(at * vocab, (at + 1) * vocab);
+      first ??= row;
+      let best = 0;
+      for (let i = 1; i < vocab; i++) if (row[i]! > row[best]!) best = i;
+      greedy.push(best);
+      seq.push(best);
+    }
+    return { logits: first!, greedy };
+  }
+
+  close(): void {
+    this.engine.free();
+  }
+}
+
+/** Bitwise equality of two float arrays (NaN-safe, -0 ≠ +0). */
+export function bitEqual(a: Float32Array, b: Float32Array): boolean {
+  if (a.length !== b.length) return false;
+  const x = new Uint32Array(a.buffer, a.byteOffset, a.length);
+  const y = new Uint32Array(b.buffer, b.byteOffset, b.length);
+  for (let i = 0; i < x.length; i++) if (x[i] !== y[i]) return false;
+  return true;
+}
+
+/** A restorer over `worker`'s tiers and catalog identity that loads into another engine (a Device's). */
+export function restorerFor(
+  worker: TestWorker,
+  engine: Engine,
+  opts: { peerSecret?: string; fetchTimeoutMs?: number } = {},
+): Restorer {
+  return new Restorer({
+    engine,
+    geometry: KvGeometry.of(engine.spec),
+    tiers: worker.cache.tiers,
+    catalog: worker.cache.catalog,
+    pageTokens: PAGE,
+    chunkTokens: CHUNK,
+    peerSecret: opts.peerSecret ?? "cluster-secret",
+    fetchTimeoutMs: opts.fetchTimeoutMs ?? 2_000,
+    logger: silentLogger,
+  });
+}
+
+/** Waits until `worker`'s replica has `chunks` leading chunks of `prompt` published. */
+export async function waitPublished(
+  worker: TestWorker,
+  prompt: readonly number[],
+  chunks: number,
+): Promise<void> {
+  const fp = worker.cache.catalog.id.fingerprint;
+  const nodes = prefixChain(prompt.slice(0, -1), CHUNK).map((n) => catalogNodeId(fp, n.hash));
+  const ok = await worker.cache.catalog.waitUntil(
+    () => longestPublishedPrefix(worker.cache.catalog.db, nodes).length >= chunks,
+    30_000,
+  );
+  if (!ok) throw new Error(`${worker.id}: ${chunks} chunks of the prompt were not published in time`);
+}
+
+/** Restores `prompt`'s prefix into a fresh route of `dev` through `restorer`, preferring `calibration`'s tier. */
+export async function restoreInto(
+  dev: Device,
+  restorer: Restorer,
+  prompt: readonly number[],
+  calibration: Calibration,
+  residentTokens = 0,
+  name = `r-${randomUUID().slice(0, 8)}`,
+): Promise<{ route: ContinuationId; restoreTo: number; ok: boolean }> {
+  const route = dev.openRoute(name, prompt.length + 16);
+  // A resident prefix computed here first (page-aligned), as admission would adopt it.
+  if (residentTokens > 0) await dev.continueGreedy(route, prompt.slice(0, residentTokens), 0);
+  const ticket = restorer.begin({
+    route,
+    tokens: prompt.slice(0, -1),
+    salt: undefined,
+    residentTokens: dev.pages.route(route).tokens,
+    pages: dev.pages,
+    availablePages: dev.pages.route(route).reservedPages,
+    calibration,
+    record: () => undefined,
+  });
+  if (ticket === null) return { route, restoreTo: dev.pages.route(route).tokens, ok: false };
+  return { route, restoreTo: ticket.restoreTo, ok: await ticket.done };
+}

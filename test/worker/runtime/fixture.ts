@@ -1,0 +1,95 @@
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import type { Engine } from "../../../native/index.ts";
+import { silentLogger } from "../../../schema/log.ts";
+import { generateModel } from "../../../worker/model/generate.ts";
+import { type LoadedModel, loadModelDir } from "../../../worker/model/model-dir.ts";
+import { loadEngine } from "../../../worker/runtime/engine-load.ts";
+import { type RuntimeOptions, WorkerRuntime } from "../../../worker/runtime/runtime.ts";
+import type { RuntimeEvent } from "../../../worker/runtime/sequence.ts";
+
+/** The tiny generated model, loaded once per test file. */
+export async function tinyModel(): Promise<{ model: LoadedModel; cleanup: () => Promise<void> }> {
+  const dir = await mkdtemp(join(tmpdir(), "continuum-tiny-"));
+  await generateModel({ preset: "tiny", out: dir, seed: 7 });
+  const model = await loadModelDir(dir, { variant: "cpu-f32acc/v1" });
+  return { model, cleanup: () => rm(dir, { recursive: true, force: true }) };
+}
+
+export interface RuntimeFixture {
+  readonly runtime: WorkerRuntime;
+  readonly engine: Engine;
+  close(): Promise<void>;
+}
+
+/** A started runtime over a fresh engine for `model`. */
+export async function startRuntime(
+  model: LoadedModel,
+  overrides: Partial<RuntimeOptions> = {},
+  wrap?: (engine: Engine) => Engine,
+): Promise<RuntimeFixture> {
+  const f = await openRuntime(model, overrides, wrap);
+  f.runtime.start();
+  return f;
+}
+
+/** Like startRuntime, but the caller starts the loop (to test what happens around start). */
+export async function openRuntime(
+  model: LoadedModel,
+  overrides: Partial<RuntimeOptions> = {},
+  /** Wraps the engine the runtime steps (to observe or gate its steps); the fixture frees the real one. */
+  wrap?: (engine: Engine) => Engine,
+): Promise<RuntimeFixture> {
+  const opts: RuntimeOptions = {
+    fingerprint: model.fingerprint,
+    vocab: model.config.spec.vocab,
+    maxContext: model.config.spec.maxPosition,
+    pageTokens: 16,
+    physicalPages: 512,
+    maxBatchTokens: 256,
+    maxBatchSeqs: 64,
+    minPrefillTokens: 32,
+    prefillTile: 64,
+    maxQueued: 256,
+    costs: {
+      prefillPerTokenMs: 0.1,
+      firstTokenMs: 1,
+      decodeStepMs: 1,
+      restorePerByteMs: { ram: 1e-6, ssd: 1e-5, peer: 1e-5, s3: 1e-4 },
+    },
+    logger: silentLogger,
+    ...overrides,
+  };
+  const engine = await loadEngine(model, opts, { threads: 2 });
+  const runtime = new WorkerRuntime(wrap ? wrap(engine) : engine, opts);
+  return {
+    runtime,
+    engine,
+    async close() {
+      await runtime.stop();
+      engine.free();
+    },
+  };
+}
+
+/** A deterministic prompt of `length` token ids in [5, 505) from `seed`. */
+export function prompt(seed: number, length: number): number[] {
+  let x = seed * 2654435761;
+  return Array.from({ length }, () => {
+    x = (x * 1103515245 + 12345) >>> 0;
+    return 5 + (x % 500);
+  });
+}
+
+/** Drains a request's events: its tokens and the event that ended it. */
+export async function collect(
+  events: AsyncIterable<RuntimeEvent>,
+): Promise<{ tokens: number[]; end: RuntimeEvent }> {
+  const tokens: number[] = [];
+  for await (const ev of events) {
+    if (ev.type === "token") tokens.push(ev.token);
+    else return { tokens, end: ev };
+  }
+  throw new Error("stream ended without an end event");
+}
