@@ -19,13 +19,13 @@ import { freePortPair } from "../ports.ts";
  * A run filtered to paths that cannot need Kafka (`vitest run test/unit`)
  * skips the broker, so narrow runs on a 2-core machine stay cheap: only
  * path-like filters (containing '/' or '.test') are read, and any of them that
- * mentions catalog, kafka, writer, integration, fault, cluster, fleet, restore, tail or
+ * mentions catalog, kafka, writer, e2e, cluster, fleet, restore, tail or
  * console starts it.
  */
 const run = promisify(execFile);
 const ROOT = new URL("../../", import.meta.url).pathname;
 const START_TIMEOUT_MS = 15 * 60_000;
-const NEEDS_KAFKA = /catalog|kafka|writer|integration|fault|cluster|fleet|restore|tail|console/i;
+const NEEDS_KAFKA = /catalog|kafka|writer|e2e|cluster|fleet|restore|tail|console/i;
 
 function needsKafka(argv: readonly string[]): boolean {
   const filters = argv.slice(2).filter((a) => !a.startsWith("-") && (a.includes("/") || a.includes(".test")));
