@@ -7,9 +7,11 @@ import type {
   GenerationRequest,
   InferenceService,
   ModelInfo,
+  SamplingParams,
   ServiceGauges,
   TextCodec,
 } from "../../controller/api/service.ts";
+import type { LogitsRules } from "../../worker/model/logits.ts";
 import type { LoadedModel, ModelIdentity } from "../../worker/model/model-dir.ts";
 import { SubmitError, type WorkerRuntime } from "../../worker/runtime/runtime.ts";
 import type { RuntimeEvent } from "../../worker/runtime/sequence.ts";
@@ -18,8 +20,8 @@ import type { RuntimeEvent } from "../../worker/runtime/sequence.ts";
 export function textCodec(model: ModelIdentity): TextCodec {
   const tok = model.tokenizer;
   return {
-    encode: (text) => tok.encode(text),
-    decode: (ids) => tok.decode(ids, { skipSpecialTokens: true }),
+    encode: (text, opts) => tok.encode(text, { addSpecialTokens: opts?.addSpecialTokens ?? false }),
+    decode: (ids, opts) => tok.decode(ids, { skipSpecialTokens: opts?.skipSpecialTokens ?? true }),
     // The tokenizer's templates know system/user/assistant; a tool result is
     // shown to the model as a user turn.
     chatPrompt: (messages: readonly ChatMessage[]) =>
@@ -73,8 +75,11 @@ export class EmbeddedService implements InferenceService {
         temperature: req.sampling.temperature,
         topP: req.sampling.topP,
         topK: req.sampling.topK,
+        minP: req.sampling.minP,
         seed: req.sampling.seed,
+        rules: logitsRules(req.sampling),
         stopTokenIds: req.stopTokenIds,
+        priority: req.priority,
       });
     } catch (err) {
       if (err instanceof SubmitError) throw new ApiError(err.status, err.message);
@@ -112,4 +117,16 @@ async function* mapEvents(events: AsyncIterable<RuntimeEvent>): AsyncIterable<Ge
     else if (ev.type === "end") yield { type: "end", reason: ev.reason, cachedTokens: ev.cachedTokens };
     else yield ev;
   }
+}
+
+/** The request's sampling fields as the runtime's logits rules. */
+export function logitsRules(s: SamplingParams): LogitsRules {
+  return {
+    repetitionPenalty: s.repetitionPenalty,
+    presencePenalty: s.presencePenalty,
+    frequencyPenalty: s.frequencyPenalty,
+    logitBias: new Map(s.logitBias),
+    minTokens: s.minTokens,
+    allowedTokenIds: s.allowedTokenIds === null ? null : new Set(s.allowedTokenIds),
+  };
 }

@@ -1,32 +1,46 @@
 import { ApiError, badRequest } from "./errors.ts";
-import type { ChatMessage, SamplingParams } from "./service.ts";
+import {
+  asObject,
+  type Body,
+  type Endpoint,
+  optBool,
+  optNumber,
+  optObject,
+  optString,
+  type Refusal,
+  refuseUnsupported,
+} from "./request-fields.ts";
+import { checkMinTokens, parseSampling, type SamplingFields } from "./request-sampling.ts";
+import type { ChatMessage } from "./service.ts";
 
 /**
- * Parsing and validation of OpenAI-style request bodies. Pure: a parsed
- * request or an ApiError naming the offending field. Unknown fields are
- * ignored (as OpenAI and vLLM do); known fields of the wrong type or out of
- * range are errors.
+ * Parsing and validation of OpenAI-style request bodies, one parser per
+ * field group (request-sampling.ts, …). Pure: a parsed request or an
+ * ApiError naming the offending field. Fields vLLM's protocol defines that
+ * are not implemented are refused (request-fields.ts); fields no protocol
+ * defines are ignored, as OpenAI and vLLM do.
  */
 
 /** Bounds that keep one request from monopolising a worker. */
-export const MAX_CHOICES = 16;
+export { MAX_CHOICES, MAX_STOP_SEQUENCES } from "./request-sampling.ts";
 export const MAX_PROMPTS = 64;
-export const MAX_STOP_SEQUENCES = 4;
+/** vLLM's default max_tokens for /v1/completions (OpenAI's too). */
 export const DEFAULT_MAX_TOKENS = 16;
 
 export type PromptInput =
   | { readonly kind: "text"; readonly text: string }
   | { readonly kind: "tokens"; readonly ids: number[] };
 
-interface CommonRequest {
+interface CommonRequest extends SamplingFields {
   readonly model: string;
   /** undefined: fill the context (bounded by the model's maximum). */
   readonly maxTokens: number | undefined;
-  readonly sampling: SamplingParams;
-  readonly stop: readonly string[];
-  readonly n: number;
   readonly stream: boolean;
   readonly includeUsageInStream: boolean;
+  /** Skip special tokens when detokenizing (vLLM's default: true). */
+  readonly skipSpecialTokens: boolean;
+  /** The client's end-user id (logged with the request). */
+  readonly user: string | undefined;
 }
 
 export interface CompletionRequest extends CommonRequest {
@@ -39,101 +53,98 @@ export interface ChatRequest extends CommonRequest {
   readonly messages: readonly ChatMessage[];
 }
 
-type Body = Record<string, unknown>;
-
-function asObject(body: unknown): Body {
-  if (typeof body !== "object" || body === null || Array.isArray(body)) {
-    throw badRequest("request body must be a JSON object");
-  }
-  return body as Body;
-}
-
-function optNumber(b: Body, key: string, min: number, max: number, integer: boolean): number | undefined {
-  const v = b[key];
-  if (v === undefined || v === null) return undefined;
-  if (typeof v !== "number" || !Number.isFinite(v) || (integer && !Number.isInteger(v))) {
-    throw badRequest(
-      `'${key}' must be ${integer ? "an integer" : "a number"}, got ${JSON.stringify(v)}`,
-      key,
-    );
-  }
-  if (v < min || v > max) throw badRequest(`'${key}' must be between ${min} and ${max}, got ${v}`, key);
-  return v;
-}
-
-function optBool(b: Body, key: string): boolean | undefined {
-  const v = b[key];
-  if (v === undefined || v === null) return undefined;
-  if (typeof v !== "boolean") throw badRequest(`'${key}' must be a boolean, got ${JSON.stringify(v)}`, key);
-  return v;
-}
-
 function isTokenArray(v: unknown): v is number[] {
   return (
     Array.isArray(v) && v.length > 0 && v.every((t) => typeof t === "number" && Number.isInteger(t) && t >= 0)
   );
 }
 
-function parseStop(b: Body): string[] {
-  const v = b.stop;
-  if (v === undefined || v === null) return [];
-  const list = typeof v === "string" ? [v] : v;
-  if (!Array.isArray(list) || list.some((s) => typeof s !== "string" || s === "")) {
-    throw badRequest("'stop' must be a non-empty string or a list of non-empty strings", "stop");
-  }
-  if (list.length > MAX_STOP_SEQUENCES)
-    throw badRequest(`'stop' takes at most ${MAX_STOP_SEQUENCES} sequences`, "stop");
-  return list as string[];
-}
+/** Fields this commit does not implement yet: refused, never ignored. */
+const NOT_YET: Readonly<Record<string, Refusal>> = {
+  logprobs: {
+    endpoints: ["completion", "chat"],
+    neutral: (v) => v === false || v === 0,
+    why: "log-probabilities are not implemented",
+  },
+  top_logprobs: {
+    endpoints: ["chat"],
+    neutral: (v) => v === 0,
+    why: "log-probabilities are not implemented",
+  },
+  prompt_logprobs: { endpoints: ["completion", "chat"], neutral: () => false, why: "not implemented" },
+  echo: { endpoints: ["completion", "chat"], neutral: (v) => v === false, why: "echo is not implemented" },
+  best_of: { endpoints: ["completion"], neutral: () => false, why: "best_of needs log-probabilities" },
+  tools: { endpoints: ["chat"], neutral: () => false, why: "tools are not implemented" },
+  tool_choice: { endpoints: ["chat"], neutral: (v) => v === "none", why: "tools are not implemented" },
+  parallel_tool_calls: { endpoints: ["chat"], neutral: (v) => v === true, why: "tools are not implemented" },
+  response_format: {
+    endpoints: ["completion", "chat"],
+    neutral: (v) => typeof v === "object" && v !== null && (v as Body).type === "text",
+    why: "structured output is not implemented",
+  },
+  structured_outputs: { endpoints: ["completion", "chat"], neutral: () => false, why: "not implemented" },
+  guided_json: { endpoints: ["completion", "chat"], neutral: () => false, why: "not implemented" },
+  guided_regex: { endpoints: ["completion", "chat"], neutral: () => false, why: "not implemented" },
+  guided_choice: { endpoints: ["completion", "chat"], neutral: () => false, why: "not implemented" },
+  chat_template: { endpoints: ["chat"], neutral: () => false, why: "not implemented" },
+  chat_template_kwargs: { endpoints: ["chat"], neutral: () => false, why: "not implemented" },
+  add_generation_prompt: { endpoints: ["chat"], neutral: (v) => v === true, why: "not implemented" },
+  continue_final_message: { endpoints: ["chat"], neutral: (v) => v === false, why: "not implemented" },
+  documents: { endpoints: ["chat"], neutral: () => false, why: "not implemented" },
+  return_prompt_text: { endpoints: ["chat"], neutral: (v) => v === false, why: "not implemented" },
+  add_special_tokens: { endpoints: ["completion", "chat"], neutral: () => false, why: "not implemented" },
+  truncate_prompt_tokens: { endpoints: ["completion", "chat"], neutral: () => false, why: "not implemented" },
+  truncation_side: { endpoints: ["completion", "chat"], neutral: () => false, why: "not implemented" },
+  return_tokens_as_token_ids: {
+    endpoints: ["completion", "chat"],
+    neutral: (v) => v === false,
+    why: "not implemented",
+  },
+  return_token_ids: {
+    endpoints: ["completion", "chat"],
+    neutral: (v) => v === false,
+    why: "not implemented",
+  },
+  cache_salt: { endpoints: ["completion", "chat"], neutral: () => false, why: "not implemented" },
+  request_id: { endpoints: ["completion", "chat"], neutral: () => false, why: "not implemented" },
+};
 
-/** Parameters that would change results in ways we do not implement are refused, not ignored. */
-function refuseUnsupported(b: Body): void {
-  for (const key of ["presence_penalty", "frequency_penalty"]) {
-    const v = b[key];
-    if (v !== undefined && v !== null && v !== 0) throw badRequest(`'${key}' is not supported (only 0)`, key);
-  }
-  if (b.logprobs !== undefined && b.logprobs !== null && b.logprobs !== false && b.logprobs !== 0) {
-    throw badRequest("'logprobs' is not supported", "logprobs");
-  }
-  if (b.echo === true) throw badRequest("'echo' is not supported", "echo");
-  if (b.logit_bias !== undefined && b.logit_bias !== null)
-    throw badRequest("'logit_bias' is not supported", "logit_bias");
-  if (b.tools !== undefined && b.tools !== null) throw badRequest("'tools' is not supported", "tools");
-}
-
-function parseCommon(b: Body): CommonRequest {
+function parseCommon(b: Body, endpoint: Endpoint): CommonRequest {
   if (typeof b.model !== "string" || b.model === "")
     throw badRequest("'model' is required and must be a string", "model");
-  refuseUnsupported(b);
+  refuseUnsupported(b, endpoint, NOT_YET);
   const maxTokens =
     optNumber(b, "max_completion_tokens", 1, 1 << 20, true) ?? optNumber(b, "max_tokens", 1, 1 << 20, true);
-  const temperature = optNumber(b, "temperature", 0, 2, false) ?? 1;
-  const topP = optNumber(b, "top_p", Number.MIN_VALUE, 1, false) ?? 1;
-  const topKRaw = optNumber(b, "top_k", -1, 1 << 20, true) ?? 0;
-  const seed = optNumber(b, "seed", -(2 ** 53) + 1, 2 ** 53 - 1, true);
-  const n = optNumber(b, "n", 1, MAX_CHOICES, true) ?? 1;
+  const sampling = parseSampling(b);
   const stream = optBool(b, "stream") ?? false;
   let includeUsageInStream = false;
-  if (b.stream_options !== undefined && b.stream_options !== null) {
-    if (typeof b.stream_options !== "object" || Array.isArray(b.stream_options)) {
-      throw badRequest("'stream_options' must be an object", "stream_options");
-    }
-    includeUsageInStream = optBool(b.stream_options as Body, "include_usage") ?? false;
+  const streamOptions = optObject(b, "stream_options");
+  if (streamOptions) {
+    if (!stream) throw badRequest("'stream_options' can only be set when 'stream' is true", "stream_options");
+    includeUsageInStream = optBool(streamOptions, "include_usage", "stream_options.include_usage") ?? false;
+    if (optBool(streamOptions, "continuous_usage_stats", "stream_options.continuous_usage_stats"))
+      throw badRequest(
+        "'stream_options.continuous_usage_stats' is not supported yet",
+        "stream_options.continuous_usage_stats",
+      );
   }
+  if (stream && sampling.bestOf > sampling.n)
+    throw badRequest("'best_of' above n cannot be streamed", "best_of");
+  checkMinTokens(sampling.sampling, maxTokens);
   return {
     model: b.model,
     maxTokens,
-    sampling: { temperature, topP, topK: Math.max(0, topKRaw), seed },
-    stop: parseStop(b),
-    n,
+    ...sampling,
     stream,
     includeUsageInStream,
+    skipSpecialTokens: optBool(b, "skip_special_tokens") ?? true,
+    user: optString(b, "user", 256),
   };
 }
 
 export function parseCompletionRequest(body: unknown): CompletionRequest {
   const b = asObject(body);
-  const common = parseCommon(b);
+  const common = parseCommon(b, "completion");
   const p = b.prompt;
   let prompts: PromptInput[];
   if (typeof p === "string") prompts = [{ kind: "text", text: p }];
@@ -149,8 +160,11 @@ export function parseCompletionRequest(body: unknown): CompletionRequest {
     );
   }
   if (prompts.length > MAX_PROMPTS) throw badRequest(`at most ${MAX_PROMPTS} prompts per request`, "prompt");
-  if (prompts.length * common.n > MAX_PROMPTS) {
-    throw badRequest(`prompts × n must be at most ${MAX_PROMPTS}`, "n");
+  if (prompts.length * common.bestOf > MAX_PROMPTS) {
+    throw badRequest(
+      `prompts × ${common.bestOf > common.n ? "best_of" : "n"} must be at most ${MAX_PROMPTS}`,
+      common.bestOf > common.n ? "best_of" : "n",
+    );
   }
   if (prompts.some((x) => x.kind === "text" && x.text === ""))
     throw badRequest("'prompt' must not be empty", "prompt");
@@ -182,7 +196,7 @@ function messageText(content: unknown, i: number): string {
 
 export function parseChatRequest(body: unknown): ChatRequest {
   const b = asObject(body);
-  const common = parseCommon(b);
+  const common = parseCommon(b, "chat");
   const raw = b.messages;
   if (!Array.isArray(raw) || raw.length === 0)
     throw badRequest("'messages' must be a non-empty list", "messages");

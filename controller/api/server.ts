@@ -3,6 +3,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo } from "node:net";
 import { RequestId, TenantId } from "../../schema/ids.ts";
 import { Counter, Gauge, Histogram, LATENCY_BUCKETS_S, Registry } from "../metrics.ts";
+import { type ChoiceDelta, ChoiceRun, endTokenIds } from "./choice.ts";
 import { ApiError, badRequest } from "./errors.ts";
 import {
   type ChatRequest,
@@ -11,8 +12,8 @@ import {
   parseChatRequest,
   parseCompletionRequest,
 } from "./request.ts";
-import type { FinishReason, Generation, GenerationRequest, InferenceService, ModelInfo } from "./service.ts";
-import { IncrementalDetokenizer, StopMatcher } from "./text-stream.ts";
+import { checkTokenIds } from "./request-sampling.ts";
+import type { GenerationRequest, InferenceService, ModelInfo } from "./service.ts";
 
 /** Largest request body accepted (bytes); larger is answered 413 before parsing. */
 export const MAX_BODY_BYTES = 8 * 1024 * 1024;
@@ -25,23 +26,6 @@ export interface ApiServerOptions {
   /** Structured log sink: one object per event. */
   readonly log?: (event: Record<string, unknown>) => void;
 }
-
-/** One choice being generated: its prompt index, its generation and its text pipeline. */
-interface ChoiceRun {
-  readonly index: number;
-  readonly promptTokens: number;
-  readonly gen: Generation;
-  readonly detok: IncrementalDetokenizer;
-  readonly stop: StopMatcher;
-  completionTokens: number;
-  cachedTokens: number;
-  text: string;
-  finish: FinishReason | null;
-  /** Why the choice failed, when it ended with an error instead of a finish reason. */
-  error: string | null;
-}
-
-type ChoiceChunk = { index: number; text: string; finish: FinishReason | null };
 
 /**
  * The OpenAI-compatible HTTP front door. It authenticates, validates,
@@ -230,35 +214,35 @@ export class ApiServer {
         );
       return { ids, maxTokens: checkContext(ids.length, parsed.maxTokens, model.maxContext) };
     });
+    checkTokenIds(parsed.sampling, parsed.stop, codec.vocabSize);
+    const stopTokenIds = endTokenIds(parsed.stop, codec.eosTokenIds);
+    const perPrompt = parsed.bestOf;
     const runs: ChoiceRun[] = [];
     try {
       plans.forEach((plan, p) => {
-        for (let j = 0; j < parsed.n; j++) {
-          const index = p * parsed.n + j;
+        for (let j = 0; j < perPrompt; j++) {
+          const index = p * perPrompt + j;
           const seed = parsed.sampling.seed === undefined ? undefined : parsed.sampling.seed + index;
           const greq: GenerationRequest = {
             requestId: RequestId(
-              runs.length === 0 && plans.length * parsed.n === 1 ? requestId : `${requestId}.${index}`,
+              runs.length === 0 && plans.length * perPrompt === 1 ? requestId : `${requestId}.${index}`,
             ),
             tenant,
             model: model.id,
             prompt: plan.ids,
             maxTokens: plan.maxTokens,
             sampling: { ...parsed.sampling, seed },
-            stopTokenIds: codec.eosTokenIds,
+            stopTokenIds,
+            priority: -parsed.priority,
           };
-          runs.push({
-            index,
-            promptTokens: plan.ids.length,
-            gen: this.service.generate(greq),
-            detok: new IncrementalDetokenizer((ids) => codec.decode(ids)),
-            stop: new StopMatcher(parsed.stop),
-            completionTokens: 0,
-            cachedTokens: 0,
-            text: "",
-            finish: null,
-            error: null,
-          });
+          runs.push(
+            new ChoiceRun(index, plan.ids.length, this.service.generate(greq), codec, {
+              stop: parsed.stop,
+              eosTokenIds: codec.eosTokenIds,
+              skipSpecialTokens: parsed.skipSpecialTokens,
+              minTokens: parsed.sampling.minTokens,
+            }),
+          );
         }
       });
     } catch (err) {
@@ -285,6 +269,7 @@ export class ApiServer {
       model: parsed.model,
       choices: runs.length,
       stream: parsed.stream,
+      ...(parsed.user === undefined ? {} : { user: parsed.user }),
     });
     let closed = false;
     res.on("close", () => {
@@ -296,24 +281,35 @@ export class ApiServer {
     const created = Math.floor(Date.now() / 1000);
     const object = parsed.kind === "chat" ? "chat.completion" : "text_completion";
     const chunkObject = parsed.kind === "chat" ? "chat.completion.chunk" : "text_completion";
-    const choiceJson = (c: ChoiceChunk, stream: boolean) =>
+    const choiceJson = (c: ChoiceDelta, stream: boolean) =>
       parsed.kind === "chat"
         ? stream
           ? {
               index: c.index,
               delta: c.text ? { content: c.text } : {},
               finish_reason: c.finish,
+              stop_reason: c.stopReason,
               logprobs: null,
             }
           : {
               index: c.index,
               message: { role: "assistant", content: c.text },
               finish_reason: c.finish,
+              stop_reason: c.stopReason,
               logprobs: null,
             }
-        : { index: c.index, text: c.text, finish_reason: c.finish, logprobs: null };
+        : {
+            index: c.index,
+            text: c.text,
+            finish_reason: c.finish,
+            stop_reason: c.stopReason,
+            logprobs: null,
+          };
     const usage = () => {
-      const prompt = runs.reduce((a, r) => a + (runs.indexOf(r) % parsed.n === 0 ? r.promptTokens : 0), 0);
+      const prompt = runs.reduce(
+        (a, r) => a + (runs.indexOf(r) % parsed.bestOf === 0 ? r.promptTokens : 0),
+        0,
+      );
       const completion = runs.reduce((a, r) => a + r.completionTokens, 0);
       const cached = runs.reduce((a, r) => a + r.cachedTokens, 0);
       return {
@@ -348,7 +344,19 @@ export class ApiServer {
           object,
           created,
           model: parsed.model,
-          choices: runs.map((r) => choiceJson({ index: r.index, text: r.text, finish: r.finish }, false)),
+          choices: runs.map((r) =>
+            choiceJson(
+              {
+                index: r.index,
+                text: r.text,
+                tokens: r.tokens,
+                logprobs: r.logprobs,
+                finish: r.finish,
+                stopReason: r.stopReason,
+              },
+              false,
+            ),
+          ),
           usage: usage(),
         },
         route,
@@ -390,8 +398,8 @@ export class ApiServer {
     this.log({ event: "request.done", requestId, ms: Math.round(performance.now() - t0) });
   }
 
-  /** Runs one choice to its end, emitting text chunks (and a last chunk with the finish reason). */
-  private async drive(r: ChoiceRun, onToken: () => void, emit: (c: ChoiceChunk) => void): Promise<void> {
+  /** Runs one choice to its end, emitting its deltas (the last one carries the finish reason). */
+  private async drive(r: ChoiceRun, onToken: () => void, emit: (c: ChoiceDelta) => void): Promise<void> {
     let last = performance.now();
     for await (const ev of r.gen.events) {
       if (ev.type === "token") {
@@ -399,26 +407,15 @@ export class ApiServer {
         const now = performance.now();
         if (r.completionTokens > 0) this.itl.observe((now - last) / 1000);
         last = now;
-        r.completionTokens += 1;
         this.tokensOut.inc();
-        if (r.stop.isStopped) continue;
-        const out = r.stop.push(r.detok.push(ev.token));
-        if (out.emit) {
-          r.text += out.emit;
-          emit({ index: r.index, text: out.emit, finish: null });
-        }
-        if (out.stopped) r.gen.cancel();
+        const d = r.onToken(ev.token, ev.logprob);
+        if (d?.text) emit(d);
       } else if (ev.type === "end") {
-        r.cachedTokens = ev.cachedTokens;
-        const tail = r.stop.isStopped ? "" : r.stop.push(r.detok.flush()).emit + r.stop.flush();
-        r.text += tail;
-        r.finish = r.stop.isStopped ? "stop" : ev.reason;
-        emit({ index: r.index, text: tail, finish: r.finish });
+        emit(r.onEnd(ev.reason, ev.cachedTokens));
         return;
       } else {
         this.log({ event: "choice.error", index: r.index, message: ev.message });
-        r.finish = null;
-        r.error = ev.message;
+        r.onError(ev.message);
         return;
       }
     }

@@ -15,8 +15,10 @@ export interface ChatMessage {
 
 /** Tokenizer and chat template of one served model. */
 export interface TextCodec {
-  encode(text: string): number[];
-  decode(ids: readonly number[]): string;
+  /** With addSpecialTokens the tokenizer's post-processor adds what it adds (a BOS). */
+  encode(text: string, opts?: { readonly addSpecialTokens?: boolean }): number[];
+  /** skipSpecialTokens defaults to true. */
+  decode(ids: readonly number[], opts?: { readonly skipSpecialTokens?: boolean }): string;
   /** Token ids of the chat-formatted conversation, ending where the assistant's reply begins. */
   chatPrompt(messages: readonly ChatMessage[]): number[];
   readonly eosTokenIds: readonly number[];
@@ -37,8 +39,21 @@ export interface SamplingParams {
   readonly topP: number;
   /** 0 means no top-k cut. */
   readonly topK: number;
+  /** 0 means no min-p cut. */
+  readonly minP: number;
   /** Seed of this choice's private PRNG; absent → a fresh one. */
   readonly seed: number | undefined;
+  /** 1 means off; over prompt and generated ids. */
+  readonly repetitionPenalty: number;
+  /** 0 means off; over generated ids. */
+  readonly presencePenalty: number;
+  readonly frequencyPenalty: number;
+  /** [token id, bias] pairs added to the logits. */
+  readonly logitBias: readonly (readonly [number, number])[];
+  /** Stop ids (EOS included) cannot be sampled before this many tokens. */
+  readonly minTokens: number;
+  /** Only these ids may be sampled; null: any. */
+  readonly allowedTokenIds: readonly number[] | null;
 }
 
 export interface GenerationRequest {
@@ -50,12 +65,21 @@ export interface GenerationRequest {
   readonly sampling: SamplingParams;
   /** Generation ends (reason "stop") after emitting any of these ids. */
   readonly stopTokenIds: readonly number[];
+  /** Larger is served first (vLLM's priority negated); 0 by default. */
+  readonly priority: number;
 }
 
 export type FinishReason = "length" | "stop" | "cancelled";
 
+/** One position's log-probabilities: the token's, and the most likely ids' (rank order). */
+export interface TokenLogprob {
+  readonly token: number;
+  readonly logprob: number;
+  readonly top: readonly (readonly [token: number, logprob: number])[];
+}
+
 export type GenerationEvent =
-  | { readonly type: "token"; readonly token: number }
+  | { readonly type: "token"; readonly token: number; readonly logprob?: TokenLogprob | null }
   | { readonly type: "end"; readonly reason: FinishReason; readonly cachedTokens: number }
   | { readonly type: "error"; readonly message: string };
 

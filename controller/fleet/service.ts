@@ -176,6 +176,7 @@ export class FleetService implements InferenceService {
 
   generate(req: GenerationRequest): Generation {
     if (req.model !== this.info.id) throw new ApiError(404, `model ${req.model} is not served here`);
+    refuseUnwired(req, this.info.codec.eosTokenIds);
     if (this.active.has(req.requestId))
       throw new ApiError(400, `request ${req.requestId} is already running`);
     if (this.active.size >= this.opts.maxActive)
@@ -490,4 +491,27 @@ export class FleetService implements InferenceService {
       }
     }
   }
+}
+
+/**
+ * Request fields the offer does not carry to workers yet: refused in a fleet
+ * rather than ignored.
+ */
+function refuseUnwired(req: GenerationRequest, eos: readonly number[]): void {
+  const s = req.sampling;
+  const set = (xs: readonly number[]) => [...new Set(xs)].sort((a, b) => a - b).join(",");
+  const unwired: [string, boolean][] = [
+    ["min_p", s.minP !== 0],
+    ["repetition_penalty", s.repetitionPenalty !== 1],
+    ["presence_penalty", s.presencePenalty !== 0],
+    ["frequency_penalty", s.frequencyPenalty !== 0],
+    ["logit_bias", s.logitBias.length > 0],
+    ["min_tokens", s.minTokens !== 0],
+    ["allowed_token_ids", s.allowedTokenIds !== null],
+    ["stop_token_ids", set(req.stopTokenIds) !== set(eos)],
+    ["priority", req.priority !== 0],
+  ];
+  for (const [field, used] of unwired)
+    if (used)
+      throw new ApiError(400, `'${field}' is not supported by the fleet controller yet`, undefined, field);
 }

@@ -133,6 +133,38 @@ describe("the embedded default through the official openai client", () => {
     expect((await fetch(`${server.url}/v1/nothing`)).status).toBe(404);
   });
 
+  it("honours the sampling and stopping fields, with vLLM's stop_reason", async () => {
+    // Byte-level BPE: id 97 is the byte "a".
+    const base = { model: "tiny", prompt: "The river ran", temperature: 0, max_tokens: 5 };
+    const create = (extra: Record<string, unknown>) =>
+      client.completions.create({
+        ...base,
+        ...extra,
+      } as unknown as OpenAI.CompletionCreateParamsNonStreaming);
+    const biased = await create({ logit_bias: { "97": 100 } });
+    expect(biased.choices[0]!.text).toBe("aaaaa");
+    const cut = await create({ logit_bias: { "97": 100 }, stop: ["aaa"] });
+    expect(cut.choices[0]).toMatchObject({ text: "", finish_reason: "stop", stop_reason: "aaa" });
+    const kept = await create({ logit_bias: { "97": 100 }, stop: ["aaa"], include_stop_str_in_output: true });
+    expect(kept.choices[0]!.text).toBe("aaa");
+    const byId = await create({ logit_bias: { "97": 100 }, stop_token_ids: [97] });
+    expect(byId.choices[0]).toMatchObject({ text: "", finish_reason: "stop", stop_reason: 97 });
+    expect(byId.usage?.completion_tokens).toBe(1);
+    const held = await create({
+      logit_bias: { "97": 100 },
+      stop_token_ids: [97],
+      min_tokens: 3,
+      max_tokens: 8,
+    });
+    expect(held.usage?.completion_tokens).toBe(4);
+    expect(held.choices[0]).toMatchObject({ finish_reason: "stop", stop_reason: 97 });
+    const allowed = await create({ allowed_token_ids: [98, 99], temperature: 1, seed: 3, max_tokens: 12 });
+    expect(allowed.choices[0]!.text).toMatch(/^[bc]{12}$/);
+    const refused = await post("/v1/completions", { ...base, use_beam_search: true });
+    expect(refused.status).toBe(400);
+    expect(refused.body.error?.param).toBe("use_beam_search");
+  });
+
   it("serves health and Prometheus metrics", async () => {
     expect((await fetch(`${server.url}/health`)).status).toBe(200);
     const text = await (await fetch(`${server.url}/metrics`)).text();

@@ -13,6 +13,7 @@ import {
 } from "../../schema/ids.ts";
 import type { Logger } from "../../schema/log.ts";
 import { type Calibration, type ConfiguredCosts, CostCalibrator } from "../calibration/calibration.ts";
+import { type LogitsRules, NO_RULES, TokenHistory } from "../model/logits.ts";
 import { initialSamplerState, nextToken, samplingParams } from "../model/sampling.ts";
 import { PageManager, type PagePoolSnapshot } from "../pages/page-manager.ts";
 import { PageError } from "../pages/page-state.ts";
@@ -71,6 +72,12 @@ export interface SubmitRequest {
   readonly stopTokenIds: readonly number[];
   /** Larger is more important; preemption takes the lowest first. Default 0. */
   readonly priority?: number;
+  /** Keep tokens at least this fraction as likely as the most likely; default 0 (off). */
+  readonly minP?: number;
+  /** Penalties, logit bias, min_tokens, allowed ids; default none. */
+  readonly rules?: LogitsRules;
+  /** Log-probabilities of each generated token with this many alternatives; absent: none. */
+  readonly logprobs?: number;
 }
 
 export interface RuntimeGeneration {
@@ -247,7 +254,10 @@ export class WorkerRuntime {
         temperature: req.temperature,
         topK: req.topK,
         topP: req.topP,
+        minP: req.minP ?? 0,
         seed: req.seed ?? randomInt(2 ** 47),
+        rules: req.rules ?? NO_RULES,
+        logprobs: req.logprobs ?? null,
         stopTokens: req.stopTokenIds,
         maxTokens: req.maxTokens,
       });
@@ -260,6 +270,7 @@ export class WorkerRuntime {
       [...req.prompt],
       req.prompt.length,
       initialSamplerState(params),
+      new TokenHistory(req.prompt, params.rules.repetitionPenalty !== 1),
       req.priority ?? 0,
       this.arrivals++,
       events,
@@ -444,11 +455,12 @@ export class WorkerRuntime {
       const at = built.logitIndex[i]!;
       if (at < 0 || seq.cancelled) continue;
       const first = seq.generated === 0;
-      const next = nextToken(seq.sampler, logits.subarray(at * vocab, (at + 1) * vocab));
+      const next = nextToken(seq.sampler, logits.subarray(at * vocab, (at + 1) * vocab), seq.history);
       seq.sampler = next.state;
+      seq.history.add(next.token);
       seq.tokens.push(next.token);
       this.counters.generatedTokens++;
-      emit(seq, { type: "token", token: next.token });
+      emit(seq, { type: "token", token: next.token, logprob: next.logprob });
       if (first) {
         this.calibrator.record({
           kind: "first-token",

@@ -1,12 +1,18 @@
 import type { StreamQueue } from "../../schema/channel.ts";
 import { ContinuationId, type RequestId } from "../../schema/ids.ts";
+import type { TokenHistory, TokenLogprob } from "../model/logits.ts";
 import type { SamplerState } from "../model/sampling.ts";
 import type { PreemptDisposition } from "../scheduler/request.ts";
 import { PageHashChain } from "./page-hashes.ts";
 
 /** What a request's consumer receives: its tokens in order, then exactly one end or error. */
 export type RuntimeEvent =
-  | { readonly type: "token"; readonly token: number }
+  | {
+      readonly type: "token";
+      readonly token: number;
+      /** Present when the request asked for log-probabilities. */
+      readonly logprob: TokenLogprob | null;
+    }
   | {
       readonly type: "end";
       readonly reason: "stop" | "length" | "cancelled";
@@ -42,6 +48,8 @@ export class Sequence {
     readonly tokens: number[],
     readonly promptLength: number,
     public sampler: SamplerState,
+    /** Token counts the penalties read (the generated ids, and the prompt's for repetition). */
+    readonly history: TokenHistory,
     readonly priority: number,
     readonly arrival: number,
     readonly events: StreamQueue<RuntimeEvent>,

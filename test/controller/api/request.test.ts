@@ -18,7 +18,21 @@ describe("OpenAI request parsing", () => {
     expect(r.prompts).toEqual([{ kind: "text", text: "hi" }]);
     expect(r.n).toBe(1);
     expect(r.stream).toBe(false);
-    expect(r.sampling).toEqual({ temperature: 1, topP: 1, topK: 0, seed: undefined });
+    expect(r.sampling).toEqual({
+      temperature: 1,
+      topP: 1,
+      topK: 0,
+      minP: 0,
+      seed: undefined,
+      repetitionPenalty: 1,
+      presencePenalty: 0,
+      frequencyPenalty: 0,
+      logitBias: [],
+      minTokens: 0,
+      allowedTokenIds: null,
+    });
+    expect(r.stop).toEqual({ strings: [], tokenIds: [], includeStopStr: false, ignoreEos: false });
+    expect(r.skipSpecialTokens).toBe(true);
     expect(parseCompletionRequest({ model: "m", prompt: [1, 2] }).prompts).toEqual([
       { kind: "tokens", ids: [1, 2] },
     ]);
@@ -48,10 +62,93 @@ describe("OpenAI request parsing", () => {
       "stop",
     );
     expect(err(() => parseCompletionRequest({ model: "m", prompt: [1, -2] })).param).toBe("prompt");
-    expect(err(() => parseCompletionRequest({ model: "m", prompt: "x", presence_penalty: 0.5 })).param).toBe(
+    expect(err(() => parseCompletionRequest({ model: "m", prompt: "x", presence_penalty: 2.5 })).param).toBe(
       "presence_penalty",
     );
     expect(err(() => parseCompletionRequest([1, 2])).status).toBe(400);
+  });
+
+  it("parses every sampling and stopping field with vLLM's names and bounds", () => {
+    const r = parseCompletionRequest({
+      model: "m",
+      prompt: "x",
+      max_tokens: 8,
+      min_p: 0.1,
+      repetition_penalty: 1.3,
+      presence_penalty: -0.5,
+      frequency_penalty: 1.5,
+      logit_bias: { "7": 250, "12": -3 },
+      min_tokens: 4,
+      allowed_token_ids: [1, 2],
+      stop: ["a", "b"],
+      stop_token_ids: [9],
+      include_stop_str_in_output: true,
+      ignore_eos: true,
+      skip_special_tokens: false,
+      priority: -3,
+      user: "u-1",
+    });
+    expect(r.sampling).toMatchObject({
+      minP: 0.1,
+      repetitionPenalty: 1.3,
+      presencePenalty: -0.5,
+      frequencyPenalty: 1.5,
+      // clamped to [-100, 100] as OpenAI and vLLM do
+      logitBias: [
+        [7, 100],
+        [12, -3],
+      ],
+      minTokens: 4,
+      allowedTokenIds: [1, 2],
+    });
+    expect(r.stop).toEqual({ strings: ["a", "b"], tokenIds: [9], includeStopStr: true, ignoreEos: true });
+    expect(r.skipSpecialTokens).toBe(false);
+    expect(r.priority).toBe(-3);
+    expect(r.user).toBe("u-1");
+    const bad = (extra: Record<string, unknown>) =>
+      err(() => parseCompletionRequest({ model: "m", prompt: "x", ...extra }));
+    expect(bad({ min_tokens: 9, max_tokens: 8 }).param).toBe("min_tokens");
+    expect(bad({ logit_bias: { x: 1 } }).param).toBe("logit_bias");
+    expect(bad({ logit_bias: [1] }).param).toBe("logit_bias");
+    expect(bad({ allowed_token_ids: [] }).param).toBe("allowed_token_ids");
+    expect(bad({ stop_token_ids: [-1] }).param).toBe("stop_token_ids");
+    expect(bad({ repetition_penalty: 0 }).param).toBe("repetition_penalty");
+    expect(bad({ min_p: 2 }).param).toBe("min_p");
+    expect(bad({ stream_options: { include_usage: true } }).param).toBe("stream_options");
+  });
+
+  it("refuses what it does not implement, naming the field, and accepts the values that change nothing", () => {
+    const refused = (extra: Record<string, unknown>) =>
+      err(() => parseCompletionRequest({ model: "m", prompt: "x", ...extra }));
+    for (const [field, value] of [
+      ["use_beam_search", true],
+      ["suffix", "tail"],
+      ["length_penalty", 2],
+      ["bad_words", ["x"]],
+      ["spaces_between_special_tokens", false],
+      ["kv_transfer_params", {}],
+      ["vllm_xargs", { a: 1 }],
+      ["logprob_token_ids", [1]],
+    ] as const) {
+      const e = refused({ [field]: value });
+      expect(e.param).toBe(field);
+      expect(e.message).toContain("not supported");
+    }
+    expect(
+      parseCompletionRequest({
+        model: "m",
+        prompt: "x",
+        use_beam_search: false,
+        length_penalty: 1,
+        bad_words: [],
+        spaces_between_special_tokens: true,
+        suffix: null,
+      }).model,
+    ).toBe("m");
+    expect(
+      err(() => parseChatRequest({ model: "m", messages: [{ role: "user", content: "x" }], audio: {} }))
+        .param,
+    ).toBe("audio");
   });
 
   it("ignores unknown fields", () => {

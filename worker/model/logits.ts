@@ -1,0 +1,155 @@
+/**
+ * What a request's own rules do to one row of logits before the draw, and
+ * the log-probabilities it can ask for. Pure over the row it is given (the
+ * processors rewrite it in place; the row belongs to one request's lane).
+ *
+ * Order, as vLLM's v1 sampler applies them:
+ *   1. allowed_token_ids: every other id → −∞;
+ *   2. min_tokens: the stop ids (EOS included) → −∞ while fewer than
+ *      min_tokens were generated (unless that would leave no id at all);
+ *   3. logit_bias: logit[id] += bias;
+ *   4. penalties: repetition over prompt ∪ output ids (x > 0 ? x / r : x · r),
+ *      then frequency and presence over output ids
+ *      (x − f · count − p · [count > 0]).
+ * Temperature, min-p, top-k and top-p follow in sampling.ts.
+ */
+
+/** A request's logits rules; the neutral value of each leaves the row unchanged. */
+export interface LogitsRules {
+  /** 1 = off. */
+  readonly repetitionPenalty: number;
+  /** 0 = off. */
+  readonly presencePenalty: number;
+  /** 0 = off. */
+  readonly frequencyPenalty: number;
+  /** Token id → added logit. */
+  readonly logitBias: ReadonlyMap<number, number>;
+  /** Stop ids cannot be sampled before this many tokens were generated. */
+  readonly minTokens: number;
+  /** null: any id. */
+  readonly allowedTokenIds: ReadonlySet<number> | null;
+}
+
+export const NO_RULES: LogitsRules = {
+  repetitionPenalty: 1,
+  presencePenalty: 0,
+  frequencyPenalty: 0,
+  logitBias: new Map(),
+  minTokens: 0,
+  allowedTokenIds: null,
+};
+
+/** True when the rules touch no logit (the common case: nothing to do per token). */
+export function rulesAreNeutral(r: LogitsRules): boolean {
+  return (
+    r.repetitionPenalty === 1 &&
+    r.presencePenalty === 0 &&
+    r.frequencyPenalty === 0 &&
+    r.logitBias.size === 0 &&
+    r.minTokens === 0 &&
+    r.allowedTokenIds === null
+  );
+}
+
+/**
+ * The token counts the penalties read: how often each id was generated, and
+ * the prompt's ids (repetition counts them too). Mutable, one per request;
+ * O(distinct ids) memory, O(1) per generated token.
+ */
+export class TokenHistory {
+  private readonly output = new Map<number, number>();
+  private readonly prompt: ReadonlySet<number>;
+
+  constructor(prompt: readonly number[], keepPrompt: boolean) {
+    this.prompt = keepPrompt ? new Set(prompt) : new Set();
+  }
+
+  add(token: number): void {
+    this.output.set(token, (this.output.get(token) ?? 0) + 1);
+  }
+
+  get outputCounts(): ReadonlyMap<number, number> {
+    return this.output;
+  }
+
+  get promptIds(): ReadonlySet<number> {
+    return this.prompt;
+  }
+}
+
+/** Applies steps 1–4 to `row` in place; `generated` is the number of tokens the request produced so far. */
+export function applyRules(
+  row: Float32Array,
+  rules: LogitsRules,
+  history: TokenHistory,
+  generated: number,
+  stopTokens: readonly number[],
+): void {
+  const allowed = rules.allowedTokenIds;
+  if (allowed !== null) {
+    for (let id = 0; id < row.length; id++) if (!allowed.has(id)) row[id] = Number.NEGATIVE_INFINITY;
+  }
+  if (generated < rules.minTokens && stopTokens.length > 0) maskStops(row, stopTokens);
+  for (const [id, bias] of rules.logitBias) if (id < row.length) row[id] = row[id]! + bias;
+  const rep = rules.repetitionPenalty;
+  if (rep !== 1) {
+    const penalise = (id: number) => {
+      const x = row[id]!;
+      row[id] = x > 0 ? x / rep : x * rep;
+    };
+    for (const id of history.promptIds) penalise(id);
+    for (const id of history.outputCounts.keys()) if (!history.promptIds.has(id)) penalise(id);
+  }
+  const f = rules.frequencyPenalty;
+  const p = rules.presencePenalty;
+  if (f !== 0 || p !== 0) {
+    for (const [id, count] of history.outputCounts) row[id] = row[id]! - f * count - p;
+  }
+}
+
+/** Stop ids → −∞, unless no other id would remain finite (then min_tokens yields: a token must exist). */
+function maskStops(row: Float32Array, stopTokens: readonly number[]): void {
+  const stops = new Set(stopTokens);
+  let otherFinite = false;
+  for (let id = 0; id < row.length && !otherFinite; id++) {
+    if (!stops.has(id) && row[id]! > Number.NEGATIVE_INFINITY) otherFinite = true;
+  }
+  if (!otherFinite) return;
+  for (const id of stops) if (id < row.length) row[id] = Number.NEGATIVE_INFINITY;
+}
+
+/** One position's log-probabilities: the chosen id's, and the `top` most likely ids' (rank order, ties by lower id). */
+export interface TokenLogprob {
+  readonly token: number;
+  readonly logprob: number;
+  readonly top: readonly (readonly [token: number, logprob: number])[];
+}
+
+/**
+ * log Σ exp(row), stabilised by the row's largest value and accumulated in
+ * float64: log_softmax(row)[i] = row[i] − logSumExp(row).
+ */
+export function logSumExp(row: ArrayLike<number>): number {
+  let max = Number.NEGATIVE_INFINITY;
+  for (let i = 0; i < row.length; i++) if (row[i]! > max) max = row[i]!;
+  if (max === Number.NEGATIVE_INFINITY) return max;
+  let sum = 0;
+  for (let i = 0; i < row.length; i++) sum += Math.exp(row[i]! - max);
+  return max + Math.log(sum);
+}
+
+/**
+ * Log-probabilities at one position for `token`, with the `topN` most likely
+ * ids (0: none). `order(row, k)` gives the k most likely ids in rank order.
+ */
+export function tokenLogprob(
+  row: ArrayLike<number>,
+  token: number,
+  topN: number,
+  order: (row: ArrayLike<number>, k: number) => number[],
+): TokenLogprob {
+  const lse = logSumExp(row);
+  const top =
+    topN > 0 ? order(row, Math.min(topN, row.length)).map((id) => [id, row[id]! - lse] as const) : [];
+  return { token, logprob: row[token]! - lse, top };
+}
