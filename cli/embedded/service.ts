@@ -80,6 +80,8 @@ export class EmbeddedService implements InferenceService {
         rules: logitsRules(req.sampling),
         stopTokenIds: req.stopTokenIds,
         priority: req.priority,
+        ...(req.logprobs === null ? {} : { logprobs: req.logprobs }),
+        ...(req.promptLogprobs === null ? {} : { promptLogprobs: req.promptLogprobs }),
       });
     } catch (err) {
       if (err instanceof SubmitError) throw new ApiError(err.status, err.message);

@@ -22,6 +22,8 @@ export interface ChoiceOptions {
   readonly skipSpecialTokens: boolean;
   /** Stop strings are matched only after this many tokens (vLLM's min_tokens rule). */
   readonly minTokens: number;
+  /** Score the prompt only: generated tokens are dropped (echo with max_tokens 0). */
+  readonly discardGenerated?: boolean;
 }
 
 /**
@@ -40,6 +42,10 @@ export class ChoiceRun {
   stopReason: string | number | null = null;
   /** Why the choice failed, when it ended with an error instead of a finish reason. */
   error: string | null = null;
+  /** Prompt positions 1.. scored by the worker (null: the prompt was not scored). */
+  promptLogprobs: readonly TokenLogprob[] | null = null;
+  /** Σ of the generated tokens' log-probabilities (best_of ranks choices by it). */
+  cumulativeLogprob = 0;
   private readonly detok: IncrementalDetokenizer;
   private readonly stopper: StopMatcher;
   private readonly endIds: ReadonlySet<number>;
@@ -47,7 +53,8 @@ export class ChoiceRun {
 
   constructor(
     readonly index: number,
-    readonly promptTokens: number,
+    /** The prompt's token ids. */
+    readonly prompt: readonly number[],
     readonly gen: Generation,
     codec: TextCodec,
     private readonly opts: ChoiceOptions,
@@ -59,9 +66,19 @@ export class ChoiceRun {
     this.endIds = new Set([...opts.stop.tokenIds, ...(opts.stop.ignoreEos ? [] : opts.eosTokenIds)]);
   }
 
+  get promptTokens(): number {
+    return this.prompt.length;
+  }
+
   /** A generated token; null when nothing is to be sent (the choice already stopped). */
-  onToken(token: number, logprob: TokenLogprob | null | undefined): ChoiceDelta | null {
-    if (this.stopper.isStopped) return null;
+  onToken(
+    token: number,
+    logprob: TokenLogprob | null | undefined,
+    promptLogprobs?: readonly TokenLogprob[],
+  ): ChoiceDelta | null {
+    if (promptLogprobs) this.promptLogprobs = promptLogprobs;
+    if (this.stopper.isStopped || this.opts.discardGenerated) return null;
+    if (logprob) this.cumulativeLogprob += logprob.logprob;
     this.completionTokens++;
     this.tokens.push(token);
     if (logprob) this.logprobs.push(logprob);
@@ -92,6 +109,11 @@ export class ChoiceRun {
   /** The generation ended: the held text and the finish reason. */
   onEnd(reason: FinishReason, cachedTokens: number): ChoiceDelta {
     this.cachedTokens = cachedTokens;
+    if (this.opts.discardGenerated) {
+      // Nothing was generated for the client: the prompt's scoring is the whole answer.
+      this.finish = reason === "cancelled" ? "cancelled" : "length";
+      return { index: this.index, text: "", tokens: [], logprobs: [], finish: this.finish, stopReason: null };
+    }
     let tail = "";
     if (!this.stopper.isStopped) {
       tail = this.stopper.push(this.detok.flush()).emit + this.stopper.flush();

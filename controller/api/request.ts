@@ -10,6 +10,7 @@ import {
   type Refusal,
   refuseUnsupported,
 } from "./request-fields.ts";
+import { type LogprobsFields, parseLogprobs } from "./request-logprobs.ts";
 import { checkMinTokens, parseSampling, type SamplingFields } from "./request-sampling.ts";
 import type { ChatMessage } from "./service.ts";
 
@@ -37,10 +38,13 @@ interface CommonRequest extends SamplingFields {
   readonly maxTokens: number | undefined;
   readonly stream: boolean;
   readonly includeUsageInStream: boolean;
+  /** stream_options.continuous_usage_stats: usage in every chunk (vLLM). */
+  readonly continuousUsage: boolean;
   /** Skip special tokens when detokenizing (vLLM's default: true). */
   readonly skipSpecialTokens: boolean;
   /** The client's end-user id (logged with the request). */
   readonly user: string | undefined;
+  readonly lp: LogprobsFields;
 }
 
 export interface CompletionRequest extends CommonRequest {
@@ -61,19 +65,6 @@ function isTokenArray(v: unknown): v is number[] {
 
 /** Fields this commit does not implement yet: refused, never ignored. */
 const NOT_YET: Readonly<Record<string, Refusal>> = {
-  logprobs: {
-    endpoints: ["completion", "chat"],
-    neutral: (v) => v === false || v === 0,
-    why: "log-probabilities are not implemented",
-  },
-  top_logprobs: {
-    endpoints: ["chat"],
-    neutral: (v) => v === 0,
-    why: "log-probabilities are not implemented",
-  },
-  prompt_logprobs: { endpoints: ["completion", "chat"], neutral: () => false, why: "not implemented" },
-  echo: { endpoints: ["completion", "chat"], neutral: (v) => v === false, why: "echo is not implemented" },
-  best_of: { endpoints: ["completion"], neutral: () => false, why: "best_of needs log-probabilities" },
   tools: { endpoints: ["chat"], neutral: () => false, why: "tools are not implemented" },
   tool_choice: { endpoints: ["chat"], neutral: (v) => v === "none", why: "tools are not implemented" },
   parallel_tool_calls: { endpoints: ["chat"], neutral: (v) => v === true, why: "tools are not implemented" },
@@ -95,16 +86,6 @@ const NOT_YET: Readonly<Record<string, Refusal>> = {
   add_special_tokens: { endpoints: ["completion", "chat"], neutral: () => false, why: "not implemented" },
   truncate_prompt_tokens: { endpoints: ["completion", "chat"], neutral: () => false, why: "not implemented" },
   truncation_side: { endpoints: ["completion", "chat"], neutral: () => false, why: "not implemented" },
-  return_tokens_as_token_ids: {
-    endpoints: ["completion", "chat"],
-    neutral: (v) => v === false,
-    why: "not implemented",
-  },
-  return_token_ids: {
-    endpoints: ["completion", "chat"],
-    neutral: (v) => v === false,
-    why: "not implemented",
-  },
   cache_salt: { endpoints: ["completion", "chat"], neutral: () => false, why: "not implemented" },
   request_id: { endpoints: ["completion", "chat"], neutral: () => false, why: "not implemented" },
 };
@@ -113,20 +94,22 @@ function parseCommon(b: Body, endpoint: Endpoint): CommonRequest {
   if (typeof b.model !== "string" || b.model === "")
     throw badRequest("'model' is required and must be a string", "model");
   refuseUnsupported(b, endpoint, NOT_YET);
-  const maxTokens =
-    optNumber(b, "max_completion_tokens", 1, 1 << 20, true) ?? optNumber(b, "max_tokens", 1, 1 << 20, true);
-  const sampling = parseSampling(b);
   const stream = optBool(b, "stream") ?? false;
+  const lp = parseLogprobs(b, endpoint, stream);
+  // max_tokens 0 scores an echoed prompt without generating (completions, vLLM).
+  const least = endpoint === "completion" && lp.echo ? 0 : 1;
+  const maxTokens =
+    optNumber(b, "max_completion_tokens", 1, 1 << 20, true) ??
+    optNumber(b, "max_tokens", least, 1 << 20, true);
+  const sampling = parseSampling(b);
   let includeUsageInStream = false;
+  let continuousUsage = false;
   const streamOptions = optObject(b, "stream_options");
   if (streamOptions) {
     if (!stream) throw badRequest("'stream_options' can only be set when 'stream' is true", "stream_options");
     includeUsageInStream = optBool(streamOptions, "include_usage", "stream_options.include_usage") ?? false;
-    if (optBool(streamOptions, "continuous_usage_stats", "stream_options.continuous_usage_stats"))
-      throw badRequest(
-        "'stream_options.continuous_usage_stats' is not supported yet",
-        "stream_options.continuous_usage_stats",
-      );
+    continuousUsage =
+      optBool(streamOptions, "continuous_usage_stats", "stream_options.continuous_usage_stats") ?? false;
   }
   if (stream && sampling.bestOf > sampling.n)
     throw badRequest("'best_of' above n cannot be streamed", "best_of");
@@ -137,8 +120,10 @@ function parseCommon(b: Body, endpoint: Endpoint): CommonRequest {
     ...sampling,
     stream,
     includeUsageInStream,
+    continuousUsage,
     skipSpecialTokens: optBool(b, "skip_special_tokens") ?? true,
     user: optString(b, "user", 256),
+    lp,
   };
 }
 

@@ -12,7 +12,9 @@ import {
   parseChatRequest,
   parseCompletionRequest,
 } from "./request.ts";
+import { promptScoring } from "./request-logprobs.ts";
 import { checkTokenIds } from "./request-sampling.ts";
+import { ResponseShape, shownChoices, usageJson } from "./responses.ts";
 import type { GenerationRequest, InferenceService, ModelInfo } from "./service.ts";
 
 /** Largest request body accepted (bytes); larger is answered 413 before parsing. */
@@ -198,7 +200,11 @@ export class ApiServer {
   }
 
   /** Tokenizes and checks every prompt, then admits every choice; on any failure nothing stays admitted. */
-  private admit(parsed: CompletionRequest | ChatRequest, tenant: TenantId, requestId: string): ChoiceRun[] {
+  private admit(
+    parsed: CompletionRequest | ChatRequest,
+    tenant: TenantId,
+    requestId: string,
+  ): { runs: ChoiceRun[]; shape: ResponseShape } {
     const model = this.model(parsed.model);
     const codec = model.codec;
     const prompts =
@@ -212,9 +218,19 @@ export class ApiServer {
           `prompt ${i} has token id ${bad}, outside the vocabulary of ${codec.vocabSize}`,
           "prompt",
         );
-      return { ids, maxTokens: checkContext(ids.length, parsed.maxTokens, model.maxContext) };
+      // max_tokens 0 (echo): one token is generated and dropped, as vLLM does.
+      const budget = checkContext(
+        ids.length,
+        parsed.maxTokens === 0 ? 1 : parsed.maxTokens,
+        model.maxContext,
+      );
+      return { ids, maxTokens: budget };
     });
     checkTokenIds(parsed.sampling, parsed.stop, codec.vocabSize);
+    const lp = parsed.lp;
+    // best_of ranks choices by their tokens' log-probabilities.
+    const logprobs = lp.logprobs ?? (parsed.bestOf > parsed.n ? 0 : null);
+    const promptLogprobs = promptScoring(lp, parsed.kind);
     const stopTokenIds = endTokenIds(parsed.stop, codec.eosTokenIds);
     const perPrompt = parsed.bestOf;
     const runs: ChoiceRun[] = [];
@@ -234,13 +250,16 @@ export class ApiServer {
             sampling: { ...parsed.sampling, seed },
             stopTokenIds,
             priority: -parsed.priority,
+            logprobs,
+            promptLogprobs,
           };
           runs.push(
-            new ChoiceRun(index, plan.ids.length, this.service.generate(greq), codec, {
+            new ChoiceRun(index, plan.ids, this.service.generate(greq), codec, {
               stop: parsed.stop,
               eosTokenIds: codec.eosTokenIds,
               skipSpecialTokens: parsed.skipSpecialTokens,
               minTokens: parsed.sampling.minTokens,
+              discardGenerated: parsed.maxTokens === 0,
             }),
           );
         }
@@ -249,7 +268,17 @@ export class ApiServer {
       for (const r of runs) r.gen.cancel();
       throw err;
     }
-    return runs;
+    const echoText = (r: ChoiceRun): string => {
+      if (parsed.kind === "chat") {
+        const last = parsed.messages[parsed.messages.length - 1];
+        return last?.role === "assistant" ? last.content : "";
+      }
+      const p = parsed.prompts[Math.floor(r.index / perPrompt)]!;
+      return p.kind === "text"
+        ? p.text
+        : codec.decode(p.ids, { skipSpecialTokens: parsed.skipSpecialTokens });
+    };
+    return { runs, shape: new ResponseShape(parsed, codec, echoText) };
   }
 
   private async complete(
@@ -260,7 +289,7 @@ export class ApiServer {
   ): Promise<void> {
     const t0 = performance.now();
     const requestId = `${parsed.kind === "chat" ? "chatcmpl" : "cmpl"}-${randomUUID()}`;
-    const runs = this.admit(parsed, tenant, requestId);
+    const { runs, shape } = this.admit(parsed, tenant, requestId);
     for (const r of runs) this.promptTokens.inc({}, r.promptTokens);
     this.log({
       event: "request.admitted",
@@ -281,44 +310,7 @@ export class ApiServer {
     const created = Math.floor(Date.now() / 1000);
     const object = parsed.kind === "chat" ? "chat.completion" : "text_completion";
     const chunkObject = parsed.kind === "chat" ? "chat.completion.chunk" : "text_completion";
-    const choiceJson = (c: ChoiceDelta, stream: boolean) =>
-      parsed.kind === "chat"
-        ? stream
-          ? {
-              index: c.index,
-              delta: c.text ? { content: c.text } : {},
-              finish_reason: c.finish,
-              stop_reason: c.stopReason,
-              logprobs: null,
-            }
-          : {
-              index: c.index,
-              message: { role: "assistant", content: c.text },
-              finish_reason: c.finish,
-              stop_reason: c.stopReason,
-              logprobs: null,
-            }
-        : {
-            index: c.index,
-            text: c.text,
-            finish_reason: c.finish,
-            stop_reason: c.stopReason,
-            logprobs: null,
-          };
-    const usage = () => {
-      const prompt = runs.reduce(
-        (a, r) => a + (runs.indexOf(r) % parsed.bestOf === 0 ? r.promptTokens : 0),
-        0,
-      );
-      const completion = runs.reduce((a, r) => a + r.completionTokens, 0);
-      const cached = runs.reduce((a, r) => a + r.cachedTokens, 0);
-      return {
-        prompt_tokens: prompt,
-        completion_tokens: completion,
-        total_tokens: prompt + completion,
-        prompt_tokens_details: { cached_tokens: cached },
-      };
-    };
+    const usage = () => usageJson(runs, parsed.bestOf);
 
     let firstToken = true;
     const onToken = () => {
@@ -336,6 +328,7 @@ export class ApiServer {
       const failed = runs.find((r) => r.finish === null);
       if (failed)
         throw new ApiError(500, `generation failed: ${failed.error ?? "no result"}`, "server_error");
+      const shown = shownChoices(runs, parsed.bestOf, parsed.n);
       this.json(
         res,
         200,
@@ -344,20 +337,9 @@ export class ApiServer {
           object,
           created,
           model: parsed.model,
-          choices: runs.map((r) =>
-            choiceJson(
-              {
-                index: r.index,
-                text: r.text,
-                tokens: r.tokens,
-                logprobs: r.logprobs,
-                finish: r.finish,
-                stopReason: r.stopReason,
-              },
-              false,
-            ),
-          ),
+          choices: shown.map((r, i) => shape.choice(r, i)),
           usage: usage(),
+          ...(parsed.kind === "chat" ? shape.promptExtras(runs[0]!) : {}),
         },
         route,
       );
@@ -374,14 +356,32 @@ export class ApiServer {
       if (!closed) res.write(`data: ${JSON.stringify(payload)}\n\n`);
     };
     const frame = (choices: unknown[], extra: Record<string, unknown> = {}) =>
-      send({ id: requestId, object: chunkObject, created, model: parsed.model, choices, ...extra });
-    if (parsed.kind === "chat") {
-      for (const r of runs)
-        frame([
-          { index: r.index, delta: { role: "assistant", content: "" }, finish_reason: null, logprobs: null },
-        ]);
-    }
-    await Promise.all(runs.map((r) => this.drive(r, onToken, (c) => frame([choiceJson(c, true)]))));
+      send({
+        id: requestId,
+        object: chunkObject,
+        created,
+        model: parsed.model,
+        choices,
+        ...(parsed.continuousUsage ? { usage: usage() } : {}),
+        ...extra,
+      });
+    const opened = new Set<ChoiceRun>();
+    const open = (r: ChoiceRun) => {
+      if (opened.has(r)) return;
+      opened.add(r);
+      const first = shape.opening(r);
+      if (first) frame([first]);
+    };
+    // Chat opens with the role at once; an echo opens when the prompt's scores arrive.
+    if (parsed.kind === "chat") for (const r of runs) open(r);
+    await Promise.all(
+      runs.map((r) =>
+        this.drive(r, onToken, (d) => {
+          open(r);
+          frame([shape.chunk(r, d)]);
+        }),
+      ),
+    );
     const failed = runs.find((r) => r.finish === null);
     if (failed && !closed) {
       // A choice failed mid-stream: say so in OpenAI's stream error shape (the
@@ -408,8 +408,8 @@ export class ApiServer {
         if (r.completionTokens > 0) this.itl.observe((now - last) / 1000);
         last = now;
         this.tokensOut.inc();
-        const d = r.onToken(ev.token, ev.logprob);
-        if (d?.text) emit(d);
+        const d = r.onToken(ev.token, ev.logprob, ev.promptLogprobs);
+        if (d && (d.text || d.logprobs.length > 0 || d.tokens.length > 0)) emit(d);
       } else if (ev.type === "end") {
         emit(r.onEnd(ev.reason, ev.cachedTokens));
         return;

@@ -67,6 +67,14 @@ export interface GenerationRequest {
   readonly stopTokenIds: readonly number[];
   /** Larger is served first (vLLM's priority negated); 0 by default. */
   readonly priority: number;
+  /** Log-probabilities of each generated token with this many alternatives; null: none. */
+  readonly logprobs: number | null;
+  /**
+   * Score the prompt: log-probabilities of each prompt token after the
+   * first, with this many alternatives; null: none. The prompt is then
+   * computed whole (no cached prefix holds its logits).
+   */
+  readonly promptLogprobs: number | null;
 }
 
 export type FinishReason = "length" | "stop" | "cancelled";
@@ -75,11 +83,20 @@ export type FinishReason = "length" | "stop" | "cancelled";
 export interface TokenLogprob {
   readonly token: number;
   readonly logprob: number;
+  /** 1 + the number of ids strictly more likely. */
+  readonly rank: number;
   readonly top: readonly (readonly [token: number, logprob: number])[];
 }
 
 export type GenerationEvent =
-  | { readonly type: "token"; readonly token: number; readonly logprob?: TokenLogprob | null }
+  | {
+      readonly type: "token";
+      readonly token: number;
+      /** When the request asked for log-probabilities. */
+      readonly logprob?: TokenLogprob | null;
+      /** On the first token of a request that scores its prompt: prompt positions 1, 2, … */
+      readonly promptLogprobs?: readonly TokenLogprob[];
+    }
   | { readonly type: "end"; readonly reason: FinishReason; readonly cachedTokens: number }
   | { readonly type: "error"; readonly message: string };
 

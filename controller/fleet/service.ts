@@ -510,6 +510,8 @@ function refuseUnwired(req: GenerationRequest, eos: readonly number[]): void {
     ["allowed_token_ids", s.allowedTokenIds !== null],
     ["stop_token_ids", set(req.stopTokenIds) !== set(eos)],
     ["priority", req.priority !== 0],
+    ["logprobs", req.logprobs !== null],
+    ["prompt_logprobs", req.promptLogprobs !== null],
   ];
   for (const [field, used] of unwired)
     if (used)

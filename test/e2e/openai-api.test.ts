@@ -165,6 +165,151 @@ describe("the embedded default through the official openai client", () => {
     expect(refused.body.error?.param).toBe("use_beam_search");
   });
 
+  it("scores a continuation as lm-eval-harness does (echo, logprobs 1, max_tokens 1) and with max_tokens 0", async () => {
+    const context = [11, 23, 35, 47, 59, 71, 83, 95];
+    const continuation = [107, 119, 131];
+    const r = await client.completions.create({
+      model: "tiny",
+      prompt: [[...context, ...continuation], context],
+      echo: true,
+      logprobs: 1,
+      max_tokens: 1,
+      temperature: 0,
+    });
+    expect(r.choices).toHaveLength(2);
+    const lp = r.choices[0]!.logprobs!;
+    // prompt tokens then the generated one; the first has no log-probability
+    expect(lp.tokens).toHaveLength(context.length + continuation.length + 1);
+    expect(lp.token_logprobs![0]).toBeNull();
+    expect(lp.top_logprobs![0]).toBeNull();
+    const ctxlen = context.length;
+    const scored = lp.token_logprobs!.slice(ctxlen, -1) as number[];
+    expect(scored).toHaveLength(continuation.length);
+    expect(scored.every((x) => x < 0)).toBe(true);
+    // lm-eval's is_greedy: each token's logprob against the max of its top dict (the token + the top 1)
+    for (const [i, top] of (lp.top_logprobs!.slice(ctxlen, -1) as Record<string, number>[]).entries()) {
+      expect(Object.keys(top).length).toBeLessThanOrEqual(2);
+      expect(Math.max(...Object.values(top))).toBeGreaterThanOrEqual(scored[i]!);
+    }
+    // text offsets run over the token texts
+    expect(lp.text_offset![1]).toBe(lp.tokens![0]!.length);
+    // max_tokens 0: the prompt alone, nothing generated, the same scores
+    const only = await client.completions.create({
+      model: "tiny",
+      prompt: [...context, ...continuation],
+      echo: true,
+      logprobs: 1,
+      max_tokens: 0,
+    });
+    const o = only.choices[0]!;
+    expect(o.logprobs!.token_logprobs).toEqual(lp.token_logprobs!.slice(0, -1));
+    expect(only.usage?.completion_tokens).toBe(0);
+    expect(o.finish_reason).toBe("length");
+  });
+
+  it("log-probabilities on completions and chat, streamed too; best_of, prompt_logprobs, token ids", async () => {
+    const c = await client.completions.create({
+      model: "tiny",
+      prompt: "Once upon",
+      max_tokens: 4,
+      logprobs: 3,
+      temperature: 0,
+    });
+    const l = c.choices[0]!.logprobs!;
+    expect(l.tokens).toHaveLength(4);
+    expect(l.tokens!.join("")).toBe(c.choices[0]!.text);
+    for (const top of l.top_logprobs as Record<string, number>[])
+      expect(Object.keys(top).length).toBeLessThanOrEqual(4);
+    const stream = await client.completions.create({
+      model: "tiny",
+      prompt: "Once upon",
+      max_tokens: 4,
+      logprobs: 3,
+      temperature: 0,
+      stream: true,
+    });
+    const streamed: number[] = [];
+    const offsets: number[] = [];
+    for await (const chunk of stream) {
+      streamed.push(...((chunk.choices[0]?.logprobs?.token_logprobs ?? []) as number[]));
+      offsets.push(...(chunk.choices[0]?.logprobs?.text_offset ?? []));
+    }
+    expect(streamed).toEqual(l.token_logprobs);
+    expect(offsets).toEqual(l.text_offset);
+
+    const chat = await client.chat.completions.create({
+      model: "tiny",
+      messages: [{ role: "user", content: "Hi" }],
+      max_tokens: 3,
+      logprobs: true,
+      top_logprobs: 2,
+      temperature: 0,
+    });
+    const content = chat.choices[0]!.logprobs!.content!;
+    expect(content).toHaveLength(3);
+    for (const e of content) {
+      expect(e.top_logprobs).toHaveLength(2);
+      // greedy: the token is the most likely
+      expect(e.top_logprobs[0]!.token).toBe(e.token);
+      expect(e.bytes).toEqual([...Buffer.from(e.token)]);
+    }
+    const chatStream = await client.chat.completions.create({
+      model: "tiny",
+      messages: [{ role: "user", content: "Hi" }],
+      max_tokens: 3,
+      logprobs: true,
+      top_logprobs: 2,
+      temperature: 0,
+      stream: true,
+      stream_options: {
+        include_usage: true,
+        continuous_usage_stats: true,
+      } as OpenAI.ChatCompletionStreamOptions,
+    });
+    const chunks: { logprob: number }[] = [];
+    let usages = 0;
+    for await (const chunk of chatStream) {
+      chunks.push(...(chunk.choices[0]?.logprobs?.content ?? []));
+      if (chunk.usage) usages++;
+    }
+    expect(chunks.map((e) => e.logprob)).toEqual(content.map((e) => e.logprob));
+    expect(usages).toBeGreaterThan(3);
+
+    const best = await client.completions.create({
+      model: "tiny",
+      prompt: "Once upon",
+      max_tokens: 5,
+      n: 2,
+      best_of: 5,
+      temperature: 1,
+      seed: 9,
+      logprobs: 0,
+    });
+    expect(best.choices.map((x) => x.index)).toEqual([0, 1]);
+    const sums = best.choices.map((x) => (x.logprobs!.token_logprobs as number[]).reduce((a, b) => a + b, 0));
+    expect(sums[0]!).toBeGreaterThanOrEqual(sums[1]!);
+    expect(best.usage?.completion_tokens).toBe(25);
+
+    const ids = (await post("/v1/completions", {
+      model: "tiny",
+      prompt: [5, 6, 7, 8],
+      max_tokens: 2,
+      temperature: 0,
+      prompt_logprobs: 1,
+      return_token_ids: true,
+      logprobs: 0,
+      return_tokens_as_token_ids: true,
+    })) as unknown as { status: number; body: { choices: Record<string, unknown>[] } };
+    const choice = ids.body.choices[0]!;
+    expect(choice.prompt_token_ids).toEqual([5, 6, 7, 8]);
+    expect((choice.token_ids as number[]).length).toBe(2);
+    const plp = choice.prompt_logprobs as (Record<string, { logprob: number; rank: number }> | null)[];
+    expect(plp).toHaveLength(4);
+    expect(plp[0]).toBeNull();
+    expect(plp[1]!["6"]!.rank).toBeGreaterThanOrEqual(1);
+    expect((choice.logprobs as { tokens: string[] }).tokens[0]).toMatch(/^token_id:\d+$/);
+  });
+
   it("serves health and Prometheus metrics", async () => {
     expect((await fetch(`${server.url}/health`)).status).toBe(200);
     const text = await (await fetch(`${server.url}/metrics`)).text();

@@ -122,6 +122,8 @@ function maskStops(row: Float32Array, stopTokens: readonly number[]): void {
 export interface TokenLogprob {
   readonly token: number;
   readonly logprob: number;
+  /** 1 + the number of ids strictly more likely (vLLM's rank). */
+  readonly rank: number;
   readonly top: readonly (readonly [token: number, logprob: number])[];
 }
 
@@ -151,5 +153,8 @@ export function tokenLogprob(
   const lse = logSumExp(row);
   const top =
     topN > 0 ? order(row, Math.min(topN, row.length)).map((id) => [id, row[id]! - lse] as const) : [];
-  return { token, logprob: row[token]! - lse, top };
+  const x = row[token]!;
+  let rank = 1;
+  for (let i = 0; i < row.length; i++) if (row[i]! > x) rank++;
+  return { token, logprob: x - lse, rank, top };
 }

@@ -13,8 +13,8 @@ import {
 } from "../../schema/ids.ts";
 import type { Logger } from "../../schema/log.ts";
 import { type Calibration, type ConfiguredCosts, CostCalibrator } from "../calibration/calibration.ts";
-import { type LogitsRules, NO_RULES, TokenHistory } from "../model/logits.ts";
-import { initialSamplerState, nextToken, samplingParams } from "../model/sampling.ts";
+import { type LogitsRules, NO_RULES, TokenHistory, tokenLogprob } from "../model/logits.ts";
+import { initialSamplerState, nextToken, samplingParams, topIds } from "../model/sampling.ts";
 import { PageManager, type PagePoolSnapshot } from "../pages/page-manager.ts";
 import { PageError } from "../pages/page-state.ts";
 import {
@@ -78,6 +78,12 @@ export interface SubmitRequest {
   readonly rules?: LogitsRules;
   /** Log-probabilities of each generated token with this many alternatives; absent: none. */
   readonly logprobs?: number;
+  /**
+   * Log-probabilities of each prompt token after the first, with this many
+   * alternatives; absent: none. Such a request computes its whole prompt
+   * (no resident or restored prefix has the logits), as vLLM's does.
+   */
+  readonly promptLogprobs?: number;
 }
 
 export interface RuntimeGeneration {
@@ -264,6 +270,9 @@ export class WorkerRuntime {
     } catch (err) {
       throw new SubmitError(400, (err as Error).message);
     }
+    const promptLogprobs = req.promptLogprobs ?? null;
+    if (promptLogprobs !== null && (!Number.isSafeInteger(promptLogprobs) || promptLogprobs < 0))
+      throw new SubmitError(400, `prompt_logprobs must be a non-negative integer, got ${promptLogprobs}`);
     const events = new StreamQueue<RuntimeEvent>(req.maxTokens + 1);
     const seq = new Sequence(
       req.requestId,
@@ -277,6 +286,7 @@ export class WorkerRuntime {
       o.pageTokens,
       req.salt,
       performance.now(),
+      promptLogprobs,
     );
     this.seqs.set(seq.id, seq);
     this.opts.logger.log("debug", "request.queued", {
@@ -417,6 +427,7 @@ export class WorkerRuntime {
         slots: append.slots,
         pageTable: append.pageTable,
         wantLogits: w.phase === "decode",
+        promptLogits: w.phase !== "decode" && seq.promptLogprobs !== null,
       });
       laneSeqs.push(seq);
     }
@@ -452,15 +463,24 @@ export class WorkerRuntime {
     this.pacer?.observe(stepShape(lanes), stepMs);
     const vocab = this.opts.vocab;
     for (const [i, seq] of laneSeqs.entries()) {
+      const lane = lanes[i]!;
+      if (lane.promptLogits && !seq.cancelled) this.scorePrompt(seq, lane, logits, built.logitIndex[i]!);
+    }
+    for (const [i, seq] of laneSeqs.entries()) {
       const at = built.logitIndex[i]!;
-      if (at < 0 || seq.cancelled) continue;
+      if (at < 0 || seq.cancelled || lanes[i]!.promptLogits) continue;
       const first = seq.generated === 0;
       const next = nextToken(seq.sampler, logits.subarray(at * vocab, (at + 1) * vocab), seq.history);
       seq.sampler = next.state;
       seq.history.add(next.token);
       seq.tokens.push(next.token);
       this.counters.generatedTokens++;
-      emit(seq, { type: "token", token: next.token, logprob: next.logprob });
+      emit(seq, {
+        type: "token",
+        token: next.token,
+        logprob: next.logprob,
+        ...(first && seq.promptLogprobs !== null ? { promptLogprobs: seq.promptEntries } : {}),
+      });
       if (first) {
         this.calibrator.record({
           kind: "first-token",
@@ -471,6 +491,23 @@ export class WorkerRuntime {
       if (next.finish) this.finish(seq, next.finish, now);
     }
     return true;
+  }
+
+  /**
+   * A prefill lane's rows of a request that scores its prompt: row k at
+   * position p predicts the token at p + 1. Each prompt position is scored
+   * once, even when a preemption recomputes it; the first generated token
+   * carries them all.
+   */
+  private scorePrompt(seq: Sequence, lane: Lane, logits: Float32Array, at: number): void {
+    const vocab = this.opts.vocab;
+    const topN = seq.promptLogprobs ?? 0;
+    for (let k = 0; k < lane.tokens.length; k++) {
+      const q = lane.firstPosition + k + 1;
+      if (q !== seq.promptEntries.length + 1 || q >= seq.promptLength) continue;
+      const row = logits.subarray((at + k) * vocab, (at + k + 1) * vocab);
+      seq.promptEntries.push(tokenLogprob(row, seq.tokens[q]!, topN, topIds));
+    }
   }
 
   private releaseLease(lease: ReturnType<PageManager["acquireLease"]>): void {
@@ -546,7 +583,9 @@ export class WorkerRuntime {
           this.pages.reservationNeed(s.route, TokenCount(s.totalRows)) - route.reservedPages,
         );
       } else {
-        const matched = this.pages.matchPrefix(s.chain.extend(s.tokens, s.tokens.length - 1));
+        const matched = s.reusesPrefixes
+          ? this.pages.matchPrefix(s.chain.extend(s.tokens, s.tokens.length - 1))
+          : 0;
         admitPages = Math.max(0, pagesFor(TokenCount(s.totalRows), this.opts.pageTokens) - matched);
         processed = matched * this.opts.pageTokens;
       }
@@ -595,7 +634,7 @@ export class WorkerRuntime {
         return;
       }
       const hashes = seq.chain.extend(seq.tokens, seq.tokens.length - 1);
-      const matched = this.pages.matchPrefix(hashes);
+      const matched = seq.reusesPrefixes ? this.pages.matchPrefix(hashes) : 0;
       this.pages.openRoute(seq.route, {
         prefix: hashes.slice(0, matched),
         reserveTokens: TokenCount(seq.totalRows),
@@ -620,7 +659,7 @@ export class WorkerRuntime {
       seq.cachedTokens = seq.processed;
       seq.admittedAt = performance.now();
       this.counters.cachedPromptTokens += seq.processed;
-      this.beginRestore(seq);
+      if (seq.reusesPrefixes) this.beginRestore(seq);
     }
     seq.state = "running";
     seq.preempted = null;
@@ -726,6 +765,7 @@ export class WorkerRuntime {
     const P = this.opts.pageTokens;
     for (const seq of this.seqs.values()) {
       if (seq.state !== "running" || seq.cancelled || this.restoring.has(seq.id)) continue;
+      if (!seq.reusesPrefixes) continue;
       const rows = seq.tokens.length - 1;
       if (seq.processed >= rows || seq.processed % P !== 0) continue;
       const page = seq.processed / P;

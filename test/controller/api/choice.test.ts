@@ -26,7 +26,7 @@ function run(stop: Partial<StopRules>, minTokens = 0, skipSpecialTokens = true) 
     },
   };
   const rules: StopRules = { strings: [], tokenIds: [], includeStopStr: false, ignoreEos: false, ...stop };
-  const r = new ChoiceRun(0, 3, gen, codec, {
+  const r = new ChoiceRun(0, [1, 2, 3], gen, codec, {
     stop: rules,
     eosTokenIds: [EOS],
     skipSpecialTokens,
