@@ -18,6 +18,8 @@ export interface Config {
     dir: string;
     /** Preset written under data dir when `dir` is empty. */
     preset: "tiny" | "small" | "bench";
+    /** A Jinja chat template file replacing the model's own (vLLM's --chat-template); empty: the model's. */
+    chatTemplate: string;
   };
   pages: {
     /** Tokens per KV page (16–32). */
@@ -144,7 +146,7 @@ export interface Config {
 }
 
 export const defaultConfig: Config = {
-  model: { dir: "", preset: "tiny" },
+  model: { dir: "", preset: "tiny", chatTemplate: "" },
   pages: { pageTokens: 16, physicalPages: 4096, chunkTokens: 256 },
   scheduler: {
     maxBatchTokens: 512,
@@ -226,6 +228,7 @@ const optStr: Rule = { kind: "string", allowEmpty: true };
 const rules: Record<string, Rule> = {
   "model.dir": optStr,
   "model.preset": { kind: "enum", values: ["tiny", "small", "bench"] },
+  "model.chatTemplate": optStr,
   "pages.pageTokens": int(16, 32),
   "pages.physicalPages": int(1, 1 << 24),
   "pages.chunkTokens": int(128, 512),

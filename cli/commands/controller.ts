@@ -11,7 +11,7 @@ import { defaultRouterPolicy, roundRobinRouterPolicy } from "../../controller/ro
 import { createLogger } from "../../schema/log.ts";
 import type { Command } from "../command.ts";
 import { ensureModelIdentity } from "../embedded/model.ts";
-import { textCodec } from "../embedded/service.ts";
+import { configuredChatTemplate, textCodec } from "../embedded/text-codec.ts";
 import { fleetSnapshots, openCatalogLog, requireKafka } from "../fleet.ts";
 import { parseRoleArgs } from "../options.ts";
 import { resource, runScoped } from "../run-scoped.ts";
@@ -48,6 +48,7 @@ const command: Command = {
       Effect.gen(function* () {
         // Tokenizer and fingerprint only: the controller runs no model, so it never holds the weights.
         const { model, id: modelId } = yield* Effect.promise(() => ensureModelIdentity(config, log));
+        const chatTemplate = yield* Effect.promise(() => configuredChatTemplate(config));
         const catalogLog = yield* resource(
           () => openCatalogLog(config, "controller"),
           (l) => l.close(),
@@ -112,7 +113,7 @@ const command: Command = {
                   id: modelId,
                   fingerprint: model.fingerprint,
                   maxContext: model.config.spec.maxPosition,
-                  codec: textCodec(model),
+                  codec: textCodec(model, chatTemplate),
                 },
                 chunkTokens: config.pages.chunkTokens,
                 limits: {

@@ -104,7 +104,7 @@ async function info(argv: readonly string[]): Promise<number> {
     spec: m.config.spec,
     bosTokenId: m.config.bosTokenId,
     eosTokenIds: m.eosTokenIds,
-    tokenizer: { size: m.tokenizer.size, chatFormat: m.tokenizer.chatFormat },
+    tokenizer: { size: m.tokenizer.size, chatTemplates: [...m.tokenizer.chatTemplates.keys()] },
     tensors: m.weights.tensors.size,
     params,
     bytes,
@@ -120,7 +120,9 @@ async function info(argv: readonly string[]): Promise<number> {
   console.log(`architecture ${m.config.architecture}`);
   for (const [k, v] of Object.entries(m.config.spec)) console.log(`  ${k.padEnd(15)} ${JSON.stringify(v)}`);
   console.log(`tokens       bos ${m.config.bosTokenId ?? "none"}, eos ${JSON.stringify(m.eosTokenIds)}`);
-  console.log(`tokenizer    ${m.tokenizer.size} tokens, chat format ${m.tokenizer.chatFormat}`);
+  console.log(
+    `tokenizer    ${m.tokenizer.size} tokens, chat templates: ${summary.tokenizer.chatTemplates.join(", ") || "none"}`,
+  );
   console.log(
     `weights      ${summary.tensors} tensors, ${params} params, ${bytes} bytes, ${summary.dtypes.join("+")}`,
   );

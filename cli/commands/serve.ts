@@ -10,6 +10,7 @@ import { WorkerRuntime } from "../../worker/runtime/runtime.ts";
 import { type Command, UsageError } from "../command.ts";
 import { durableReuseAllowed, ensureModel } from "../embedded/model.ts";
 import { EmbeddedService } from "../embedded/service.ts";
+import { configuredChatTemplate } from "../embedded/text-codec.ts";
 import { parseRoleArgs } from "../options.ts";
 import { resource, runScoped } from "../run-scoped.ts";
 import { runtimeOptions } from "../runtime-options.ts";
@@ -41,6 +42,7 @@ const command: Command = {
     return runScoped(
       Effect.gen(function* () {
         const { model, id } = yield* Effect.promise(() => ensureModel(config, log));
+        const chatTemplate = yield* Effect.promise(() => configuredChatTemplate(config));
         const engine = yield* resource(
           () =>
             loadEngine(model, config.pages, {
@@ -82,6 +84,7 @@ const command: Command = {
             }
           },
           () => restorer.stats().tokens,
+          chatTemplate,
         );
         const server = new ApiServer(service, {
           host: config.controller.host,

@@ -1,7 +1,6 @@
 import { ApiError } from "../../controller/api/errors.ts";
 import { RESTORE_TIERS, type RestoreTierName } from "../../controller/api/restore-metrics.ts";
 import type {
-  ChatMessage,
   Generation,
   GenerationEvent,
   GenerationRequest,
@@ -9,29 +8,12 @@ import type {
   ModelInfo,
   SamplingParams,
   ServiceGauges,
-  TextCodec,
 } from "../../controller/api/service.ts";
 import type { LogitsRules } from "../../worker/model/logits.ts";
-import type { LoadedModel, ModelIdentity } from "../../worker/model/model-dir.ts";
+import type { LoadedModel } from "../../worker/model/model-dir.ts";
 import { SubmitError, type WorkerRuntime } from "../../worker/runtime/runtime.ts";
 import type { RuntimeEvent } from "../../worker/runtime/sequence.ts";
-
-/** The front door's view of a loaded model: its tokenizer and chat template. */
-export function textCodec(model: ModelIdentity): TextCodec {
-  const tok = model.tokenizer;
-  return {
-    encode: (text, opts) => tok.encode(text, { addSpecialTokens: opts?.addSpecialTokens ?? false }),
-    decode: (ids, opts) => tok.decode(ids, { skipSpecialTokens: opts?.skipSpecialTokens ?? true }),
-    // The tokenizer's templates know system/user/assistant; a tool result is
-    // shown to the model as a user turn.
-    chatPrompt: (messages: readonly ChatMessage[]) =>
-      tok.encodeChat(
-        messages.map((m) => ({ role: m.role === "tool" ? "user" : m.role, content: m.content })),
-      ),
-    eosTokenIds: model.eosTokenIds,
-    vocabSize: model.config.spec.vocab,
-  };
-}
+import { textCodec } from "./text-codec.ts";
 
 /**
  * The embedded default's inference service: the HTTP front door talks to one
@@ -48,12 +30,14 @@ export class EmbeddedService implements InferenceService {
     catalog?: InferenceService["catalogQuery"],
     /** Prompt tokens restored from each durable tier so far (the restorer's count); absent: no durable cache. */
     private readonly restoredTokens?: () => Readonly<Record<RestoreTierName, number>>,
+    /** model.chatTemplate's text, replacing the model's own template. */
+    chatTemplate?: string,
   ) {
     this.info = {
       id: modelId,
       created: Math.floor(Date.now() / 1000),
       maxContext: model.config.spec.maxPosition,
-      codec: textCodec(model),
+      codec: textCodec(model, chatTemplate),
     };
     if (catalog) this.catalogQuery = catalog;
   }

@@ -11,9 +11,9 @@ export type Body = Record<string, unknown>;
 
 export type Endpoint = "completion" | "chat";
 
-export function asObject(body: unknown, what = "request body"): Body {
+export function asObject(body: unknown, what = "request body", param: string | null = null): Body {
   if (typeof body !== "object" || body === null || Array.isArray(body)) {
-    throw badRequest(`${what} must be a JSON object`);
+    throw badRequest(`${what} must be a JSON object`, param);
   }
   return body as Body;
 }
@@ -62,7 +62,7 @@ export function optString(b: Body, key: string, maxLength: number, param = key):
 export function optObject(b: Body, key: string, param = key): Body | undefined {
   const v = b[key];
   if (v === undefined || v === null) return undefined;
-  return asObject(v, `'${param}'`);
+  return asObject(v, `'${param}'`, param);
 }
 
 /** A list of token ids (non-negative integers), at most `max` long. */

@@ -1,4 +1,5 @@
 import { ApiError, badRequest } from "./errors.ts";
+import { type ChatFields, parseChatFields } from "./request-chat.ts";
 import {
   asObject,
   type Body,
@@ -54,6 +55,8 @@ export interface CompletionRequest extends CommonRequest {
 
 export interface ChatRequest extends CommonRequest {
   readonly kind: "chat";
+  readonly chat: ChatFields;
+  /** chat.prompt.messages */
   readonly messages: readonly ChatMessage[];
 }
 
@@ -77,13 +80,7 @@ const NOT_YET: Readonly<Record<string, Refusal>> = {
   guided_json: { endpoints: ["completion", "chat"], neutral: () => false, why: "not implemented" },
   guided_regex: { endpoints: ["completion", "chat"], neutral: () => false, why: "not implemented" },
   guided_choice: { endpoints: ["completion", "chat"], neutral: () => false, why: "not implemented" },
-  chat_template: { endpoints: ["chat"], neutral: () => false, why: "not implemented" },
-  chat_template_kwargs: { endpoints: ["chat"], neutral: () => false, why: "not implemented" },
-  add_generation_prompt: { endpoints: ["chat"], neutral: (v) => v === true, why: "not implemented" },
-  continue_final_message: { endpoints: ["chat"], neutral: (v) => v === false, why: "not implemented" },
-  documents: { endpoints: ["chat"], neutral: () => false, why: "not implemented" },
-  return_prompt_text: { endpoints: ["chat"], neutral: (v) => v === false, why: "not implemented" },
-  add_special_tokens: { endpoints: ["completion", "chat"], neutral: () => false, why: "not implemented" },
+  add_special_tokens: { endpoints: ["completion"], neutral: () => false, why: "not implemented" },
   truncate_prompt_tokens: { endpoints: ["completion", "chat"], neutral: () => false, why: "not implemented" },
   truncation_side: { endpoints: ["completion", "chat"], neutral: () => false, why: "not implemented" },
   cache_salt: { endpoints: ["completion", "chat"], neutral: () => false, why: "not implemented" },
@@ -156,48 +153,11 @@ export function parseCompletionRequest(body: unknown): CompletionRequest {
   return { kind: "completion", ...common, prompts };
 }
 
-const ROLES = new Set(["system", "user", "assistant", "tool"]);
-
-function messageText(content: unknown, i: number): string {
-  if (typeof content === "string") return content;
-  if (Array.isArray(content)) {
-    const parts: string[] = [];
-    for (const part of content) {
-      if (typeof part !== "object" || part === null || (part as Body).type !== "text") {
-        throw badRequest(`messages[${i}].content: only text parts are supported`, `messages[${i}].content`);
-      }
-      const text = (part as Body).text;
-      if (typeof text !== "string")
-        throw badRequest(`messages[${i}].content: a text part needs 'text'`, `messages[${i}].content`);
-      parts.push(text);
-    }
-    return parts.join("");
-  }
-  throw badRequest(
-    `messages[${i}].content must be a string or a list of text parts`,
-    `messages[${i}].content`,
-  );
-}
-
 export function parseChatRequest(body: unknown): ChatRequest {
   const b = asObject(body);
   const common = parseCommon(b, "chat");
-  const raw = b.messages;
-  if (!Array.isArray(raw) || raw.length === 0)
-    throw badRequest("'messages' must be a non-empty list", "messages");
-  const messages: ChatMessage[] = raw.map((m, i) => {
-    if (typeof m !== "object" || m === null)
-      throw badRequest(`messages[${i}] must be an object`, `messages[${i}]`);
-    const role = (m as Body).role;
-    if (typeof role !== "string" || !ROLES.has(role)) {
-      throw badRequest(
-        `messages[${i}].role must be one of system, user, assistant, tool`,
-        `messages[${i}].role`,
-      );
-    }
-    return { role: role as ChatMessage["role"], content: messageText((m as Body).content, i) };
-  });
-  return { kind: "chat", ...common, messages };
+  const chat = parseChatFields(b, null);
+  return { kind: "chat", ...common, chat, messages: chat.prompt.messages };
 }
 
 /** Prompt plus generation must fit the model's context. */

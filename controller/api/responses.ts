@@ -24,6 +24,8 @@ export class ResponseShape {
     codec: TextCodec,
     /** The text echo prepends for a run (completions: its prompt; chat: the last assistant message). */
     private readonly echoText: (run: ChoiceRun) => string,
+    /** return_prompt_text: the rendered chat prompt; null: not returned. */
+    private readonly promptText: string | null = null,
   ) {
     this.text = tokenText(codec, parsed.lp.tokensAsIds);
   }
@@ -70,6 +72,16 @@ export class ResponseShape {
           }),
       ...(lp.returnTokenIds ? { prompt_token_ids: run.prompt } : {}),
     };
+  }
+
+  /** vLLM's top-level chat fields: prompt_logprobs, prompt_token_ids, prompt_text. */
+  chatExtras(run: ChoiceRun): Record<string, unknown> {
+    return { ...this.promptExtras(run), ...this.streamExtras() };
+  }
+
+  /** What a chat stream's first chunk carries besides its choices. */
+  streamExtras(): Record<string, unknown> {
+    return this.promptText === null ? {} : { prompt_text: this.promptText };
   }
 
   /** The chunk that opens a streamed choice (chat: the role; echo: the prompt), or null. */

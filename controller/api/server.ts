@@ -207,9 +207,10 @@ export class ApiServer {
   ): { runs: ChoiceRun[]; shape: ResponseShape } {
     const model = this.model(parsed.model);
     const codec = model.codec;
+    const rendered = parsed.kind === "chat" ? codec.renderChat(parsed.chat.prompt) : null;
     const prompts =
       parsed.kind === "chat"
-        ? [codec.chatPrompt(parsed.messages)]
+        ? [codec.encode(rendered!, { addSpecialTokens: parsed.chat.addSpecialTokens })]
         : parsed.prompts.map((p) => (p.kind === "text" ? codec.encode(p.text) : p.ids));
     const plans = prompts.map((ids, i) => {
       const bad = ids.find((t) => t >= codec.vocabSize);
@@ -271,14 +272,15 @@ export class ApiServer {
     const echoText = (r: ChoiceRun): string => {
       if (parsed.kind === "chat") {
         const last = parsed.messages[parsed.messages.length - 1];
-        return last?.role === "assistant" ? last.content : "";
+        return last?.role === "assistant" ? (last.content ?? "") : "";
       }
       const p = parsed.prompts[Math.floor(r.index / perPrompt)]!;
       return p.kind === "text"
         ? p.text
         : codec.decode(p.ids, { skipSpecialTokens: parsed.skipSpecialTokens });
     };
-    return { runs, shape: new ResponseShape(parsed, codec, echoText) };
+    const promptText = parsed.kind === "chat" && parsed.chat.returnPromptText ? rendered : null;
+    return { runs, shape: new ResponseShape(parsed, codec, echoText, promptText) };
   }
 
   private async complete(
@@ -339,7 +341,7 @@ export class ApiServer {
           model: parsed.model,
           choices: shown.map((r, i) => shape.choice(r, i)),
           usage: usage(),
-          ...(parsed.kind === "chat" ? shape.promptExtras(runs[0]!) : {}),
+          ...(parsed.kind === "chat" ? shape.chatExtras(runs[0]!) : {}),
         },
         route,
       );
@@ -372,8 +374,13 @@ export class ApiServer {
       const first = shape.opening(r);
       if (first) frame([first]);
     };
-    // Chat opens with the role at once; an echo opens when the prompt's scores arrive.
-    if (parsed.kind === "chat") for (const r of runs) open(r);
+    // Chat opens with the role at once (and prompt_text); an echo opens when the prompt's scores arrive.
+    if (parsed.kind === "chat") {
+      for (const [i, r] of runs.entries()) {
+        opened.add(r);
+        frame([shape.opening(r)], i === 0 ? shape.streamExtras() : {});
+      }
+    }
     await Promise.all(
       runs.map((r) =>
         this.drive(r, onToken, (d) => {

@@ -8,9 +8,36 @@ import type { RequestId, TenantId } from "../../schema/ids.ts";
  * stop strings and formats responses; the service schedules and generates.
  */
 
+/** A tool call as OpenAI's API carries it (arguments: a JSON string). */
+export interface ToolCall {
+  readonly id: string;
+  readonly type: "function";
+  readonly function: { readonly name: string; readonly arguments: string };
+}
+
 export interface ChatMessage {
-  readonly role: "system" | "user" | "assistant" | "tool";
-  readonly content: string;
+  readonly role: "system" | "developer" | "user" | "assistant" | "tool";
+  /** Text parts joined by "\n", as vLLM joins them; null: an assistant turn of tool calls only. */
+  readonly content: string | null;
+  readonly toolCalls?: readonly ToolCall[];
+  /** A tool message's answer to this call. */
+  readonly toolCallId?: string;
+  readonly name?: string;
+}
+
+/** Everything a chat template renders from (vLLM's ChatParams). */
+export interface ChatPromptRequest {
+  readonly messages: readonly ChatMessage[];
+  /** OpenAI tool definitions ({type: "function", function: {...}}), as given; null: none. */
+  readonly tools: readonly unknown[] | null;
+  /** RAG documents for templates that read them; null: none. */
+  readonly documents: readonly unknown[] | null;
+  readonly addGenerationPrompt: boolean;
+  readonly continueFinalMessage: boolean;
+  /** The request's own chat_template; null: the model's (or the configured one). */
+  readonly template: string | null;
+  /** chat_template_kwargs. */
+  readonly kwargs: Readonly<Record<string, unknown>>;
 }
 
 /** Tokenizer and chat template of one served model. */
@@ -19,8 +46,11 @@ export interface TextCodec {
   encode(text: string, opts?: { readonly addSpecialTokens?: boolean }): number[];
   /** skipSpecialTokens defaults to true. */
   decode(ids: readonly number[], opts?: { readonly skipSpecialTokens?: boolean }): string;
-  /** Token ids of the chat-formatted conversation, ending where the assistant's reply begins. */
-  chatPrompt(messages: readonly ChatMessage[]): number[];
+  /**
+   * The conversation rendered by the chat template (no tokenization).
+   * Throws an ApiError (400) when there is no template or it fails.
+   */
+  renderChat(req: ChatPromptRequest): string;
   readonly eosTokenIds: readonly number[];
   readonly vocabSize: number;
 }

@@ -310,6 +310,73 @@ describe("the embedded default through the official openai client", () => {
     expect((choice.logprobs as { tokens: string[] }).tokens[0]).toMatch(/^token_id:\d+$/);
   });
 
+  it("renders the model's Jinja chat template, or the request's, with vLLM's chat fields", async () => {
+    const chat = (body: Record<string, unknown>) =>
+      client.chat.completions.create({
+        model: "tiny",
+        max_tokens: 2,
+        temperature: 0,
+        ...body,
+      } as unknown as OpenAI.ChatCompletionCreateParamsNonStreaming) as Promise<
+        OpenAI.ChatCompletion & { prompt_text?: string }
+      >;
+    const own = await chat({
+      messages: [
+        { role: "developer", content: "Be brief." },
+        {
+          role: "user",
+          content: [
+            { type: "text", text: "Hello" },
+            { type: "text", text: "there" },
+          ],
+        },
+        {
+          role: "assistant",
+          content: null,
+          tool_calls: [{ id: "c1", type: "function", function: { name: "w", arguments: '{"city":"Oslo"}' } }],
+        },
+        { role: "tool", tool_call_id: "c1", content: "-3" },
+      ],
+      return_prompt_text: true,
+    });
+    expect(own.prompt_text).toBe(
+      '<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello\nthere<|im_end|>\n<|im_start|>assistant\n<tool_call>\n{"name": "w", "arguments": {"city": "Oslo"}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n-3\n</tool_response><|im_end|>\n<|im_start|>assistant\n',
+    );
+    const custom = await chat({
+      messages: [{ role: "user", content: "Hi" }],
+      chat_template:
+        "{{ greeting }}: {% for m in messages %}{{ m.content }}{% endfor %}{% if add_generation_prompt %} =>{% endif %}",
+      chat_template_kwargs: { greeting: "Q" },
+      return_prompt_text: true,
+    });
+    expect(custom.prompt_text).toBe("Q: Hi =>");
+    const noPrompt = await chat({
+      messages: [{ role: "user", content: "Hi" }],
+      add_generation_prompt: false,
+      return_prompt_text: true,
+    });
+    expect(noPrompt.prompt_text).toBe("<|im_start|>user\nHi<|im_end|>\n");
+    const cont = await chat({
+      messages: [
+        { role: "user", content: "Hi" },
+        { role: "assistant", content: "Well, the" },
+      ],
+      continue_final_message: true,
+      return_prompt_text: true,
+      echo: true,
+    });
+    expect(cont.prompt_text).toBe("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nWell, the");
+    // echo: the continued message is prepended to the answer (vLLM)
+    expect(cont.choices[0]!.message.content!.startsWith("Well, the")).toBe(true);
+    const broken = await post("/v1/chat/completions", {
+      model: "tiny",
+      messages: [{ role: "user", content: "Hi" }],
+      chat_template: "{{ raise_exception('roles must alternate') }}",
+    });
+    expect(broken.status).toBe(400);
+    expect(broken.body.error?.message).toContain("roles must alternate");
+  });
+
   it("serves health and Prometheus metrics", async () => {
     expect((await fetch(`${server.url}/health`)).status).toBe(200);
     const text = await (await fetch(`${server.url}/metrics`)).text();

@@ -12,7 +12,7 @@ const codec: TextCodec = {
       .filter((i) => i !== EOS || o?.skipSpecialTokens === false)
       .map((i) => (i === EOS ? "<eos>" : String.fromCharCode(i)))
       .join(""),
-  chatPrompt: () => [],
+  renderChat: () => "",
   eosTokenIds: [EOS],
   vocabSize: 256,
 };

@@ -170,15 +170,83 @@ describe("OpenAI request parsing", () => {
       ],
       max_completion_tokens: 7,
     });
+    // text parts joined by "\n", as vLLM joins them
     expect(r.messages).toEqual([
       { role: "system", content: "be brief" },
-      { role: "user", content: "ab" },
+      { role: "user", content: "a\nb" },
     ]);
     expect(r.maxTokens).toBe(7);
     expect(err(() => parseChatRequest({ model: "m", messages: [] })).param).toBe("messages");
     expect(
       err(() => parseChatRequest({ model: "m", messages: [{ role: "robot", content: "x" }] })).param,
     ).toBe("messages[0].role");
+  });
+
+  it("parses the roles, tool calls and template fields vLLM's chat takes", () => {
+    const r = parseChatRequest({
+      model: "m",
+      messages: [
+        { role: "developer", content: "rules" },
+        { role: "user", content: "weather?" },
+        {
+          role: "assistant",
+          content: null,
+          tool_calls: [{ id: "c1", type: "function", function: { name: "w", arguments: '{"a":1}' } }],
+        },
+        { role: "tool", content: "sunny", tool_call_id: "c1" },
+        { role: "assistant", content: [{ type: "refusal", refusal: "no" }] },
+      ],
+      chat_template: "{{ x }}",
+      chat_template_kwargs: { x: 1 },
+      add_generation_prompt: false,
+      documents: [{ title: "t", text: "d" }],
+      return_prompt_text: true,
+    });
+    expect(r.messages[2]).toEqual({
+      role: "assistant",
+      content: null,
+      toolCalls: [{ id: "c1", type: "function", function: { name: "w", arguments: '{"a":1}' } }],
+    });
+    expect(r.messages[3]).toEqual({ role: "tool", content: "sunny", toolCallId: "c1" });
+    expect(r.messages[4]!.content).toBe("no");
+    expect(r.chat.prompt).toMatchObject({
+      template: "{{ x }}",
+      kwargs: { x: 1 },
+      addGenerationPrompt: false,
+      continueFinalMessage: false,
+      documents: [{ title: "t", text: "d" }],
+    });
+    expect(r.chat.returnPromptText).toBe(true);
+    expect(r.chat.addSpecialTokens).toBe(false);
+    const chat = (extra: Record<string, unknown>) =>
+      parseChatRequest({ model: "m", messages: [{ role: "user", content: "x" }], ...extra });
+    // continue_final_message implies no generation prompt; both true is refused (vLLM)
+    expect(chat({ continue_final_message: true }).chat.prompt.addGenerationPrompt).toBe(false);
+    expect(err(() => chat({ continue_final_message: true, add_generation_prompt: true })).param).toBe(
+      "continue_final_message",
+    );
+    expect(err(() => chat({ messages: [{ role: "user", content: null }] })).param).toBe(
+      "messages[0].content",
+    );
+    expect(
+      err(() =>
+        chat({ messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: "x" } }] }] }),
+      ).param,
+    ).toBe("messages[0].content");
+    expect(
+      err(() =>
+        chat({
+          messages: [
+            {
+              role: "assistant",
+              content: null,
+              tool_calls: [{ type: "function", function: { name: "w", arguments: "{" } }],
+            },
+          ],
+        }),
+      ).param,
+    ).toBe("messages[0].tool_calls[0]");
+    expect(err(() => chat({ chat_template_kwargs: [1] })).param).toBe("chat_template_kwargs");
   });
 
   it("checks prompt plus max_tokens against the context", () => {

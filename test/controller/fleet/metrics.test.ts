@@ -44,7 +44,7 @@ const sockets: WebSocket[] = [];
 const codec: TextCodec = {
   encode: () => [],
   decode: (ids) => ids.map((i) => String.fromCharCode(97 + (i % 26))).join(""),
-  chatPrompt: () => [],
+  renderChat: () => "",
   eosTokenIds: [],
   vocabSize: 1000,
 };
