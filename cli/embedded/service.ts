@@ -1,13 +1,14 @@
 import { ApiError } from "../../controller/api/errors.ts";
 import { RESTORE_TIERS, type RestoreTierName } from "../../controller/api/restore-metrics.ts";
-import type {
-  Generation,
-  GenerationEvent,
-  GenerationRequest,
-  InferenceService,
-  ModelInfo,
-  SamplingParams,
-  ServiceGauges,
+import {
+  type Generation,
+  type GenerationEvent,
+  type GenerationRequest,
+  type InferenceService,
+  type ModelInfo,
+  prefixSalt,
+  type SamplingParams,
+  type ServiceGauges,
 } from "../../controller/api/service.ts";
 import type { LogitsRules } from "../../worker/model/logits.ts";
 import type { LoadedModel } from "../../worker/model/model-dir.ts";
@@ -53,7 +54,7 @@ export class EmbeddedService implements InferenceService {
     try {
       gen = this.runtime.submit({
         requestId: req.requestId,
-        salt: req.tenant === "default" ? undefined : req.tenant,
+        salt: prefixSalt(req.tenant, req.cacheSalt),
         prompt: req.prompt,
         maxTokens: req.maxTokens,
         temperature: req.sampling.temperature,

@@ -43,6 +43,7 @@ export function textCodec(model: ModelIdentity, configuredTemplate?: string): Te
   return {
     encode: (text, opts) => tok.encode(text, { addSpecialTokens: opts?.addSpecialTokens ?? false }),
     decode: (ids, opts) => tok.decode(ids, { skipSpecialTokens: opts?.skipSpecialTokens ?? true }),
+    tokenString: (id) => tok.idToToken(id) ?? "",
     renderChat(req) {
       try {
         return choose(req).render(

@@ -46,11 +46,19 @@ interface CommonRequest extends SamplingFields {
   /** The client's end-user id (logged with the request). */
   readonly user: string | undefined;
   readonly lp: LogprobsFields;
+  /** truncate_prompt_tokens: keep this many prompt tokens (-1: the model's maximum); null: all. */
+  readonly truncate: { readonly tokens: number | null; readonly side: "left" | "right" };
+  /** vLLM's cache_salt: prefixes are shared only with requests of the same salt (and tenant). */
+  readonly cacheSalt: string | null;
+  /** vLLM's request_id: the response id is built from it (a fresh UUID otherwise). */
+  readonly requestId: string | null;
 }
 
 export interface CompletionRequest extends CommonRequest {
   readonly kind: "completion";
   readonly prompts: readonly PromptInput[];
+  /** Text prompts get what the tokenizer's post-processor adds (a BOS); vLLM's default: true. */
+  readonly addSpecialTokens: boolean;
 }
 
 export interface ChatRequest extends CommonRequest {
@@ -80,14 +88,34 @@ const NOT_YET: Readonly<Record<string, Refusal>> = {
   guided_json: { endpoints: ["completion", "chat"], neutral: () => false, why: "not implemented" },
   guided_regex: { endpoints: ["completion", "chat"], neutral: () => false, why: "not implemented" },
   guided_choice: { endpoints: ["completion", "chat"], neutral: () => false, why: "not implemented" },
-  add_special_tokens: { endpoints: ["completion"], neutral: () => false, why: "not implemented" },
-  truncate_prompt_tokens: { endpoints: ["completion", "chat"], neutral: () => false, why: "not implemented" },
-  truncation_side: { endpoints: ["completion", "chat"], neutral: () => false, why: "not implemented" },
-  cache_salt: { endpoints: ["completion", "chat"], neutral: () => false, why: "not implemented" },
-  request_id: { endpoints: ["completion", "chat"], neutral: () => false, why: "not implemented" },
 };
 
-function parseCommon(b: Body, endpoint: Endpoint): CommonRequest {
+function parseTruncation(b: Body): CommonRequest["truncate"] {
+  const tokens = optNumber(b, "truncate_prompt_tokens", -1, 1 << 20, true) ?? null;
+  if (tokens === 0) throw badRequest("'truncate_prompt_tokens' must be -1 or at least 1", "truncate_prompt_tokens");
+  const side = b.truncation_side ?? "left";
+  if (side !== "left" && side !== "right")
+    throw badRequest("'truncation_side' must be 'left' or 'right'", "truncation_side");
+  return { tokens, side };
+}
+
+/** vLLM: a non-empty string of at most 1024 characters. */
+function parseCacheSalt(b: Body): string | null {
+  const v = optString(b, "cache_salt", 1024);
+  if (v === "") throw badRequest("'cache_salt' must not be empty", "cache_salt");
+  return v ?? null;
+}
+
+/** Printable ASCII, short enough that "chatcmpl-<id>.<choice>" stays a valid request id. */
+function parseRequestId(b: Body): string | null {
+  const v = optString(b, "request_id", 96);
+  if (v === undefined) return null;
+  if (!/^[\x21-\x7e]+$/.test(v))
+    throw badRequest("'request_id' must be printable ASCII without spaces", "request_id");
+  return v;
+}
+
+function parseCommon(b: Body, endpoint: Endpoint, defaultMaxTokens?: number): CommonRequest {
   if (typeof b.model !== "string" || b.model === "")
     throw badRequest("'model' is required and must be a string", "model");
   refuseUnsupported(b, endpoint, NOT_YET);
@@ -97,7 +125,8 @@ function parseCommon(b: Body, endpoint: Endpoint): CommonRequest {
   const least = endpoint === "completion" && lp.echo ? 0 : 1;
   const maxTokens =
     optNumber(b, "max_completion_tokens", 1, 1 << 20, true) ??
-    optNumber(b, "max_tokens", least, 1 << 20, true);
+    optNumber(b, "max_tokens", least, 1 << 20, true) ??
+    defaultMaxTokens;
   const sampling = parseSampling(b);
   let includeUsageInStream = false;
   let continuousUsage = false;
@@ -121,12 +150,15 @@ function parseCommon(b: Body, endpoint: Endpoint): CommonRequest {
     skipSpecialTokens: optBool(b, "skip_special_tokens") ?? true,
     user: optString(b, "user", 256),
     lp,
+    truncate: parseTruncation(b),
+    cacheSalt: parseCacheSalt(b),
+    requestId: parseRequestId(b),
   };
 }
 
 export function parseCompletionRequest(body: unknown): CompletionRequest {
   const b = asObject(body);
-  const common = parseCommon(b, "completion");
+  const common = parseCommon(b, "completion", DEFAULT_MAX_TOKENS);
   const p = b.prompt;
   let prompts: PromptInput[];
   if (typeof p === "string") prompts = [{ kind: "text", text: p }];
@@ -150,7 +182,12 @@ export function parseCompletionRequest(body: unknown): CompletionRequest {
   }
   if (prompts.some((x) => x.kind === "text" && x.text === ""))
     throw badRequest("'prompt' must not be empty", "prompt");
-  return { kind: "completion", ...common, prompts };
+  return {
+    kind: "completion",
+    ...common,
+    prompts,
+    addSpecialTokens: optBool(b, "add_special_tokens") ?? true,
+  };
 }
 
 export function parseChatRequest(body: unknown): ChatRequest {

@@ -1,6 +1,7 @@
 import { randomUUID } from "node:crypto";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
+import pkg from "../../package.json" with { type: "json" };
 import { RequestId, TenantId } from "../../schema/ids.ts";
 import { Counter, Gauge, Histogram, LATENCY_BUCKETS_S, Registry } from "../metrics.ts";
 import { type ChoiceDelta, ChoiceRun, endTokenIds } from "./choice.ts";
@@ -16,6 +17,10 @@ import { promptScoring } from "./request-logprobs.ts";
 import { checkTokenIds } from "./request-sampling.ts";
 import { ResponseShape, shownChoices, usageJson } from "./responses.ts";
 import type { GenerationRequest, InferenceService, ModelInfo } from "./service.ts";
+import { detokenize, modelCard, pickModel, tokenize } from "./tokenize.ts";
+
+/** What GET /version answers: the package's version. */
+export const SERVER_VERSION: string = pkg.version;
 
 /** Largest request body accepted (bytes); larger is answered 413 before parsing. */
 export const MAX_BODY_BYTES = 8 * 1024 * 1024;
@@ -124,24 +129,19 @@ export class ApiServer {
     }
     if (route === "GET /workers" && this.service.workers)
       return this.json(res, 200, { workers: this.service.workers() }, route);
+    if (route === "GET /version") return this.json(res, 200, { version: SERVER_VERSION }, route);
     const tenant = this.authenticate(req);
+    if (req.method === "GET" && url.pathname.startsWith("/v1/models/")) {
+      const id = decodeURIComponent(url.pathname.slice("/v1/models/".length));
+      return this.json(res, 200, modelCard(pickModel(this.service.models(), id)), "GET /v1/models/{id}");
+    }
     switch (route) {
       case "GET /v1/models":
-        return this.json(
-          res,
-          200,
-          {
-            object: "list",
-            data: this.service.models().map((m) => ({
-              id: m.id,
-              object: "model",
-              created: m.created,
-              owned_by: "continuum",
-              max_model_len: m.maxContext,
-            })),
-          },
-          route,
-        );
+        return this.json(res, 200, { object: "list", data: this.service.models().map(modelCard) }, route);
+      case "POST /tokenize":
+        return this.json(res, 200, tokenize(this.service.models(), await this.body(req)), route);
+      case "POST /detokenize":
+        return this.json(res, 200, detokenize(this.service.models(), await this.body(req)), route);
       case "POST /v1/completions":
         return this.complete(res, parseCompletionRequest(await this.body(req)), tenant, route);
       case "POST /v1/chat/completions":
@@ -211,8 +211,11 @@ export class ApiServer {
     const prompts =
       parsed.kind === "chat"
         ? [codec.encode(rendered!, { addSpecialTokens: parsed.chat.addSpecialTokens })]
-        : parsed.prompts.map((p) => (p.kind === "text" ? codec.encode(p.text) : p.ids));
-    const plans = prompts.map((ids, i) => {
+        : parsed.prompts.map((p) =>
+            p.kind === "text" ? codec.encode(p.text, { addSpecialTokens: parsed.addSpecialTokens }) : p.ids,
+          );
+    const plans = prompts.map((whole, i) => {
+      const ids = truncated(whole, parsed.truncate, model.maxContext, parsed.maxTokens);
       const bad = ids.find((t) => t >= codec.vocabSize);
       if (bad !== undefined)
         throw badRequest(
@@ -250,6 +253,7 @@ export class ApiServer {
             maxTokens: plan.maxTokens,
             sampling: { ...parsed.sampling, seed },
             stopTokenIds,
+            cacheSalt: parsed.cacheSalt,
             priority: -parsed.priority,
             logprobs,
             promptLogprobs,
@@ -290,7 +294,7 @@ export class ApiServer {
     route: string,
   ): Promise<void> {
     const t0 = performance.now();
-    const requestId = `${parsed.kind === "chat" ? "chatcmpl" : "cmpl"}-${randomUUID()}`;
+    const requestId = `${parsed.kind === "chat" ? "chatcmpl" : "cmpl"}-${parsed.requestId ?? randomUUID()}`;
     const { runs, shape } = this.admit(parsed, tenant, requestId);
     for (const r of runs) this.promptTokens.inc({}, r.promptTokens);
     this.log({
@@ -465,4 +469,20 @@ export class ApiServer {
     }
     this.json(res, apiErr.status, apiErr.body(), url);
   }
+}
+
+/**
+ * vLLM's truncate_prompt_tokens: keep the last (side "left") or first
+ * ("right") n tokens; -1 keeps what fits beside max_tokens in the context.
+ */
+function truncated(
+  ids: number[],
+  t: { readonly tokens: number | null; readonly side: "left" | "right" },
+  maxContext: number,
+  maxTokens: number | undefined,
+): number[] {
+  if (t.tokens === null) return ids;
+  const n = t.tokens === -1 ? maxContext - Math.max(1, maxTokens ?? 1) : t.tokens;
+  if (ids.length <= n) return ids;
+  return t.side === "left" ? ids.slice(ids.length - n) : ids.slice(0, n);
 }

@@ -46,6 +46,8 @@ export interface TextCodec {
   encode(text: string, opts?: { readonly addSpecialTokens?: boolean }): number[];
   /** skipSpecialTokens defaults to true. */
   decode(ids: readonly number[], opts?: { readonly skipSpecialTokens?: boolean }): string;
+  /** The vocabulary's string for an id (e.g. "Ġthe"), as convert_ids_to_tokens gives it. */
+  tokenString(id: number): string;
   /**
    * The conversation rendered by the chat template (no tokenization).
    * Throws an ApiError (400) when there is no template or it fails.
@@ -95,6 +97,8 @@ export interface GenerationRequest {
   readonly sampling: SamplingParams;
   /** Generation ends (reason "stop") after emitting any of these ids. */
   readonly stopTokenIds: readonly number[];
+  /** The request's cache_salt (vLLM): with the tenant it salts the prefix chain; null: the tenant's alone. */
+  readonly cacheSalt: string | null;
   /** Larger is served first (vLLM's priority negated); 0 by default. */
   readonly priority: number;
   /** Log-probabilities of each generated token with this many alternatives; null: none. */
@@ -169,4 +173,16 @@ export interface InferenceService {
   workers?(): readonly FleetWorkerView[];
   /** Runs a Datalog query against the catalog replica; absent when no catalog is attached. */
   catalogQuery?(query: string, args: readonly unknown[], rules: string | undefined): Promise<unknown>;
+}
+
+/**
+ * The prefix-chain salt of a request: the tenant's (none for the default
+ * tenant) and the request's cache_salt, so prefixes are shared only within
+ * one tenant and one salt. undefined: the unsalted chain.
+ */
+export function prefixSalt(tenant: string, cacheSalt: string | null): string | undefined {
+  const base = tenant === "default" ? "" : tenant;
+  if (cacheSalt === null) return base === "" ? undefined : base;
+  // Length-prefixed so ("a", "bc") and ("ab", "c") differ.
+  return `${base.length}:${base}|${cacheSalt}`;
 }

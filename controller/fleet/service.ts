@@ -4,15 +4,16 @@ import type { DecisionRecord } from "../../schema/control.ts";
 import type { ModelFingerprint, TokenCount, WorkerId } from "../../schema/ids.ts";
 import type { Logger } from "../../schema/log.ts";
 import { ApiError } from "../api/errors.ts";
-import type {
-  FleetWorkerView,
-  Generation,
-  GenerationEvent,
-  GenerationRequest,
-  InferenceService,
-  ModelInfo,
-  ServiceGauges,
-  TextCodec,
+import {
+  type FleetWorkerView,
+  type Generation,
+  type GenerationEvent,
+  type GenerationRequest,
+  type InferenceService,
+  type ModelInfo,
+  prefixSalt,
+  type ServiceGauges,
+  type TextCodec,
 } from "../api/service.ts";
 import {
   type AssignmentCommand,
@@ -190,7 +191,7 @@ export class FleetService implements InferenceService {
       this.counters.refusedNoWorker++;
       throw new ApiError(503, "no live worker is connected to the controller", "server_error");
     }
-    const salt = req.tenant === "default" ? "" : req.tenant;
+    const salt = prefixSalt(req.tenant, req.cacheSalt) ?? "";
     const chain: ChainBoundary[] = planChain(
       this.opts.model.fingerprint,
       req.prompt,

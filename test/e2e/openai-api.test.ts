@@ -377,6 +377,85 @@ describe("the embedded default through the official openai client", () => {
     expect(broken.body.error?.message).toContain("roles must alternate");
   });
 
+  it("serves vLLM's /tokenize, /detokenize, /version and GET /v1/models/{id}", async () => {
+    const tok = (await post("/tokenize", {
+      model: "tiny",
+      prompt: "Hello world",
+      return_token_strs: true,
+    })) as unknown as {
+      status: number;
+      body: { count: number; max_model_len: number; tokens: number[]; token_strs: string[] };
+    };
+    expect(tok.status).toBe(200);
+    // the post-processor's BOS (add_special_tokens defaults to true)
+    expect(tok.body.token_strs[0]).toBe("<|bos|>");
+    expect(tok.body.count).toBe(tok.body.tokens.length);
+    expect(tok.body.max_model_len).toBeGreaterThan(0);
+    const bare = (await post("/tokenize", {
+      prompt: "Hello world",
+      add_special_tokens: false,
+    })) as unknown as {
+      body: { tokens: number[] };
+    };
+    expect(bare.body.tokens).toEqual(tok.body.tokens.slice(1));
+    const chat = (await post("/tokenize", {
+      model: "tiny",
+      messages: [{ role: "user", content: "Hi" }],
+    })) as unknown as {
+      body: { tokens: number[] };
+    };
+    const back = (await post("/detokenize", { model: "tiny", tokens: chat.body.tokens })) as unknown as {
+      body: { prompt: string };
+    };
+    expect(back.body.prompt).toBe("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    expect((await post("/detokenize", { tokens: [999999] })).status).toBe(400);
+    expect((await post("/tokenize", { model: "nope", prompt: "x" })).status).toBe(404);
+    const version = (await (await fetch(`${server.url}/version`)).json()) as { version: string };
+    expect(version.version).toMatch(/^\d+\.\d+\.\d+/);
+    const card = await client.models.retrieve("tiny");
+    expect(card).toMatchObject({ id: "tiny", object: "model", owned_by: "continuum" });
+    expect((await fetch(`${server.url}/v1/models/other`)).status).toBe(404);
+  });
+
+  it("defaults as vLLM's: a BOS on completions, 16 tokens, and cache_salt, request_id, truncate_prompt_tokens", async () => {
+    const text = "A long enough prompt to fill a page or two of the cache. ".repeat(3);
+    const counted = (await post("/tokenize", { prompt: text })) as unknown as { body: { count: number } };
+    const r = await client.completions.create({
+      model: "tiny",
+      prompt: text,
+      temperature: 0,
+      ignore_eos: true,
+    } as OpenAI.CompletionCreateParamsNonStreaming);
+    expect(r.usage?.prompt_tokens).toBe(counted.body.count);
+    expect(r.usage?.completion_tokens).toBe(16);
+    const salted = (salt: string) =>
+      client.completions.create({
+        model: "tiny",
+        prompt: text,
+        max_tokens: 1,
+        cache_salt: salt,
+      } as OpenAI.CompletionCreateParamsNonStreaming);
+    const cached = (u: unknown) =>
+      (u as { prompt_tokens_details: { cached_tokens: number } }).prompt_tokens_details.cached_tokens;
+    expect(cached((await salted("s1")).usage)).toBe(0);
+    expect(cached((await salted("s1")).usage)).toBeGreaterThan(0);
+    expect(cached((await salted("s2")).usage)).toBe(0);
+    const named = await client.completions.create({
+      model: "tiny",
+      prompt: "x",
+      max_tokens: 1,
+      request_id: "my-req-1",
+    } as OpenAI.CompletionCreateParamsNonStreaming);
+    expect(named.id).toBe("cmpl-my-req-1");
+    const cut = await client.completions.create({
+      model: "tiny",
+      prompt: text,
+      max_tokens: 1,
+      truncate_prompt_tokens: 5,
+    } as OpenAI.CompletionCreateParamsNonStreaming);
+    expect(cut.usage?.prompt_tokens).toBe(5);
+  });
+
   it("serves health and Prometheus metrics", async () => {
     expect((await fetch(`${server.url}/health`)).status).toBe(200);
     const text = await (await fetch(`${server.url}/metrics`)).text();

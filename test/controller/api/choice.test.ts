@@ -13,6 +13,7 @@ const codec: TextCodec = {
       .map((i) => (i === EOS ? "<eos>" : String.fromCharCode(i)))
       .join(""),
   renderChat: () => "",
+  tokenString: (id) => String(id),
   eosTokenIds: [EOS],
   vocabSize: 256,
 };

@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { ApiError } from "../../../controller/api/errors.ts";
 import { checkContext, parseChatRequest, parseCompletionRequest } from "../../../controller/api/request.ts";
+import { prefixSalt } from "../../../controller/api/service.ts";
 
 function err(f: () => unknown): ApiError {
   try {
@@ -149,6 +150,48 @@ describe("OpenAI request parsing", () => {
       err(() => parseChatRequest({ model: "m", messages: [{ role: "user", content: "x" }], audio: {} }))
         .param,
     ).toBe("audio");
+  });
+
+  it("has vLLM's completion defaults and the prompt-handling fields", () => {
+    const r = parseCompletionRequest({ model: "m", prompt: "x" });
+    expect(r.maxTokens).toBe(16);
+    expect(r.addSpecialTokens).toBe(true);
+    expect(r.truncate).toEqual({ tokens: null, side: "left" });
+    expect(r.cacheSalt).toBeNull();
+    expect(r.requestId).toBeNull();
+    expect(
+      parseChatRequest({ model: "m", messages: [{ role: "user", content: "x" }] }).maxTokens,
+    ).toBeUndefined();
+    const full = parseCompletionRequest({
+      model: "m",
+      prompt: "x",
+      add_special_tokens: false,
+      truncate_prompt_tokens: 8,
+      truncation_side: "right",
+      cache_salt: "s",
+      request_id: "r-1",
+    });
+    expect(full).toMatchObject({
+      addSpecialTokens: false,
+      truncate: { tokens: 8, side: "right" },
+      cacheSalt: "s",
+      requestId: "r-1",
+    });
+    const bad = (extra: Record<string, unknown>) =>
+      err(() => parseCompletionRequest({ model: "m", prompt: "x", ...extra }));
+    expect(bad({ truncate_prompt_tokens: 0 }).param).toBe("truncate_prompt_tokens");
+    expect(bad({ truncation_side: "middle" }).param).toBe("truncation_side");
+    expect(bad({ cache_salt: "" }).param).toBe("cache_salt");
+    expect(bad({ request_id: "has space" }).param).toBe("request_id");
+    expect(bad({ min_tokens: 17 }).param).toBe("min_tokens");
+  });
+
+  it("salts prefixes by tenant and cache_salt, never colliding across the two", () => {
+    expect(prefixSalt("default", null)).toBeUndefined();
+    expect(prefixSalt("t1", null)).toBe("t1");
+    expect(prefixSalt("default", "s")).not.toBe(prefixSalt("t1", "s"));
+    expect(prefixSalt("a", "bc")).not.toBe(prefixSalt("ab", "c"));
+    expect(prefixSalt("t1", "s")).not.toBe(prefixSalt("t1", null));
   });
 
   it("ignores unknown fields", () => {

@@ -45,6 +45,7 @@ const codec: TextCodec = {
   encode: () => [],
   decode: (ids) => ids.map((i) => String.fromCharCode(97 + (i % 26))).join(""),
   renderChat: () => "",
+  tokenString: (id) => String(id),
   eosTokenIds: [],
   vocabSize: 1000,
 };
