@@ -14,6 +14,7 @@ import type { LogitsRules } from "../../worker/model/logits.ts";
 import type { LoadedModel } from "../../worker/model/model-dir.ts";
 import { SubmitError, type WorkerRuntime } from "../../worker/runtime/runtime.ts";
 import type { RuntimeEvent } from "../../worker/runtime/sequence.ts";
+import { ConstraintCompiler } from "../../worker/structured/constraint.ts";
 import { textCodec } from "./text-codec.ts";
 
 /**
@@ -23,6 +24,7 @@ import { textCodec } from "./text-codec.ts";
  */
 export class EmbeddedService implements InferenceService {
   private readonly info: ModelInfo;
+  private readonly constraints: ConstraintCompiler;
 
   constructor(
     private readonly runtime: WorkerRuntime,
@@ -34,11 +36,12 @@ export class EmbeddedService implements InferenceService {
     /** model.chatTemplate's text, replacing the model's own template. */
     chatTemplate?: string,
   ) {
+    this.constraints = new ConstraintCompiler(model.tokenizer.tokenBytes());
     this.info = {
       id: modelId,
       created: Math.floor(Date.now() / 1000),
       maxContext: model.config.spec.maxPosition,
-      codec: textCodec(model, chatTemplate),
+      codec: textCodec(model, chatTemplate, this.constraints),
     };
     if (catalog) this.catalogQuery = catalog;
   }
@@ -67,6 +70,7 @@ export class EmbeddedService implements InferenceService {
         priority: req.priority,
         ...(req.logprobs === null ? {} : { logprobs: req.logprobs }),
         ...(req.promptLogprobs === null ? {} : { promptLogprobs: req.promptLogprobs }),
+        ...(req.constraint === null ? {} : { constraint: this.constraints.machine(req.constraint) }),
       });
     } catch (err) {
       if (err instanceof SubmitError) throw new ApiError(err.status, err.message);

@@ -2,8 +2,11 @@ import { readFile } from "node:fs/promises";
 import { ApiError, badRequest } from "../../controller/api/errors.ts";
 import type { ChatMessage, ChatPromptRequest, TextCodec } from "../../controller/api/service.ts";
 import type { Config } from "../../schema/config.ts";
+import type { ConstraintSpec } from "../../schema/constraint.ts";
 import { ChatTemplate, TemplateError, type TemplateMessage } from "../../worker/model/chat-template.ts";
 import type { ModelIdentity } from "../../worker/model/model-dir.ts";
+import { ConstraintCompiler } from "../../worker/structured/constraint.ts";
+import { GrammarError } from "../../worker/structured/nfa.ts";
 
 /**
  * The front door's view of a loaded model: its tokenizer and its chat
@@ -12,7 +15,12 @@ import type { ModelIdentity } from "../../worker/model/model-dir.ts";
  * (model.chatTemplate), else the model's ("tool_use" when the request has
  * tools and the model names one, else "default"); none → 400, as vLLM.
  */
-export function textCodec(model: ModelIdentity, configuredTemplate?: string): TextCodec {
+export function textCodec(
+  model: ModelIdentity,
+  configuredTemplate?: string,
+  /** Compiles output constraints against this model's vocabulary (shared with the runtime's requests). */
+  constraints: ConstraintCompiler = new ConstraintCompiler(model.tokenizer.tokenBytes()),
+): TextCodec {
   const tok = model.tokenizer;
   const parsed = new Map<string, ChatTemplate>();
   const named = (name: string): ChatTemplate | null => {
@@ -63,10 +71,23 @@ export function textCodec(model: ModelIdentity, configuredTemplate?: string): Te
         throw err;
       }
     },
+    checkConstraint(spec) {
+      try {
+        const m = constraints.machine(spec);
+        return m.dfa.minDist(m.start);
+      } catch (err) {
+        if (err instanceof GrammarError)
+          throw new ApiError(400, err.message, "invalid_request_error", constraintParam(spec));
+        throw err;
+      }
+    },
     eosTokenIds: model.eosTokenIds,
     vocabSize: model.config.spec.vocab,
   };
 }
+
+const constraintParam = (spec: ConstraintSpec) =>
+  spec.kind === "json_schema" || spec.kind === "json_object" ? "response_format" : "structured_outputs";
 
 /**
  * A message as templates read it (vLLM's conversation): content null → "";

@@ -1,3 +1,4 @@
+import type { ConstraintSpec } from "../../schema/constraint.ts";
 import { ApiError, badRequest } from "./errors.ts";
 import { type ChatFields, parseChatFields } from "./request-chat.ts";
 import {
@@ -11,6 +12,7 @@ import {
   type Refusal,
   refuseUnsupported,
 } from "./request-fields.ts";
+import { parseConstraint } from "./request-format.ts";
 import { type LogprobsFields, parseLogprobs } from "./request-logprobs.ts";
 import { checkMinTokens, parseSampling, type SamplingFields } from "./request-sampling.ts";
 import type { ChatMessage } from "./service.ts";
@@ -52,6 +54,8 @@ interface CommonRequest extends SamplingFields {
   readonly cacheSalt: string | null;
   /** vLLM's request_id: the response id is built from it (a fresh UUID otherwise). */
   readonly requestId: string | null;
+  /** response_format / structured_outputs / guided_*: the grammar the output must follow; null: free. */
+  readonly constraint: ConstraintSpec | null;
 }
 
 export interface CompletionRequest extends CommonRequest {
@@ -79,20 +83,12 @@ const NOT_YET: Readonly<Record<string, Refusal>> = {
   tools: { endpoints: ["chat"], neutral: () => false, why: "tools are not implemented" },
   tool_choice: { endpoints: ["chat"], neutral: (v) => v === "none", why: "tools are not implemented" },
   parallel_tool_calls: { endpoints: ["chat"], neutral: (v) => v === true, why: "tools are not implemented" },
-  response_format: {
-    endpoints: ["completion", "chat"],
-    neutral: (v) => typeof v === "object" && v !== null && (v as Body).type === "text",
-    why: "structured output is not implemented",
-  },
-  structured_outputs: { endpoints: ["completion", "chat"], neutral: () => false, why: "not implemented" },
-  guided_json: { endpoints: ["completion", "chat"], neutral: () => false, why: "not implemented" },
-  guided_regex: { endpoints: ["completion", "chat"], neutral: () => false, why: "not implemented" },
-  guided_choice: { endpoints: ["completion", "chat"], neutral: () => false, why: "not implemented" },
 };
 
 function parseTruncation(b: Body): CommonRequest["truncate"] {
   const tokens = optNumber(b, "truncate_prompt_tokens", -1, 1 << 20, true) ?? null;
-  if (tokens === 0) throw badRequest("'truncate_prompt_tokens' must be -1 or at least 1", "truncate_prompt_tokens");
+  if (tokens === 0)
+    throw badRequest("'truncate_prompt_tokens' must be -1 or at least 1", "truncate_prompt_tokens");
   const side = b.truncation_side ?? "left";
   if (side !== "left" && side !== "right")
     throw badRequest("'truncation_side' must be 'left' or 'right'", "truncation_side");
@@ -153,6 +149,7 @@ function parseCommon(b: Body, endpoint: Endpoint, defaultMaxTokens?: number): Co
     truncate: parseTruncation(b),
     cacheSalt: parseCacheSalt(b),
     requestId: parseRequestId(b),
+    constraint: parseConstraint(b),
   };
 }
 

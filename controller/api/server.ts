@@ -231,6 +231,16 @@ export class ApiServer {
       return { ids, maxTokens: budget };
     });
     checkTokenIds(parsed.sampling, parsed.stop, codec.vocabSize);
+    const constraint = parsed.constraint;
+    if (constraint !== null) {
+      const least = codec.checkConstraint(constraint);
+      const short = plans.find((p) => p.maxTokens < least);
+      if (short)
+        throw badRequest(
+          `max_tokens (${short.maxTokens}) is below the ${least} tokens the requested format's shortest output may need`,
+          "max_tokens",
+        );
+    }
     const lp = parsed.lp;
     // best_of ranks choices by their tokens' log-probabilities.
     const logprobs = lp.logprobs ?? (parsed.bestOf > parsed.n ? 0 : null);
@@ -257,6 +267,7 @@ export class ApiServer {
             priority: -parsed.priority,
             logprobs,
             promptLogprobs,
+            constraint,
           };
           runs.push(
             new ChoiceRun(index, plan.ids, this.service.generate(greq), codec, {

@@ -1,3 +1,4 @@
+import type { ConstraintSpec } from "../../schema/constraint.ts";
 import type { WorkerStatus } from "../../schema/control.ts";
 import type { RequestId, TenantId } from "../../schema/ids.ts";
 
@@ -48,6 +49,11 @@ export interface TextCodec {
   decode(ids: readonly number[], opts?: { readonly skipSpecialTokens?: boolean }): string;
   /** The vocabulary's string for an id (e.g. "Ġthe"), as convert_ids_to_tokens gives it. */
   tokenString(id: number): string;
+  /**
+   * Compiles an output constraint (throws an ApiError 400 naming what it
+   * cannot enforce) and returns the fewest tokens its shortest output needs.
+   */
+  checkConstraint(spec: ConstraintSpec): number;
   /**
    * The conversation rendered by the chat template (no tokenization).
    * Throws an ApiError (400) when there is no template or it fails.
@@ -109,6 +115,8 @@ export interface GenerationRequest {
    * computed whole (no cached prefix holds its logits).
    */
   readonly promptLogprobs: number | null;
+  /** The grammar the output follows (structured output, required tool calls); null: free. */
+  readonly constraint: ConstraintSpec | null;
 }
 
 export type FinishReason = "length" | "stop" | "cancelled";

@@ -513,6 +513,7 @@ function refuseUnwired(req: GenerationRequest, eos: readonly number[]): void {
     ["priority", req.priority !== 0],
     ["logprobs", req.logprobs !== null],
     ["prompt_logprobs", req.promptLogprobs !== null],
+    ["response_format", req.constraint !== null],
   ];
   for (const [field, used] of unwired)
     if (used)

@@ -456,6 +456,79 @@ describe("the embedded default through the official openai client", () => {
     expect(cut.usage?.prompt_tokens).toBe(5);
   });
 
+  it("constrains output to a JSON schema, a JSON object, a regex or a choice (every form vLLM takes)", async () => {
+    const schema = {
+      type: "object",
+      properties: {
+        city: { type: "string", maxLength: 8 },
+        temp: { type: "integer", minimum: -50, maximum: 50 },
+      },
+      required: ["city", "temp"],
+      additionalProperties: false,
+    };
+    const r = await client.chat.completions.create({
+      model: "tiny",
+      messages: [{ role: "user", content: "Weather?" }],
+      response_format: { type: "json_schema", json_schema: { name: "weather", schema, strict: true } },
+      max_tokens: 60,
+      seed: 3,
+    });
+    const v = JSON.parse(r.choices[0]!.message.content!) as { city: string; temp: number };
+    expect(typeof v.city).toBe("string");
+    expect(Number.isInteger(v.temp) && v.temp >= -50 && v.temp <= 50).toBe(true);
+    const obj = await client.completions.create({
+      model: "tiny",
+      prompt: "JSON:",
+      response_format: { type: "json_object" },
+      max_tokens: 60,
+      seed: 4,
+    } as OpenAI.CompletionCreateParamsNonStreaming);
+    expect(JSON.parse(obj.choices[0]!.text)).toBeTypeOf("object");
+    const stream = await client.chat.completions.create({
+      model: "tiny",
+      messages: [{ role: "user", content: "Pick" }],
+      max_tokens: 20,
+      stream: true,
+      structured_outputs: { choice: ["alpha", "beta", "gamma"] },
+    } as unknown as OpenAI.ChatCompletionCreateParamsStreaming);
+    let picked = "";
+    for await (const chunk of stream) picked += chunk.choices[0]?.delta?.content ?? "";
+    expect(["alpha", "beta", "gamma"]).toContain(picked);
+    const re = await client.completions.create({
+      model: "tiny",
+      prompt: "Code:",
+      max_tokens: 20,
+      guided_regex: "[A-Z]{3}-\\d{2}",
+    } as OpenAI.CompletionCreateParamsNonStreaming);
+    expect(re.choices[0]!.text).toMatch(/^[A-Z]{3}-\d{2}$/);
+    const legacy = await client.completions.create({
+      model: "tiny",
+      prompt: "x",
+      max_tokens: 30,
+      guided_json: { type: "array", items: { type: "boolean" }, maxItems: 2 },
+    } as OpenAI.CompletionCreateParamsNonStreaming);
+    expect(Array.isArray(JSON.parse(legacy.choices[0]!.text))).toBe(true);
+    const base = { model: "tiny", prompt: "x", max_tokens: 30 };
+    const unsupported = await post("/v1/completions", {
+      ...base,
+      response_format: {
+        type: "json_schema",
+        json_schema: { name: "n", schema: { type: "string", format: "hostname" } },
+      },
+    });
+    expect(unsupported.status).toBe(400);
+    expect(unsupported.body.error?.message).toContain("hostname");
+    const two = await post("/v1/completions", { ...base, guided_regex: "a", guided_choice: ["b"] });
+    expect(two.status).toBe(400);
+    const tight = await post("/v1/completions", {
+      ...base,
+      max_tokens: 3,
+      response_format: { type: "json_schema", json_schema: { name: "n", schema } },
+    });
+    expect(tight.status).toBe(400);
+    expect(tight.body.error?.param).toBe("max_tokens");
+  });
+
   it("serves health and Prometheus metrics", async () => {
     expect((await fetch(`${server.url}/health`)).status).toBe(200);
     const text = await (await fetch(`${server.url}/metrics`)).text();

@@ -77,25 +77,37 @@ export class TokenHistory {
   }
 }
 
-/** Applies steps 1–4 to `row` in place; `generated` is the number of tokens the request produced so far. */
+/**
+ * Applies steps 1–4 in place to `row`, the logits of `ids` (ascending; null:
+ * the whole vocabulary, row[i] being id i); `generated` is the number of
+ * tokens the request produced so far.
+ */
 export function applyRules(
   row: Float32Array,
   rules: LogitsRules,
   history: TokenHistory,
   generated: number,
   stopTokens: readonly number[],
+  ids: Int32Array | null = null,
 ): void {
+  const at = ids === null ? (id: number) => (id < row.length ? id : -1) : (id: number) => indexOf(ids, id);
   const allowed = rules.allowedTokenIds;
   if (allowed !== null) {
-    for (let id = 0; id < row.length; id++) if (!allowed.has(id)) row[id] = Number.NEGATIVE_INFINITY;
+    for (let i = 0; i < row.length; i++)
+      if (!allowed.has(ids === null ? i : ids[i]!)) row[i] = Number.NEGATIVE_INFINITY;
   }
-  if (generated < rules.minTokens && stopTokens.length > 0) maskStops(row, stopTokens);
-  for (const [id, bias] of rules.logitBias) if (id < row.length) row[id] = row[id]! + bias;
+  if (generated < rules.minTokens && stopTokens.length > 0) maskStops(row, stopTokens, at);
+  for (const [id, bias] of rules.logitBias) {
+    const i = at(id);
+    if (i >= 0) row[i] = row[i]! + bias;
+  }
   const rep = rules.repetitionPenalty;
   if (rep !== 1) {
     const penalise = (id: number) => {
-      const x = row[id]!;
-      row[id] = x > 0 ? x / rep : x * rep;
+      const i = at(id);
+      if (i < 0) return;
+      const x = row[i]!;
+      row[i] = x > 0 ? x / rep : x * rep;
     };
     for (const id of history.promptIds) penalise(id);
     for (const id of history.outputCounts.keys()) if (!history.promptIds.has(id)) penalise(id);
@@ -103,19 +115,40 @@ export function applyRules(
   const f = rules.frequencyPenalty;
   const p = rules.presencePenalty;
   if (f !== 0 || p !== 0) {
-    for (const [id, count] of history.outputCounts) row[id] = row[id]! - f * count - p;
+    for (const [id, count] of history.outputCounts) {
+      const i = at(id);
+      if (i >= 0) row[i] = row[i]! - f * count - p;
+    }
   }
 }
 
-/** Stop ids → −∞, unless no other id would remain finite (then min_tokens yields: a token must exist). */
-function maskStops(row: Float32Array, stopTokens: readonly number[]): void {
-  const stops = new Set(stopTokens);
+/** Position of `id` in ascending `ids`, or −1. */
+function indexOf(ids: Int32Array, id: number): number {
+  let lo = 0;
+  let hi = ids.length - 1;
+  while (lo <= hi) {
+    const mid = (lo + hi) >>> 1;
+    const v = ids[mid]!;
+    if (v === id) return mid;
+    if (v < id) lo = mid + 1;
+    else hi = mid - 1;
+  }
+  return -1;
+}
+
+/** Stop ids → −∞, unless no other entry would remain finite (then min_tokens yields: a token must exist). */
+function maskStops(row: Float32Array, stopTokens: readonly number[], at: (id: number) => number): void {
+  const stops = new Set<number>();
+  for (const t of stopTokens) {
+    const i = at(t);
+    if (i >= 0) stops.add(i);
+  }
   let otherFinite = false;
-  for (let id = 0; id < row.length && !otherFinite; id++) {
-    if (!stops.has(id) && row[id]! > Number.NEGATIVE_INFINITY) otherFinite = true;
+  for (let i = 0; i < row.length && !otherFinite; i++) {
+    if (!stops.has(i) && row[i]! > Number.NEGATIVE_INFINITY) otherFinite = true;
   }
   if (!otherFinite) return;
-  for (const id of stops) if (id < row.length) row[id] = Number.NEGATIVE_INFINITY;
+  for (const i of stops) row[i] = Number.NEGATIVE_INFINITY;
 }
 
 /** One position's log-probabilities: the chosen id's, and the `top` most likely ids' (rank order, ties by lower id). */

@@ -1,3 +1,4 @@
+import type { TokenMachine } from "../structured/token-machine.ts";
 import {
   applyRules,
   type LogitsRules,
@@ -37,6 +38,8 @@ export interface SamplingParams {
   readonly rules: LogitsRules;
   /** Log-probabilities of each sampled token with this many alternatives; null: none. */
   readonly logprobs: number | null;
+  /** The output is constrained to this grammar (structured output); null: free. */
+  readonly constraint: TokenMachine | null;
   /** Generation stops after emitting any of these. */
   readonly stopTokens: readonly number[];
   /** Generation stops after this many tokens. */
@@ -51,6 +54,7 @@ export const GREEDY: SamplingParams = {
   seed: 0,
   rules: NO_RULES,
   logprobs: null,
+  constraint: null,
   stopTokens: [],
   maxTokens: 256,
 };
@@ -289,15 +293,25 @@ export interface SamplerState {
   readonly params: SamplingParams;
   readonly rng: RngState;
   readonly generated: number;
+  /** The constraint's DFA state (−1 when unconstrained). */
+  readonly grammar: number;
 }
 
 export function initialSamplerState(params: SamplingParams, requestLabel = ""): SamplerState {
-  return { params, rng: seedRng(params.seed, requestLabel), generated: 0 };
+  return {
+    params,
+    rng: seedRng(params.seed, requestLabel),
+    generated: 0,
+    grammar: params.constraint ? params.constraint.start : -1,
+  };
 }
 
 /**
  * One token for the request. `history` carries the counts the penalties read
- * (required when the rules penalise); the caller adds the returned token to it.
+ * (required when the rules penalise); the caller adds the returned token to
+ * it. With a constraint the draw is over the ids its grammar allows (the
+ * rules apply to those), and the output ends ("stop") once the grammar is
+ * complete.
  */
 export function nextToken(
   state: SamplerState,
@@ -307,21 +321,26 @@ export function nextToken(
   const p = state.params;
   if (state.generated >= p.maxTokens)
     throw new RangeError(`sampler already produced its ${p.maxTokens} tokens`);
+  const machine = p.constraint;
+  const ids = machine ? machine.choices(state.grammar, p.maxTokens - state.generated, p.stopTokens) : null;
+  if (ids !== null && ids.length === 0) throw new RangeError("the constraint allows no token here");
   let row: ArrayLike<number> = logits;
-  if (!rulesAreNeutral(p.rules)) {
-    if (!history) throw new RangeError("penalties need the request's token history");
-    // A copy: the raw row stays for the log-probabilities.
-    const work = Float32Array.from(logits);
-    applyRules(work, p.rules, history, state.generated, p.stopTokens);
+  if (ids !== null || !rulesAreNeutral(p.rules)) {
+    // A working copy (the raw row stays for the log-probabilities): the allowed ids' logits, or all.
+    const work = ids === null ? Float32Array.from(logits) : Float32Array.from(ids, (id) => logits[id]!);
+    if (!rulesAreNeutral(p.rules)) {
+      if (!history) throw new RangeError("penalties need the request's token history");
+      applyRules(work, p.rules, history, state.generated, p.stopTokens, ids);
+    }
     row = work;
   }
-  const { token, rng } = sampleToken(row, p, state.rng);
+  const drawn = sampleToken(row, p, state.rng);
+  const token = ids === null ? drawn.token : ids[drawn.token]!;
   const generated = state.generated + 1;
-  const finish: FinishReason | null = p.stopTokens.includes(token)
-    ? "stop"
-    : generated >= p.maxTokens
-      ? "length"
-      : null;
+  const stop = p.stopTokens.includes(token);
+  const grammar = machine && !stop ? machine.next(state.grammar, token) : state.grammar;
+  const finish: FinishReason | null =
+    stop || machine?.complete(grammar) ? "stop" : generated >= p.maxTokens ? "length" : null;
   const logprob = p.logprobs === null ? null : tokenLogprob(logits, token, p.logprobs, topIds);
-  return { token, state: { params: p, rng, generated }, finish, logprob };
+  return { token, state: { params: p, rng: drawn.rng, generated, grammar }, finish, logprob };
 }

@@ -1,6 +1,7 @@
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
+import { BYTE_TO_UNICODE } from "./bpe.ts";
 
 /**
  * A model's tokenizer: `tokenizer.json` (+ `tokenizer_config.json`) through
@@ -36,6 +37,8 @@ export class ModelTokenizer {
     /** bos_token, eos_token, … as strings, for templates. */
     readonly specialTokens: Readonly<Record<string, string>>,
     private readonly cleanUpSpaces: boolean,
+    /** How a vocabulary string maps to output bytes (the decoder's kind). */
+    private readonly byteMapping: ByteMapping,
   ) {
     this.specialIdSet = new Set(
       [...hf.get_added_tokens_decoder().entries()].filter(([, t]) => t.special).map(([id]) => id),
@@ -67,6 +70,7 @@ export class ModelTokenizer {
       templateFile !== undefined ? new Map([["default", templateFile]]) : chatTemplatesOf(tokenizerConfig),
       specials,
       tokenizerConfig.clean_up_tokenization_spaces === true,
+      byteMappingOf((tokenizerJson as { decoder?: unknown }).decoder),
     );
   }
 
@@ -129,6 +133,26 @@ export class ModelTokenizer {
   isSpecial(id: number): boolean {
     return this.specialIdSet.has(id);
   }
+
+  /**
+   * The bytes each id contributes to the output (what a byte-level grammar
+   * constrains), or null for special tokens and ids without a token. Byte-level
+   * BPE maps each character back through GPT-2's byte table; SentencePiece-style
+   * vocabularies turn "▁" into a space and "<0xNN>" into that byte; added
+   * (non-special) tokens are their text.
+   */
+  tokenBytes(): (Uint8Array | null)[] {
+    const added = this.hf.get_added_tokens_decoder();
+    const out: (Uint8Array | null)[] = [];
+    for (let id = 0; id < this.size; id++) {
+      const token = this.hf.id_to_token(id);
+      const a = added.get(id);
+      if (token === undefined || this.specialIdSet.has(id)) out.push(null);
+      else if (a !== undefined) out.push(new Uint8Array(Buffer.from(a.content, "utf8")));
+      else out.push(vocabBytes(token, this.byteMapping));
+    }
+    return out;
+  }
 }
 
 function tokenName(v: unknown): string | null {
@@ -136,6 +160,45 @@ function tokenName(v: unknown): string | null {
   if (v !== null && typeof v === "object" && typeof (v as { content?: unknown }).content === "string")
     return (v as { content: string }).content;
   return null;
+}
+
+type ByteMapping = "byte-level" | "metaspace" | "utf8";
+
+const UNICODE_TO_BYTE = new Map(BYTE_TO_UNICODE.map((c, b) => [c, b]));
+
+/** The decoder tells how vocabulary strings become text: ByteLevel, or Metaspace / Replace("▁") with ByteFallback. */
+function byteMappingOf(decoder: unknown): ByteMapping {
+  const kinds: string[] = [];
+  const visit = (d: unknown) => {
+    if (typeof d !== "object" || d === null) return;
+    const o = d as { type?: unknown; decoders?: unknown[]; pattern?: { String?: unknown } };
+    if (o.type === "Sequence" && Array.isArray(o.decoders)) for (const x of o.decoders) visit(x);
+    else if (o.type === "Replace" && o.pattern?.String === "▁") kinds.push("Metaspace");
+    else if (typeof o.type === "string") kinds.push(o.type);
+  };
+  visit(decoder);
+  if (kinds.includes("ByteLevel")) return "byte-level";
+  if (kinds.includes("Metaspace")) return "metaspace";
+  return "utf8";
+}
+
+function vocabBytes(token: string, mapping: ByteMapping): Uint8Array | null {
+  if (mapping === "byte-level") {
+    const out = new Uint8Array(token.length);
+    let n = 0;
+    for (const c of token) {
+      const b = UNICODE_TO_BYTE.get(c);
+      if (b === undefined) return new Uint8Array(Buffer.from(token, "utf8"));
+      out[n++] = b;
+    }
+    return out.subarray(0, n);
+  }
+  if (mapping === "metaspace") {
+    const m = /^<0x([0-9A-Fa-f]{2})>$/.exec(token);
+    if (m) return Uint8Array.of(parseInt(m[1]!, 16));
+    return new Uint8Array(Buffer.from(token.replaceAll("▁", " "), "utf8"));
+  }
+  return new Uint8Array(Buffer.from(token, "utf8"));
 }
 
 /** tokenizer_config.json's chat_template: one string, or [{name, template}, …] (transformers). */

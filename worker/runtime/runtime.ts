@@ -26,6 +26,7 @@ import {
 import type { PrefixRestorer, RouteCheckpointer } from "../restore/hooks.ts";
 import { type Admission, type Preemption, planIteration } from "../scheduler/plan-iteration.ts";
 import { type Budgets, phaseOf, type RequestRecord } from "../scheduler/request.ts";
+import type { TokenMachine } from "../structured/token-machine.ts";
 import { buildBatch, type Lane, stepShape } from "./batch.ts";
 import { PrefillPacer } from "./prefill-pacer.ts";
 import { type RuntimeEvent, Sequence } from "./sequence.ts";
@@ -84,6 +85,8 @@ export interface SubmitRequest {
    * (no resident or restored prefix has the logits), as vLLM's does.
    */
   readonly promptLogprobs?: number;
+  /** The grammar the output follows (structured output); absent: free. */
+  readonly constraint?: TokenMachine;
 }
 
 export interface RuntimeGeneration {
@@ -264,12 +267,18 @@ export class WorkerRuntime {
         seed: req.seed ?? randomInt(2 ** 47),
         rules: req.rules ?? NO_RULES,
         logprobs: req.logprobs ?? null,
+        constraint: req.constraint ?? null,
         stopTokens: req.stopTokenIds,
         maxTokens: req.maxTokens,
       });
     } catch (err) {
       throw new SubmitError(400, (err as Error).message);
     }
+    if (req.constraint && req.constraint.dfa.minDist(req.constraint.start) > req.maxTokens)
+      throw new SubmitError(
+        400,
+        `max_tokens (${req.maxTokens}) is below the ${req.constraint.dfa.minDist(req.constraint.start)} tokens the constraint's shortest output may need`,
+      );
     const promptLogprobs = req.promptLogprobs ?? null;
     if (promptLogprobs !== null && (!Number.isSafeInteger(promptLogprobs) || promptLogprobs < 0))
       throw new SubmitError(400, `prompt_logprobs must be a non-negative integer, got ${promptLogprobs}`);

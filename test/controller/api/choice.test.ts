@@ -14,6 +14,7 @@ const codec: TextCodec = {
       .join(""),
   renderChat: () => "",
   tokenString: (id) => String(id),
+  checkConstraint: () => 0,
   eosTokenIds: [EOS],
   vocabSize: 256,
 };

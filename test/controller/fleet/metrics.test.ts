@@ -46,6 +46,7 @@ const codec: TextCodec = {
   decode: (ids) => ids.map((i) => String.fromCharCode(97 + (i % 26))).join(""),
   renderChat: () => "",
   tokenString: (id) => String(id),
+  checkConstraint: () => 0,
   eosTokenIds: [],
   vocabSize: 1000,
 };
