@@ -20,6 +20,8 @@ export interface Config {
     preset: "tiny" | "small" | "bench";
     /** A Jinja chat template file replacing the model's own (vLLM's --chat-template); empty: the model's. */
     chatTemplate: string;
+    /** How tool calls are read out of the text (vLLM's --tool-call-parser); auto: from the template's markup. */
+    toolCallParser: "auto" | "none" | "hermes" | "llama3_json" | "mistral";
   };
   pages: {
     /** Tokens per KV page (16–32). */
@@ -146,7 +148,7 @@ export interface Config {
 }
 
 export const defaultConfig: Config = {
-  model: { dir: "", preset: "tiny", chatTemplate: "" },
+  model: { dir: "", preset: "tiny", chatTemplate: "", toolCallParser: "auto" },
   pages: { pageTokens: 16, physicalPages: 4096, chunkTokens: 256 },
   scheduler: {
     maxBatchTokens: 512,
@@ -229,6 +231,7 @@ const rules: Record<string, Rule> = {
   "model.dir": optStr,
   "model.preset": { kind: "enum", values: ["tiny", "small", "bench"] },
   "model.chatTemplate": optStr,
+  "model.toolCallParser": { kind: "enum", values: ["auto", "none", "hermes", "llama3_json", "mistral"] },
   "pages.pageTokens": int(16, 32),
   "pages.physicalPages": int(1, 1 << 24),
   "pages.chunkTokens": int(128, 512),

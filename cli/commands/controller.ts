@@ -113,7 +113,7 @@ const command: Command = {
                   id: modelId,
                   fingerprint: model.fingerprint,
                   maxContext: model.config.spec.maxPosition,
-                  codec: textCodec(model, chatTemplate),
+                  codec: textCodec(model, chatTemplate, undefined, config.model.toolCallParser),
                 },
                 chunkTokens: config.pages.chunkTokens,
                 limits: {

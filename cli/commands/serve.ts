@@ -84,7 +84,7 @@ const command: Command = {
             }
           },
           () => restorer.stats().tokens,
-          chatTemplate,
+          { chatTemplate, toolCallParser: config.model.toolCallParser },
         );
         const server = new ApiServer(service, {
           host: config.controller.host,

@@ -10,6 +10,7 @@ import {
   type SamplingParams,
   type ServiceGauges,
 } from "../../controller/api/service.ts";
+import type { Config } from "../../schema/config.ts";
 import type { LogitsRules } from "../../worker/model/logits.ts";
 import type { LoadedModel } from "../../worker/model/model-dir.ts";
 import { SubmitError, type WorkerRuntime } from "../../worker/runtime/runtime.ts";
@@ -33,15 +34,18 @@ export class EmbeddedService implements InferenceService {
     catalog?: InferenceService["catalogQuery"],
     /** Prompt tokens restored from each durable tier so far (the restorer's count); absent: no durable cache. */
     private readonly restoredTokens?: () => Readonly<Record<RestoreTierName, number>>,
-    /** model.chatTemplate's text, replacing the model's own template. */
-    chatTemplate?: string,
+    /** model.chatTemplate's text (replacing the model's own template) and model.toolCallParser. */
+    text: {
+      readonly chatTemplate?: string;
+      readonly toolCallParser?: Config["model"]["toolCallParser"];
+    } = {},
   ) {
     this.constraints = new ConstraintCompiler(model.tokenizer.tokenBytes());
     this.info = {
       id: modelId,
       created: Math.floor(Date.now() / 1000),
       maxContext: model.config.spec.maxPosition,
-      codec: textCodec(model, chatTemplate, this.constraints),
+      codec: textCodec(model, text.chatTemplate, this.constraints, text.toolCallParser),
     };
     if (catalog) this.catalogQuery = catalog;
   }

@@ -1,6 +1,7 @@
 import { readFile } from "node:fs/promises";
 import { ApiError, badRequest } from "../../controller/api/errors.ts";
 import type { ChatMessage, ChatPromptRequest, TextCodec } from "../../controller/api/service.ts";
+import { parserForTemplate } from "../../controller/api/tool-parsers.ts";
 import type { Config } from "../../schema/config.ts";
 import type { ConstraintSpec } from "../../schema/constraint.ts";
 import { ChatTemplate, TemplateError, type TemplateMessage } from "../../worker/model/chat-template.ts";
@@ -20,6 +21,8 @@ export function textCodec(
   configuredTemplate?: string,
   /** Compiles output constraints against this model's vocabulary (shared with the runtime's requests). */
   constraints: ConstraintCompiler = new ConstraintCompiler(model.tokenizer.tokenBytes()),
+  /** model.toolCallParser: "auto" reads the template's tool-call markup. */
+  toolCallParser: Config["model"]["toolCallParser"] = "auto",
 ): TextCodec {
   const tok = model.tokenizer;
   const parsed = new Map<string, ChatTemplate>();
@@ -83,6 +86,14 @@ export function textCodec(
     },
     eosTokenIds: model.eosTokenIds,
     vocabSize: model.config.spec.vocab,
+    toolParser:
+      toolCallParser === "none"
+        ? null
+        : toolCallParser === "auto"
+          ? parserForTemplate(
+              configuredTemplate ?? tok.chatTemplates.get("tool_use") ?? tok.chatTemplates.get("default"),
+            )
+          : toolCallParser,
   };
 }
 

@@ -151,17 +151,9 @@ export const REFUSED_FIELDS: Readonly<Record<string, Refusal>> = {
 };
 
 /** Refuses any field of REFUSED_FIELDS (for this endpoint) whose value is not neutral. */
-export function refuseUnsupported(
-  b: Body,
-  endpoint: Endpoint,
-  extra: Readonly<Record<string, Refusal>> = {},
-): void {
-  for (const table of [REFUSED_FIELDS, extra]) {
-    for (const [key, r] of Object.entries(table)) {
-      if (!given(b, key) || !r.endpoints.includes(endpoint) || r.neutral(b[key])) continue;
-      throw badRequest(`'${key}' is not supported: ${r.why}`, key);
-    }
+export function refuseUnsupported(b: Body, endpoint: Endpoint): void {
+  for (const [key, r] of Object.entries(REFUSED_FIELDS)) {
+    if (!given(b, key) || !r.endpoints.includes(endpoint) || r.neutral(b[key])) continue;
+    throw badRequest(`'${key}' is not supported: ${r.why}`, key);
   }
 }
-
-export type { Refusal };

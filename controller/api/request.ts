@@ -9,13 +9,13 @@ import {
   optNumber,
   optObject,
   optString,
-  type Refusal,
   refuseUnsupported,
 } from "./request-fields.ts";
 import { parseConstraint } from "./request-format.ts";
 import { type LogprobsFields, parseLogprobs } from "./request-logprobs.ts";
 import { checkMinTokens, parseSampling, type SamplingFields } from "./request-sampling.ts";
 import type { ChatMessage } from "./service.ts";
+import { parseToolFields, type ToolFields } from "./tools.ts";
 
 /**
  * Parsing and validation of OpenAI-style request bodies, one parser per
@@ -68,6 +68,8 @@ export interface CompletionRequest extends CommonRequest {
 export interface ChatRequest extends CommonRequest {
   readonly kind: "chat";
   readonly chat: ChatFields;
+  /** tools / tool_choice / parallel_tool_calls; null: no tools. */
+  readonly tools: ToolFields | null;
   /** chat.prompt.messages */
   readonly messages: readonly ChatMessage[];
 }
@@ -77,13 +79,6 @@ function isTokenArray(v: unknown): v is number[] {
     Array.isArray(v) && v.length > 0 && v.every((t) => typeof t === "number" && Number.isInteger(t) && t >= 0)
   );
 }
-
-/** Fields this commit does not implement yet: refused, never ignored. */
-const NOT_YET: Readonly<Record<string, Refusal>> = {
-  tools: { endpoints: ["chat"], neutral: () => false, why: "tools are not implemented" },
-  tool_choice: { endpoints: ["chat"], neutral: (v) => v === "none", why: "tools are not implemented" },
-  parallel_tool_calls: { endpoints: ["chat"], neutral: (v) => v === true, why: "tools are not implemented" },
-};
 
 function parseTruncation(b: Body): CommonRequest["truncate"] {
   const tokens = optNumber(b, "truncate_prompt_tokens", -1, 1 << 20, true) ?? null;
@@ -114,7 +109,7 @@ function parseRequestId(b: Body): string | null {
 function parseCommon(b: Body, endpoint: Endpoint, defaultMaxTokens?: number): CommonRequest {
   if (typeof b.model !== "string" || b.model === "")
     throw badRequest("'model' is required and must be a string", "model");
-  refuseUnsupported(b, endpoint, NOT_YET);
+  refuseUnsupported(b, endpoint);
   const stream = optBool(b, "stream") ?? false;
   const lp = parseLogprobs(b, endpoint, stream);
   // max_tokens 0 scores an echoed prompt without generating (completions, vLLM).
@@ -190,8 +185,18 @@ export function parseCompletionRequest(body: unknown): CompletionRequest {
 export function parseChatRequest(body: unknown): ChatRequest {
   const b = asObject(body);
   const common = parseCommon(b, "chat");
-  const chat = parseChatFields(b, null);
-  return { kind: "chat", ...common, chat, messages: chat.prompt.messages };
+  const tools = parseToolFields(b);
+  const chat = parseChatFields(b, tools?.raw ?? null);
+  if (
+    tools &&
+    (tools.choice === "required" || typeof tools.choice === "object") &&
+    common.constraint !== null
+  )
+    throw badRequest(
+      "you can only either use constraints for structured outputs or a required or named tool, not both",
+      "tool_choice",
+    );
+  return { kind: "chat", ...common, chat, tools, messages: chat.prompt.messages };
 }
 
 /** Prompt plus generation must fit the model's context. */

@@ -8,6 +8,8 @@ import {
 } from "./logprobs-format.ts";
 import type { ChatRequest, CompletionRequest } from "./request.ts";
 import type { TextCodec } from "./service.ts";
+import type { ToolParserName } from "./tool-parsers.ts";
+import { ToolStream, toolCallsJson, toolMessage } from "./tools.ts";
 
 /**
  * The JSON of a completion or chat response, whole or as stream chunks, in
@@ -18,6 +20,9 @@ export class ResponseShape {
   private readonly text: TokenText;
   /** Characters of token text already streamed per run (the legacy text_offset). */
   private readonly offsets = new Map<ChoiceRun, number>();
+  private readonly toolStreams = new Map<ChoiceRun, ToolStream>();
+  /** Streamed runs whose finish_reason becomes tool_calls. */
+  private readonly toolFinish = new Set<ChoiceRun>();
 
   constructor(
     private readonly parsed: CompletionRequest | ChatRequest,
@@ -26,6 +31,7 @@ export class ResponseShape {
     private readonly echoText: (run: ChoiceRun) => string,
     /** return_prompt_text: the rendered chat prompt; null: not returned. */
     private readonly promptText: string | null = null,
+    private readonly toolParser: ToolParserName | null = null,
   ) {
     this.text = tokenText(codec, parsed.lp.tokensAsIds);
   }
@@ -41,9 +47,20 @@ export class ResponseShape {
       ...(lp.returnTokenIds ? { token_ids: run.tokens } : {}),
     };
     if (this.parsed.kind === "chat") {
+      const tools = this.parsed.tools;
+      const m = tools === null ? null : toolMessage(tools, this.toolParser, run.text, run.finish === "stop");
+      const message =
+        m === null || m.calls.length === 0
+          ? { role: "assistant", content: echo + run.text }
+          : {
+              role: "assistant",
+              content: m.content === null && echo === "" ? null : echo + (m.content ?? ""),
+              tool_calls: toolCallsJson(m.calls, false),
+            };
       return {
         ...base,
-        message: { role: "assistant", content: echo + run.text },
+        finish_reason: m?.toolCallsFinish ? "tool_calls" : run.finish,
+        message,
         logprobs:
           lp.logprobs === null ? null : { content: chatLogprobs(run.logprobs, lp.logprobs, this.text) },
       };
@@ -110,12 +127,12 @@ export class ResponseShape {
     if (this.parsed.kind === "chat") {
       return {
         index: d.index,
-        delta: d.text ? { content: d.text } : {},
+        delta: this.chatDelta(run, d),
         logprobs:
           lp.logprobs === null || d.logprobs.length === 0
             ? null
             : { content: chatLogprobs(d.logprobs, lp.logprobs, this.text) },
-        finish_reason: d.finish,
+        finish_reason: d.finish !== null && this.toolFinish.has(run) ? "tool_calls" : d.finish,
         stop_reason: d.stopReason,
         ...ids,
       };
@@ -134,6 +151,26 @@ export class ResponseShape {
       stop_reason: d.stopReason,
       ...ids,
     };
+  }
+
+  /** A chat delta's message part: plain content, or what the tool handling releases of it. */
+  private chatDelta(run: ChoiceRun, d: ChoiceDelta): Record<string, unknown> {
+    const tools = this.parsed.kind === "chat" ? this.parsed.tools : null;
+    if (tools === null) return d.text ? { content: d.text } : {};
+    let stream = this.toolStreams.get(run);
+    if (!stream) {
+      stream = new ToolStream(tools, this.toolParser);
+      this.toolStreams.set(run, stream);
+    }
+    const out: Record<string, unknown> = { ...stream.push(d.text) };
+    if (d.finish !== null) {
+      const end = stream.end(d.finish === "stop");
+      if (end.content) out.content = `${(out.content as string | undefined) ?? ""}${end.content}`;
+      if (end.tool_calls)
+        out.tool_calls = [...((out.tool_calls as unknown[] | undefined) ?? []), ...end.tool_calls];
+      if (end.toolCallsFinish) this.toolFinish.add(run);
+    }
+    return out;
   }
 
   /** Legacy logprobs of a completion: the prompt's entries first when echoed, then `ids`. */

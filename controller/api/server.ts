@@ -18,6 +18,7 @@ import { checkTokenIds } from "./request-sampling.ts";
 import { ResponseShape, shownChoices, usageJson } from "./responses.ts";
 import type { GenerationRequest, InferenceService, ModelInfo } from "./service.ts";
 import { detokenize, modelCard, pickModel, tokenize } from "./tokenize.ts";
+import { toolConstraint } from "./tools.ts";
 
 /** What GET /version answers: the package's version. */
 export const SERVER_VERSION: string = pkg.version;
@@ -231,9 +232,22 @@ export class ApiServer {
       return { ids, maxTokens: budget };
     });
     checkTokenIds(parsed.sampling, parsed.stop, codec.vocabSize);
-    const constraint = parsed.constraint;
+    const tools = parsed.kind === "chat" ? parsed.tools : null;
+    if (tools?.choice === "auto" && codec.toolParser === null)
+      throw badRequest(
+        "tool_choice 'auto' needs a tool-call parser for this model: set model.toolCallParser",
+        "tool_choice",
+      );
+    const constraint = parsed.constraint ?? (tools ? toolConstraint(tools) : null);
     if (constraint !== null) {
-      const least = codec.checkConstraint(constraint);
+      let least: number;
+      try {
+        least = codec.checkConstraint(constraint);
+      } catch (err) {
+        // A tool's parameters the grammar cannot enforce: name the tools, not response_format.
+        if (err instanceof ApiError && parsed.constraint === null) throw badRequest(err.message, "tools");
+        throw err;
+      }
       const short = plans.find((p) => p.maxTokens < least);
       if (short)
         throw badRequest(
@@ -273,7 +287,9 @@ export class ApiServer {
             new ChoiceRun(index, plan.ids, this.service.generate(greq), codec, {
               stop: parsed.stop,
               eosTokenIds: codec.eosTokenIds,
-              skipSpecialTokens: parsed.skipSpecialTokens,
+              // Mistral's [TOOL_CALLS] is a special token the parser must see (vLLM does the same).
+              skipSpecialTokens:
+                parsed.skipSpecialTokens && !(tools?.choice === "auto" && codec.toolParser === "mistral"),
               minTokens: parsed.sampling.minTokens,
               discardGenerated: parsed.maxTokens === 0,
             }),
@@ -295,7 +311,7 @@ export class ApiServer {
         : codec.decode(p.ids, { skipSpecialTokens: parsed.skipSpecialTokens });
     };
     const promptText = parsed.kind === "chat" && parsed.chat.returnPromptText ? rendered : null;
-    return { runs, shape: new ResponseShape(parsed, codec, echoText, promptText) };
+    return { runs, shape: new ResponseShape(parsed, codec, echoText, promptText, codec.toolParser) };
   }
 
   private async complete(

@@ -1,6 +1,7 @@
 import type { ConstraintSpec } from "../../schema/constraint.ts";
 import type { WorkerStatus } from "../../schema/control.ts";
 import type { RequestId, TenantId } from "../../schema/ids.ts";
+import type { ToolParserName } from "./tool-parsers.ts";
 
 /**
  * What the HTTP front door needs from the rest of the system. The embedded
@@ -61,6 +62,8 @@ export interface TextCodec {
   renderChat(req: ChatPromptRequest): string;
   readonly eosTokenIds: readonly number[];
   readonly vocabSize: number;
+  /** How tool calls are read out of this model's text (tool_choice "auto"); null: no parser. */
+  readonly toolParser: ToolParserName | null;
 }
 
 export interface ModelInfo {

@@ -529,6 +529,128 @@ describe("the embedded default through the official openai client", () => {
     expect(tight.body.error?.param).toBe("max_tokens");
   });
 
+  it("tools: the template sees them; required and named choices always yield parseable calls, streamed too", async () => {
+    const tools: OpenAI.ChatCompletionTool[] = [
+      {
+        type: "function",
+        function: {
+          name: "get_weather",
+          description: "Weather for a city",
+          parameters: {
+            type: "object",
+            properties: {
+              city: { type: "string", maxLength: 8 },
+              days: { type: "integer", minimum: 1, maximum: 7 },
+            },
+            required: ["city"],
+            additionalProperties: false,
+          },
+        },
+      },
+      {
+        type: "function",
+        function: {
+          name: "get_time",
+          parameters: { type: "object", properties: {}, additionalProperties: false },
+        },
+      },
+    ];
+    const messages: OpenAI.ChatCompletionMessageParam[] = [{ role: "user", content: "Weather in Oslo?" }];
+    const shown = (await post("/v1/chat/completions", {
+      model: "tiny",
+      messages,
+      tools,
+      max_tokens: 1,
+      return_prompt_text: true,
+    })) as unknown as {
+      body: { prompt_text: string };
+    };
+    expect(shown.body.prompt_text).toContain(
+      '<tools>\n{"type": "function", "function": {"name": "get_weather"',
+    );
+    const required = await client.chat.completions.create({
+      model: "tiny",
+      messages,
+      tools,
+      tool_choice: "required",
+      max_tokens: 80,
+      seed: 2,
+    });
+    const rc = required.choices[0]!;
+    expect(rc.message.tool_calls!.length).toBeGreaterThan(0);
+    for (const call of rc.message.tool_calls!) {
+      const fn = (call as OpenAI.ChatCompletionMessageFunctionToolCall).function;
+      expect(["get_weather", "get_time"]).toContain(fn.name);
+      expect(JSON.parse(fn.arguments)).toBeTypeOf("object");
+    }
+    expect(["tool_calls", "length"]).toContain(rc.finish_reason);
+    const named = await client.chat.completions.create({
+      model: "tiny",
+      messages,
+      tools,
+      tool_choice: { type: "function", function: { name: "get_weather" } },
+      max_tokens: 60,
+      seed: 5,
+    });
+    const call = named.choices[0]!.message.tool_calls![0] as OpenAI.ChatCompletionMessageFunctionToolCall;
+    expect(call.function.name).toBe("get_weather");
+    expect(typeof (JSON.parse(call.function.arguments) as { city: string }).city).toBe("string");
+    // streamed: the deltas accumulate into the same kind of call
+    const stream = await client.chat.completions.create({
+      model: "tiny",
+      messages,
+      tools,
+      tool_choice: { type: "function", function: { name: "get_weather" } },
+      max_tokens: 60,
+      seed: 5,
+      stream: true,
+    });
+    let args = "";
+    let name = "";
+    for await (const chunk of stream) {
+      for (const d of chunk.choices[0]?.delta?.tool_calls ?? []) {
+        name += d.function?.name ?? "";
+        args += d.function?.arguments ?? "";
+      }
+    }
+    expect(name).toBe("get_weather");
+    expect(args).toBe(call.function.arguments);
+    // auto: the model's text, parsed for Hermes calls (here the output is steered into one)
+    const auto = await client.chat.completions.create({
+      model: "tiny",
+      messages,
+      tools,
+      max_tokens: 100,
+      structured_outputs: {
+        regex: 'Sure\\.<tool_call>\\n\\{"name": "get_time", "arguments": \\{\\}\\}\\n</tool_call>',
+      },
+    } as unknown as OpenAI.ChatCompletionCreateParamsNonStreaming);
+    expect(auto.choices[0]!.finish_reason).toBe("tool_calls");
+    expect(auto.choices[0]!.message.content).toBe("Sure.");
+    expect(
+      (auto.choices[0]!.message.tool_calls![0] as OpenAI.ChatCompletionMessageFunctionToolCall).function,
+    ).toEqual({
+      name: "get_time",
+      arguments: "{}",
+    });
+    const plain = await client.chat.completions.create({
+      model: "tiny",
+      messages,
+      tools,
+      max_tokens: 5,
+      temperature: 0,
+    });
+    expect(plain.choices[0]!.message.tool_calls).toBeUndefined();
+    const both = await post("/v1/chat/completions", {
+      model: "tiny",
+      messages,
+      tools,
+      tool_choice: "required",
+      response_format: { type: "json_object" },
+    });
+    expect(both.status).toBe(400);
+  });
+
   it("serves health and Prometheus metrics", async () => {
     expect((await fetch(`${server.url}/health`)).status).toBe(200);
     const text = await (await fetch(`${server.url}/metrics`)).text();

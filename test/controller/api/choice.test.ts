@@ -15,6 +15,7 @@ const codec: TextCodec = {
   renderChat: () => "",
   tokenString: (id) => String(id),
   checkConstraint: () => 0,
+  toolParser: null,
   eosTokenIds: [EOS],
   vocabSize: 256,
 };

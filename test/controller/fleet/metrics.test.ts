@@ -47,6 +47,7 @@ const codec: TextCodec = {
   renderChat: () => "",
   tokenString: (id) => String(id),
   checkConstraint: () => 0,
+  toolParser: null,
   eosTokenIds: [],
   vocabSize: 1000,
 };
