@@ -106,6 +106,11 @@ export interface Config {
      * shared secret then admits only workers not listed.
      */
     workerTokens: Record<string, string>;
+    /**
+     * The operator's web view at /ui on the HTTP port (the page is static; its
+     * live data and Datalog box sit behind auth.tokens like the API); false: no /ui.
+     */
+    ui: boolean;
   };
   worker: {
     index: number;
@@ -194,6 +199,7 @@ export const defaultConfig: Config = {
     residentFreshMs: 1_500,
     routing: "ttft",
     workerTokens: {},
+    ui: true,
   },
   worker: {
     index: 0,
@@ -271,6 +277,7 @@ const rules: Record<string, Rule> = {
   "controller.residentFreshMs": int(1),
   "controller.routing": { kind: "enum", values: ["ttft", "round_robin"] },
   "controller.workerTokens": { kind: "record" },
+  "controller.ui": { kind: "bool" },
   "worker.index": int(0, 4096),
   "worker.id": str,
   "worker.controllerUrl": str,
