@@ -117,6 +117,11 @@ export interface Config {
     id: string;
     controllerUrl: string;
     peerPortBase: number;
+    /**
+     * The address this worker's peer server listens on and publishes in the
+     * catalog for other workers to fetch chunks from (a pod's IP on Kubernetes).
+     */
+    peerHost: string;
     /** Heartbeat interval; keep it well under controller.heartbeatTtlMs and residentFreshMs. */
     heartbeatIntervalMs: number;
     /** CPU backend compute threads; 0 = all cores. */
@@ -206,6 +211,7 @@ export const defaultConfig: Config = {
     id: "worker-0",
     controllerUrl: "ws://127.0.0.1:8081",
     peerPortBase: 8090,
+    peerHost: "127.0.0.1",
     heartbeatIntervalMs: 500,
     threads: 0,
     backend: "auto",
@@ -282,6 +288,7 @@ const rules: Record<string, Rule> = {
   "worker.id": str,
   "worker.controllerUrl": str,
   "worker.peerPortBase": int(0, 65535),
+  "worker.peerHost": str,
   "worker.heartbeatIntervalMs": int(10, 600_000),
   "worker.threads": int(0, 1024),
   "worker.backend": { kind: "enum", values: ["auto", "cpu", "cuda"] },
