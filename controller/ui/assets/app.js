@@ -64,7 +64,7 @@ function renderWorkers(snap) {
     cell(tr, s?.publishedChunks);
     cell(tr, s?.catalogOffset);
     cell(tr, s?.catalogLag);
-    cell(tr, w.heartbeatAgeMs);
+    cell(tr, w.heartbeatAgeMs === null ? null : Math.round(w.heartbeatAgeMs));
     return tr;
   });
   if (rows.length === 0) {
