@@ -78,6 +78,14 @@ export class Gauge extends ReadMetric {
   }
 }
 
+/** A histogram's state at one moment: Prometheus's cumulative `le` buckets. */
+export interface HistogramSnapshot {
+  /** Upper bounds, increasing, the last +Inf. */
+  readonly bounds: readonly number[];
+  /** Observations ≤ each bound (non-decreasing; the last is the count). */
+  readonly cumulative: readonly number[];
+}
+
 export class Histogram extends Metric {
   private readonly counts: number[];
   private sum = 0;
@@ -101,6 +109,10 @@ export class Histogram extends Metric {
   get observations(): number {
     return this.count;
   }
+  /** Cumulative counts per bucket upper bound (the last bound is +Inf), for readers other than the scrape. */
+  snapshot(): HistogramSnapshot {
+    return { bounds: [...this.buckets, Number.POSITIVE_INFINITY], cumulative: [...this.counts, this.count] };
+  }
   render(): string[] {
     const out = [`# HELP ${this.name} ${this.help}`, `# TYPE ${this.name} histogram`];
     for (let i = 0; i < this.buckets.length; i++) {
@@ -120,6 +132,12 @@ export class Registry {
   add<M extends Metric>(m: M): M {
     if (this.metrics.some((x) => x.name === m.name)) throw new Error(`metric ${m.name} registered twice`);
     this.metrics.push(m);
+    return m;
+  }
+  /** The registered histogram of that name; throws when there is none (a renamed metric fails at start). */
+  histogram(name: string): Histogram {
+    const m = this.metrics.find((x) => x.name === name);
+    if (!(m instanceof Histogram)) throw new Error(`no histogram ${name} is registered`);
     return m;
   }
   render(): string {

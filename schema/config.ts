@@ -106,12 +106,22 @@ export interface Config {
      * shared secret then admits only workers not listed.
      */
     workerTokens: Record<string, string>;
+    /**
+     * The operator's web view at /ui on the HTTP port (the page is static; its
+     * live data and Datalog box sit behind auth.tokens like the API); false: no /ui.
+     */
+    ui: boolean;
   };
   worker: {
     index: number;
     id: string;
     controllerUrl: string;
     peerPortBase: number;
+    /**
+     * The address this worker's peer server listens on and publishes in the
+     * catalog for other workers to fetch chunks from (a pod's IP on Kubernetes).
+     */
+    peerHost: string;
     /** Heartbeat interval; keep it well under controller.heartbeatTtlMs and residentFreshMs. */
     heartbeatIntervalMs: number;
     /** CPU backend compute threads; 0 = all cores. */
@@ -194,12 +204,14 @@ export const defaultConfig: Config = {
     residentFreshMs: 1_500,
     routing: "ttft",
     workerTokens: {},
+    ui: true,
   },
   worker: {
     index: 0,
     id: "worker-0",
     controllerUrl: "ws://127.0.0.1:8081",
     peerPortBase: 8090,
+    peerHost: "127.0.0.1",
     heartbeatIntervalMs: 500,
     threads: 0,
     backend: "auto",
@@ -271,10 +283,12 @@ const rules: Record<string, Rule> = {
   "controller.residentFreshMs": int(1),
   "controller.routing": { kind: "enum", values: ["ttft", "round_robin"] },
   "controller.workerTokens": { kind: "record" },
+  "controller.ui": { kind: "bool" },
   "worker.index": int(0, 4096),
   "worker.id": str,
   "worker.controllerUrl": str,
   "worker.peerPortBase": int(0, 65535),
+  "worker.peerHost": str,
   "worker.heartbeatIntervalMs": int(10, 600_000),
   "worker.threads": int(0, 1024),
   "worker.backend": { kind: "enum", values: ["auto", "cpu", "cuda"] },

@@ -8,6 +8,7 @@ import { WorkerHub } from "../../controller/fleet/hub.ts";
 import { registerFleetMetrics } from "../../controller/fleet/metrics.ts";
 import { FleetService } from "../../controller/fleet/service.ts";
 import { defaultRouterPolicy, roundRobinRouterPolicy } from "../../controller/router.ts";
+import { RecentDecisions } from "../../controller/ui/recent-decisions.ts";
 import { createLogger } from "../../schema/log.ts";
 import type { Command } from "../command.ts";
 import { ensureModelIdentity } from "../embedded/model.ts";
@@ -15,6 +16,7 @@ import { textCodec } from "../embedded/service.ts";
 import { fleetSnapshots, openCatalogLog, requireKafka } from "../fleet.ts";
 import { parseRoleArgs } from "../options.ts";
 import { resource, runScoped } from "../run-scoped.ts";
+import { webViewResource } from "../web-view.ts";
 
 const usage = [
   "Usage: continuum controller [--config FILE]",
@@ -97,6 +99,7 @@ const command: Command = {
           () => new DecisionRecorder(catalogLog, { clientId: "controller", log }),
           (r) => r.close(),
         );
+        const recent = config.controller.ui ? new RecentDecisions() : undefined;
         const service = yield* resource(
           () =>
             new FleetService(
@@ -128,6 +131,7 @@ const command: Command = {
                 maxActive: 4096,
                 tickMs: 50,
                 log,
+                ...(recent ? { recent } : {}),
               },
             ),
           (s) => s.close(),
@@ -143,6 +147,12 @@ const command: Command = {
           service,
           heartbeatTtlMs: c.heartbeatTtlMs,
           catalogOffset: () => replica.offset(),
+        });
+        yield* webViewResource(config, server, {
+          mode: "fleet",
+          workers: () => service.workers(),
+          catalog: () => ({ offset: replica.offset(), lag: Math.max(0, logEnd - replica.offset()) }),
+          decisions: recent ?? null,
         });
         const port = yield* resource(
           () => server.start(),

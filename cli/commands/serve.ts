@@ -10,9 +10,11 @@ import { WorkerRuntime } from "../../worker/runtime/runtime.ts";
 import { type Command, UsageError } from "../command.ts";
 import { durableReuseAllowed, ensureModel } from "../embedded/model.ts";
 import { EmbeddedService } from "../embedded/service.ts";
+import { kvBytesPerToken, workerStatus } from "../fleet.ts";
 import { parseRoleArgs } from "../options.ts";
 import { resource, runScoped } from "../run-scoped.ts";
 import { runtimeOptions } from "../runtime-options.ts";
+import { embeddedWorkerView, webViewResource } from "../web-view.ts";
 
 const usage = [
   "Usage: continuum serve [--config FILE] [--port N] [--host H]",
@@ -90,6 +92,30 @@ const command: Command = {
           log: ({ event, ...fields }) => log.log("info", String(event), fields),
         });
         registerRestoreMetrics(server.metrics, () => restorer.stats());
+        // The embedded log's writer is in this process, so the replica's lag is only what is in flight.
+        yield* webViewResource(config, server, {
+          mode: "embedded",
+          workers: () => {
+            const stats = runtime.stats();
+            const offset = durable.cache.replica.offset();
+            return [
+              embeddedWorkerView(
+                stats,
+                workerStatus({
+                  runtime: stats,
+                  restore: restorer.stats(),
+                  checkpoint: durable.cache.checkpointer.stats(),
+                  catalogOffset: offset,
+                  logEnd: offset,
+                  chunkTokens: config.pages.chunkTokens,
+                  kvBytesPerToken: kvBytesPerToken(model),
+                }),
+              ),
+            ];
+          },
+          catalog: () => ({ offset: durable.cache.replica.offset(), lag: 0 }),
+          decisions: null,
+        });
         const port = yield* resource(
           () => server.start(),
           () => server.close(),

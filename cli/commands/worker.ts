@@ -31,6 +31,8 @@ const usage = [
   "  worker.index          picks the worker id (worker-<index>, unless worker.id is set)",
   "                        and the peer port (worker.peerPortBase + index)",
   "  worker.controllerUrl  ws://HOST:PORT of the controller's worker socket (controller.workerPort)",
+  "  worker.peerHost       the address the peer port listens on and other workers reach it at",
+  "                        (default 127.0.0.1); GET /ready there answers 200 once connected",
   "  auth.clusterSecret    the controller's shared secret (sent as a bearer token)",
   "  worker.token          this worker's own token (default: controller.workerTokens[id]),",
   "                        sent instead of the shared secret",
@@ -165,6 +167,7 @@ const command: Command = {
           `continuum: worker ${workerId} serving '${modelId}', connecting to ${config.worker.controllerUrl} (Ctrl-C to stop)\n`,
         );
         yield* Effect.tryPromise(() => agent.connected);
+        durable.peer.markReady();
         log.log("info", "worker.connected", { controller: config.worker.controllerUrl });
         yield* Effect.never;
       }),

@@ -26,6 +26,12 @@ export interface ApiServerOptions {
   readonly log?: (event: Record<string, unknown>) => void;
 }
 
+/** A handler of every path under `prefix`; what it throws is answered like the API's own errors. */
+export interface ApiMount {
+  readonly prefix: string;
+  handle(req: IncomingMessage, res: ServerResponse, url: URL, authenticate: () => TenantId): Promise<void>;
+}
+
 /** One choice being generated: its prompt index, its generation and its text pipeline. */
 interface ChoiceRun {
   readonly index: number;
@@ -51,6 +57,7 @@ type ChoiceChunk = { index: number; text: string; finish: FinishReason | null };
  */
 export class ApiServer {
   private server: Server | undefined;
+  private readonly mounts: ApiMount[] = [];
   readonly metrics = new Registry();
   private readonly requests = this.metrics.add(
     new Counter("continuum_http_requests_total", "HTTP requests by route and status."),
@@ -83,7 +90,7 @@ export class ApiServer {
     const g = () => service.gauges();
     this.metrics.add(new Gauge("continuum_pages_free", "Free KV pages.", () => [[{}, g().pagesFree]]));
     this.metrics.add(
-      new Gauge("continuum_pages_total", "KV pages in the pool.", () => [[{}, g().pagesTotal]]),
+      new Gauge("continuum_pages_capacity", "KV pages in the pool.", () => [[{}, g().pagesTotal]]),
     );
     this.metrics.add(
       new Gauge("continuum_queue_depth", "Requests waiting or running.", () => [[{}, g().queueDepth]]),
@@ -100,6 +107,11 @@ export class ApiServer {
         () => Object.entries(g().cacheTokensBySource).map(([source, v]) => [{ source }, v] as const),
       ),
     );
+  }
+
+  /** Serves every path under `m.prefix` with `m` (the web view's /ui), before the API's own routes. */
+  mount(m: ApiMount): void {
+    this.mounts.push(m);
   }
 
   async start(): Promise<number> {
@@ -129,6 +141,10 @@ export class ApiServer {
   private async handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const url = new URL(req.url ?? "/", "http://x");
     const route = `${req.method} ${url.pathname}`;
+    const mount = this.mounts.find(
+      (m) => url.pathname === m.prefix || url.pathname.startsWith(`${m.prefix}/`),
+    );
+    if (mount) return mount.handle(req, res, url, () => this.authenticate(req));
     if (route === "GET /health") return this.json(res, 200, { status: "ok" }, route);
     if (route === "GET /metrics") {
       res.writeHead(200, { "content-type": "text/plain; version=0.0.4" });

@@ -28,6 +28,7 @@ import { type ChainBoundary, noCatalogAnswer, planChain, type RouteRequest } fro
 import { catalogAnswer } from "../catalog-answer.ts";
 import { liveWorkers } from "../heartbeat-view.ts";
 import { type RouterPolicy, route } from "../router.ts";
+import type { RecentDecisions } from "../ui/recent-decisions.ts";
 import { type DecisionRecorder, decisionOps } from "./decisions.ts";
 import type { AssignmentMessage, WorkerHub } from "./hub.ts";
 
@@ -75,6 +76,8 @@ export interface FleetOptions {
   readonly maxActive: number;
   readonly tickMs: number;
   readonly log: Logger;
+  /** The web view's ring of recent decisions (absent: no web view). */
+  readonly recent?: Pick<RecentDecisions, "routed" | "measured">;
 }
 
 interface Flight {
@@ -316,6 +319,7 @@ export class FleetService implements InferenceService {
         case "deliver":
           if (f.firstTokenAtMs === null) {
             f.firstTokenAtMs = this.hub.nowMs();
+            this.opts.recent?.measured(f.req.requestId, cmd.attempt, f.firstTokenAtMs - f.offeredAtMs);
             this.opts.log.log("info", "assignment.first_token", {
               requestId: f.req.requestId,
               attempt: cmd.attempt,
@@ -346,6 +350,7 @@ export class FleetService implements InferenceService {
       turn: attempt === 1 ? this.turn++ : this.turn - 1,
     });
     f.decision = decision;
+    this.opts.recent?.routed(decision, Date.now());
     this.opts.log.log("info", "assignment.routed", {
       requestId: f.req.requestId,
       attempt,

@@ -77,7 +77,7 @@ export class DurableCache {
       });
       undo.unshift(() => replica.stop());
       const peer = await PeerServer.start({
-        host: "127.0.0.1",
+        host: config.worker.peerHost,
         port: o.peerPort ?? config.worker.peerPortBase + config.worker.index,
         secret: config.auth.clusterSecret,
         chunks: { get: (id) => tiers.getLocal(id) },
