@@ -83,6 +83,7 @@ std::string validate_spec(const ModelSpec& m) {
   if (m.head_dim % 2 != 0) return "spec: headDim must be even (rotary pairs)";
   if (!(m.rms_eps > 0.0f)) return "spec: rmsEps must be > 0";
   if (!(m.embed_scale > 0.0f) || !std::isfinite(m.embed_scale)) return "spec: embedScale must be a positive number";
+  if (!(m.rope_scale > 0.0f) || !std::isfinite(m.rope_scale)) return "spec: ropeScale must be a positive number";
   if (!(m.attn_scale >= 0.0f) || !std::isfinite(m.attn_scale)) return "spec: attnScale must be >= 0 (0: 1/sqrt(headDim))";
   if (!(m.attn_softcap >= 0.0f) || !std::isfinite(m.attn_softcap)) return "spec: attnSoftcap must be >= 0 (0: none)";
   if (!(m.final_softcap >= 0.0f) || !std::isfinite(m.final_softcap)) return "spec: finalSoftcap must be >= 0 (0: none)";

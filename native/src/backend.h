@@ -30,7 +30,7 @@ enum class Activation : int32_t { Silu = 0, GeluTanh = 1 };
 //   h = norm(x, input_layernorm)
 //   q, k, v = h W_q^T (+b), h W_k^T (+b), h W_v^T (+b)
 //   q, k = norm_h(q, q_norm), norm_h(k, k_norm)     qk_norm: per head of head_dim
-//   q, k = rope(q, k, pos, inv_freq[l])
+//   q, k = rope(q, k, pos, inv_freq[l]) * rope_scale
 //   a = attention(q, k, v; window[l], attn_scale, attn_softcap)
 //   o = a W_o^T;   o = norm(o, post_attention_layernorm)   (sandwich_norms)
 //   x = x + o
@@ -51,6 +51,7 @@ struct ModelSpec {
   bool sandwich_norms = false;  // norms on the attention and MLP outputs (Gemma)
   Activation activation = Activation::Silu;
   float embed_scale = 1.0f;     // Gemma: sqrt(hidden) as the embedding's dtype holds it
+  float rope_scale = 1.0f;      // LongRoPE's attention_factor: cos and sin scaled, so q and k after RoPE
   float attn_scale = 0.0f;      // softmax scale; 0: 1 / sqrt(head_dim)
   float attn_softcap = 0.0f;    // 0: none
   float final_softcap = 0.0f;   // 0: none

@@ -218,6 +218,7 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
       else throw Napi::TypeError::New(env, "spec.activation must be \"silu\" or \"gelu_tanh\"");
     }
     m.embed_scale = get_float(env, s, "embedScale", 1.0f);
+    m.rope_scale = get_float(env, s, "ropeScale", 1.0f);
     m.attn_scale = get_float(env, s, "attnScale", 0.0f);
     m.attn_softcap = get_float(env, s, "attnSoftcap", 0.0f);
     m.final_softcap = get_float(env, s, "finalSoftcap", 0.0f);

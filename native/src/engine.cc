@@ -193,6 +193,11 @@ void Engine::forward(const StepBatch& b, Mode mode, float* logits) {
     }
     rope(q.data(), T, m.n_heads, m.head_dim, b.positions.data(), inv_freq, &pool_);
     rope(k.data(), T, m.n_kv, m.head_dim, b.positions.data(), inv_freq, &pool_);
+    if (m.rope_scale != 1.0f) {
+      // LongRoPE: Hugging Face scales cos and sin, so both rotated q and k (and the K pages hold k scaled).
+      for (int64_t i = 0; i < static_cast<int64_t>(T) * qn; ++i) q[static_cast<size_t>(i)] *= m.rope_scale;
+      for (int64_t i = 0; i < static_cast<int64_t>(T) * kn; ++i) k[static_cast<size_t>(i)] *= m.rope_scale;
+    }
     routed_append(k.data(), slots, T, kn, kc, &pool_);
     routed_append(v.data(), slots, T, vn, vc, &pool_);
     if (mode == Mode::Paged) {

@@ -26,7 +26,7 @@ describe("the model identity without weights", () => {
   for (const [name, opts] of [
     ["f32", {}],
     ["f16, tied embeddings", { dtype: "F16" as const, tiedEmbeddings: true }],
-    ["bf16, qwen2 biases", { dtype: "BF16" as const, qwen2: true }],
+    ["bf16, qwen2 biases", { dtype: "BF16" as const, arch: "qwen2" as const }],
   ] as const) {
     it(`has the full load's fingerprint and manifest (${name})`, async () => {
       const dir = (

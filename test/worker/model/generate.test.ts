@@ -64,7 +64,7 @@ describe("generated models", () => {
     expect(tied.weights.tensors.has("lm_head.weight")).toBe(false);
     expect(tied.weights.lmHead).toBe(tied.weights.embed);
     const qwen = await loadModelDir(
-      (await generateModel({ preset: "tiny", out: join(root, "qwen"), qwen2: true })).dir,
+      (await generateModel({ preset: "tiny", out: join(root, "qwen"), arch: "qwen2" as const })).dir,
       { variant: VARIANT },
     );
     expect(qwen.config.architecture).toBe("Qwen2ForCausalLM");
