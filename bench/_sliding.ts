@@ -39,10 +39,7 @@ async function slidingModel(log: (l: string) => void): Promise<LoadedModel> {
   }
 }
 
-export async function slidingDecode(
-  quick: boolean,
-  log: (l: string) => void,
-): Promise<SlidingFigures> {
+export async function slidingDecode(quick: boolean, log: (l: string) => void): Promise<SlidingFigures> {
   const model = await slidingModel(log);
   const spec = model.config.spec;
   const layer = spec.layers[0]!;
@@ -60,8 +57,10 @@ export async function slidingDecode(
   const prompt = Array.from({ length: context }, () => rng.nextU32() % spec.vocab);
   const engines: Engine[] = [];
   try {
-    const runs: Record<string, { decoder: PagedDecoder; seq: ReturnType<PagedDecoder["open"]>; stepMs: number[] }> =
-      {};
+    const runs: Record<
+      string,
+      { decoder: PagedDecoder; seq: ReturnType<PagedDecoder["open"]>; stepMs: number[] }
+    > = {};
     const figures: Record<string, number> = {};
     for (const [name, s] of Object.entries(layouts)) {
       const engine = await openEngine(s, model.weights);
@@ -71,7 +70,9 @@ export async function slidingDecode(
       const seq = decoder.open();
       const t0 = performance.now();
       await decoder.step([{ seq, tokens: prompt }]);
-      figures[`${name}_ctx${windows}w_prefill_tok_per_s`] = round(context / ((performance.now() - t0) / 1000));
+      figures[`${name}_ctx${windows}w_prefill_tok_per_s`] = round(
+        context / ((performance.now() - t0) / 1000),
+      );
       runs[name] = { decoder, seq, stepMs: [] };
     }
     for (let r = 0; r < rounds; r++) {
@@ -89,7 +90,9 @@ export async function slidingDecode(
     for (const [name, run] of Object.entries(runs)) {
       const ms = percentile(run.stepMs, 50);
       figures[`${name}_ctx${windows}w_decode_tok_per_s`] = round(1000 / ms);
-      log(`${name} layers at context ${context} (${windows} windows): decode ${round(1000 / ms)} tok/s (median step ${round(ms)} ms)`);
+      log(
+        `${name} layers at context ${context} (${windows} windows): decode ${round(1000 / ms)} tok/s (median step ${round(ms)} ms)`,
+      );
     }
     const f = (k: string) => figures[k]!;
     return {

@@ -45,7 +45,12 @@ afterAll(async () => {
 async function expected(model: LoadedModel, prompt: number[]): Promise<{ text: string; n: number }> {
   const engine = await openEngine(model.config.spec, model.weights, { threads: 1 });
   try {
-    const d = new PagedDecoder(engine, new PageAllocator(Math.ceil((prompt.length + MAX_TOKENS) / 16)), 16, 1);
+    const d = new PagedDecoder(
+      engine,
+      new PageAllocator(Math.ceil((prompt.length + MAX_TOKENS) / 16)),
+      16,
+      1,
+    );
     const params = samplingParams({ maxTokens: MAX_TOKENS, stopTokens: model.eosTokenIds });
     const [g] = await generate(d, [prompt], [initialSamplerState(params)]);
     const ids = g!.tokens.filter((t) => !model.eosTokenIds.includes(t));
@@ -56,26 +61,34 @@ async function expected(model: LoadedModel, prompt: number[]): Promise<{ text: s
 }
 
 describe("the embedded default serves every family", () => {
-  it.each(FAMILIES)("%s: greedy completions equal the paged decoder's, and a shared prefix is reused", async (arch) => {
-    const model = models.get(arch)!;
-    const server = await startServe({ CONTINUUM_MODEL_DIR: model.dir });
-    try {
-      const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: "unused", maxRetries: 0 });
-      const id = (await client.models.list()).data[0]!.id;
-      // 6 windows of prompt, then a second prompt sharing its first 128 tokens.
-      const a = tokens(6 * 24, 1);
-      const b = [...a.slice(0, 128), ...tokens(20, 2)];
-      for (const [i, prompt] of [a, b].entries()) {
-        const r = await client.completions.create({ model: id, prompt, max_tokens: MAX_TOKENS, temperature: 0 });
-        const want = await expected(model, prompt);
-        expect(r.choices[0]!.text).toBe(want.text);
-        expect(r.usage!.completion_tokens).toBe(want.n);
-        if (i === 1) expect(r.usage!.prompt_tokens_details?.cached_tokens).toBeGreaterThan(0);
+  it.each(FAMILIES)(
+    "%s: greedy completions equal the paged decoder's, and a shared prefix is reused",
+    async (arch) => {
+      const model = models.get(arch)!;
+      const server = await startServe({ CONTINUUM_MODEL_DIR: model.dir });
+      try {
+        const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: "unused", maxRetries: 0 });
+        const id = (await client.models.list()).data[0]!.id;
+        // 6 windows of prompt, then a second prompt sharing its first 128 tokens.
+        const a = tokens(6 * 24, 1);
+        const b = [...a.slice(0, 128), ...tokens(20, 2)];
+        for (const [i, prompt] of [a, b].entries()) {
+          const r = await client.completions.create({
+            model: id,
+            prompt,
+            max_tokens: MAX_TOKENS,
+            temperature: 0,
+          });
+          const want = await expected(model, prompt);
+          expect(r.choices[0]!.text).toBe(want.text);
+          expect(r.usage!.completion_tokens).toBe(want.n);
+          if (i === 1) expect(r.usage!.prompt_tokens_details?.cached_tokens).toBeGreaterThan(0);
+        }
+      } finally {
+        await server.stop();
       }
-    } finally {
-      await server.stop();
-    }
-  });
+    },
+  );
 });
 
 describe("a fleet serves a Gemma 3 model", () => {
@@ -131,7 +144,11 @@ describe("a fleet serves a Gemma 3 model", () => {
     await writer.waitFor("writer.active", {}, 60_000);
     // The controller names the model by the fingerprint of its sliding/global layout.
     expect(ready.fingerprint).toBe(model.fingerprint);
-    const client = new OpenAI({ baseURL: `http://127.0.0.1:${httpPort}/v1`, apiKey: "unused", maxRetries: 0 });
+    const client = new OpenAI({
+      baseURL: `http://127.0.0.1:${httpPort}/v1`,
+      apiKey: "unused",
+      maxRetries: 0,
+    });
     const id = (await client.models.list()).data[0]!.id;
     const prompt = tokens(5 * 24, 7);
     const r = await client.completions.create({ model: id, prompt, max_tokens: MAX_TOKENS, temperature: 0 });

@@ -314,9 +314,9 @@ describe("engine input validation: a clear error and nothing written", () => {
     await expect(createEngine({ ...SPEC, layerWindows: Int32Array.from([4]) }, m.weights)).rejects.toThrow(
       /layerWindows must be an Int32Array of nLayers \(2\)/,
     );
-    await expect(createEngine({ ...SPEC, layerWindows: Int32Array.from([4, -1]) }, m.weights)).rejects.toThrow(
-      /layerWindows must be >= 0/,
-    );
+    await expect(
+      createEngine({ ...SPEC, layerWindows: Int32Array.from([4, -1]) }, m.weights),
+    ).rejects.toThrow(/layerWindows must be >= 0/);
     await expect(createEngine({ ...SPEC, attnSoftcap: -1 }, m.weights)).rejects.toThrow(/attnSoftcap/);
     await expect(createEngine({ ...SPEC, layerInvFreq: new Float32Array(9) }, m.weights)).rejects.toThrow(
       /layerInvFreq/,

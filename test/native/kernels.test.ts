@@ -503,7 +503,8 @@ describe.each(isas)("attention on the %s path", (isa) => {
     x.set([0, -0, 1e-30, -1e-30, 1e30, -1e30, Number.POSITIVE_INFINITY]);
     const capped = Float32Array.from(x);
     kernels.softcap(capped, 30);
-    for (let i = 0; i < x.length; i++) expect(Math.abs(capped[i]! - 30 * Math.tanh(x[i]! / 30))).toBeLessThan(5e-6);
+    for (let i = 0; i < x.length; i++)
+      expect(Math.abs(capped[i]! - 30 * Math.tanh(x[i]! / 30))).toBeLessThan(5e-6);
     expect([capped[4], capped[5], capped[6]]).toEqual([30, -30, 30]);
     const nan = Float32Array.from([Number.NaN]);
     kernels.softcap(nan, 30);
