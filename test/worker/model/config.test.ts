@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
-import { ModelConfigError, parseModelConfig } from "../../../worker/model/config.ts";
+import { parseModelConfig } from "../../../worker/model/config.ts";
 import { ropeInvFreq } from "../../../worker/model/rope.ts";
+import { configErrorOf } from "./model-helpers.ts";
 
 // Shapes as published in the models' config.json files.
 const llama32_1b = {
@@ -69,16 +70,6 @@ const mistral7b_v01 = {
   bos_token_id: 1,
   eos_token_id: 2,
 };
-
-function errorOf(cfg: unknown): ModelConfigError {
-  try {
-    parseModelConfig(cfg);
-  } catch (err) {
-    if (err instanceof ModelConfigError) return err;
-    throw err;
-  }
-  throw new Error("expected a ModelConfigError");
-}
 
 describe("parseModelConfig", () => {
   it("reads a Llama 3.2 config with GQA, explicit head_dim, tied embeddings and llama3 rope scaling", () => {
@@ -233,14 +224,14 @@ describe("parseModelConfig", () => {
     [{ ...llama32_1b, eos_token_id: [128001, 999999] }, "eos_token_id", /outside vocab_size/],
     [{ ...llama32_1b, tie_word_embeddings: "yes" }, "tie_word_embeddings", /true or false/],
   ])("rejects a bad config naming the key (%#)", (cfg, key, message) => {
-    const err = errorOf(cfg);
+    const err = configErrorOf(cfg);
     expect(err.key).toBe(key);
     expect(err.message).toContain(key);
     expect(err.message).toMatch(message);
   });
 
   it("rejects a non-object", () => {
-    expect(errorOf([1, 2]).key).toBe("(root)");
+    expect(configErrorOf([1, 2]).key).toBe("(root)");
   });
 });
 

@@ -3,13 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type Engine, ropeInvFreq as nativeInvFreq } from "../../../native/index.ts";
-import {
-  DecodeError,
-  type Decoder,
-  generate,
-  prefill,
-  type SequenceId,
-} from "../../../worker/model/decoder.ts";
+import { DecodeError, type Decoder, generate, type SequenceId } from "../../../worker/model/decoder.ts";
 import { ContiguousDecoder } from "../../../worker/model/decoder-contiguous.ts";
 import { PageAllocator, PagedDecoder } from "../../../worker/model/decoder-paged.ts";
 import { nativeSpec, openEngine } from "../../../worker/model/engine.ts";
@@ -18,7 +12,7 @@ import { type LoadedModel, loadModelDir } from "../../../worker/model/model-dir.
 import { referenceForward } from "../../../worker/model/reference.ts";
 import { specInvFreq } from "../../../worker/model/rope.ts";
 import { argmax, initialSamplerState, samplingParams } from "../../../worker/model/sampling.ts";
-import { allRows, maxDiff, promptOf, sameBits, shuffled } from "./decode-helpers.ts";
+import { afterChunkedPrefill, allRows, maxDiff, promptOf, sameBits, shuffled } from "./model-helpers.ts";
 
 /**
  * Exactness of the decoders on the generated tiny model (2 layers, GQA 4/2,
@@ -146,14 +140,7 @@ describe("batch invariance", () => {
     ];
     const tokens = prompt(45, 77);
     for (const d of decoders) {
-      const results: Float32Array[] = [];
-      for (const chunk of [45, 16, 7, 1]) {
-        const seq = d.open();
-        await prefill(d, seq, tokens, chunk);
-        // One decode step after the prefill: the cached K/V must be identical too.
-        results.push((await d.step([{ seq, tokens: [3] }]))[0]!.slice());
-        d.close(seq);
-      }
+      const results = await afterChunkedPrefill(d, tokens, [45, 16, 7, 1]);
       for (const r of results.slice(1)) expect(sameBits(r, results[0]!)).toBe(true);
     }
   });

@@ -13,7 +13,7 @@ import { GLOBAL_LAYER } from "../../../worker/model/layout.ts";
 import { type LoadedModel, loadModelDir } from "../../../worker/model/model-dir.ts";
 import { referenceForward } from "../../../worker/model/reference.ts";
 import { argmax, initialSamplerState, samplingParams } from "../../../worker/model/sampling.ts";
-import { allRows, maxDiff, promptOf, sameBits, shuffled } from "./decode-helpers.ts";
+import { afterChunkedPrefill, allRows, maxDiff, promptOf, sameBits, shuffled } from "./model-helpers.ts";
 
 /**
  * Every family's generated tiny model (generate-arch.ts: sliding windows of
@@ -129,13 +129,7 @@ describe.each(FAMILIES)("%s", (arch) => {
       );
       expect(out[2]!.tokens).toEqual(alone!.tokens);
       for (let k = 0; k < 4; k++) expect(sameBits(out[2]!.logits[k]!, alone!.logits[k]!)).toBe(true);
-      const results: Float32Array[] = [];
-      for (const chunk of [mine.length, 16, 7, 1]) {
-        const seq = d.open();
-        await prefill(d, seq, mine, chunk);
-        results.push((await d.step([{ seq, tokens: [3] }]))[0]!.slice());
-        d.close(seq);
-      }
+      const results = await afterChunkedPrefill(d, mine, [mine.length, 16, 7, 1]);
       for (const r of results.slice(1)) expect(sameBits(r, results[0]!)).toBe(true);
     }
   });

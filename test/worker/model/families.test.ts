@@ -1,7 +1,8 @@
 import { describe, expect, it } from "vitest";
-import { ModelConfigError, parseModelConfig } from "../../../worker/model/config.ts";
+import { parseModelConfig } from "../../../worker/model/config.ts";
 import { layerWindows, layoutName } from "../../../worker/model/layout.ts";
 import { layerInvFreq, ropeAttentionFactor, ropeInvFreq } from "../../../worker/model/rope.ts";
+import { configErrorOf } from "./model-helpers.ts";
 
 // Configs as published on the Hugging Face hub (config.json), trimmed of keys
 // that do not shape the computation.
@@ -119,16 +120,6 @@ const phi3_mini_128k = {
   sliding_window: 262144,
 };
 
-function errorOf(cfg: unknown): ModelConfigError {
-  try {
-    parseModelConfig(cfg);
-  } catch (err) {
-    if (err instanceof ModelConfigError) return err;
-    throw err;
-  }
-  throw new Error("expected a ModelConfigError");
-}
-
 const kinds = (layers: readonly { kind: string }[]) =>
   layers.map((l) => (l.kind === "global" ? "g" : "s")).join("");
 
@@ -211,7 +202,7 @@ describe("Gemma 3", () => {
   });
 
   it("refuses the multimodal Gemma3ForConditionalGeneration, pointing at the text model", () => {
-    const err = errorOf({
+    const err = configErrorOf({
       ...gemma3_1b,
       architectures: ["Gemma3ForConditionalGeneration"],
       model_type: "gemma3",
@@ -315,7 +306,7 @@ describe("what is refused, naming the key", () => {
     [{ ...gemma2_2b, query_pre_attn_scalar: -1 }, "query_pre_attn_scalar", /positive/],
     [{ ...gemma2_2b, sliding_window: 0 }, "sliding_window", /positive integer/],
   ])("%#: %s", (cfg, key, message) => {
-    const err = errorOf(cfg);
+    const err = configErrorOf(cfg);
     expect(err.key).toBe(key);
     expect(err.message).toContain(key);
     expect(err.message).toMatch(message);

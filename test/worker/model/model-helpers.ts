@@ -1,4 +1,5 @@
-import type { Decoder } from "../../../worker/model/decoder.ts";
+import { ModelConfigError, parseModelConfig } from "../../../worker/model/config.ts";
+import { type Decoder, prefill } from "../../../worker/model/decoder.ts";
 import { Rng, seedRng } from "../../../worker/model/prng.ts";
 
 /** Shuffled page order from a seed: page tables come out fragmented and non-monotonic. */
@@ -43,4 +44,34 @@ export async function allRows(decoder: Decoder, tokens: readonly number[]): Prom
   } finally {
     decoder.close(seq);
   }
+}
+
+/**
+ * For each prefill chunk size: prefill `tokens` in chunks of that size, then
+ * one decode step; that step's logits (the cached K/V must be the same too).
+ */
+export async function afterChunkedPrefill(
+  decoder: Decoder,
+  tokens: readonly number[],
+  chunks: readonly number[],
+): Promise<Float32Array[]> {
+  const results: Float32Array[] = [];
+  for (const chunk of chunks) {
+    const seq = decoder.open();
+    await prefill(decoder, seq, tokens, chunk);
+    results.push((await decoder.step([{ seq, tokens: [3] }]))[0]!.slice());
+    decoder.close(seq);
+  }
+  return results;
+}
+
+/** The ModelConfigError that parsing `cfg` throws. */
+export function configErrorOf(cfg: unknown): ModelConfigError {
+  try {
+    parseModelConfig(cfg);
+  } catch (err) {
+    if (err instanceof ModelConfigError) return err;
+    throw err;
+  }
+  throw new Error("expected a ModelConfigError");
 }
