@@ -8,6 +8,7 @@ import { generateModel } from "../worker/model/generate.ts";
 import { type LoadedModel, loadModelDir } from "../worker/model/model-dir.ts";
 import { Rng, seedRng } from "../worker/model/prng.ts";
 import { BANDWIDTH_BYTES, BandwidthProbe } from "./_bandwidth.ts";
+import { slidingDecode } from "./_sliding.ts";
 import { type Bench, percentile, round } from "./contract.ts";
 
 const median = (xs: readonly number[]): number => percentile(xs, 50);
@@ -26,7 +27,9 @@ const median = (xs: readonly number[]): number => percentile(xs, 50);
  * between steps, so the ratio can exceed 1 there.
  *
  * The model is generated once under .continuum/models/small (seed 0) and
- * reused.
+ * reused. Then a sliding-window run (bench/_sliding.ts): decode tokens/s of
+ * the small shape with a 256-position window on every layer at a context of
+ * 8 windows, beside the same weights with every layer global.
  */
 const MODEL_DIR = join(process.env.CONTINUUM_DATA_DIR ?? ".continuum", "models", "small");
 const PAGE = 16;
@@ -80,7 +83,8 @@ async function measure(
 }
 
 const bench: Bench = {
-  summary: "prefill/decode tokens/s, paged vs contiguous, batch 1/4/16, vs measured memory bandwidth",
+  summary:
+    "prefill/decode tokens/s, paged vs contiguous, batch 1/4/16, vs measured memory bandwidth; sliding-window vs all-global decode",
   async run({ quick, log }) {
     const promptLen = quick ? 16 : 128;
     const steps = quick ? 4 : 32;
@@ -148,6 +152,8 @@ const bench: Bench = {
     } finally {
       for (const e of engines) e.free();
     }
+    const sliding = await slidingDecode(quick, log);
+    Object.assign(figures, sliding.figures);
     const f = (k: string) => figures[k]!;
     const b1Bw = (weightBytes * f("paged_b1_decode_tok_per_s")) / 1e9;
     figures.paged_b1_decode_weight_gb_per_s = round(b1Bw);
@@ -171,6 +177,7 @@ const bench: Bench = {
         ),
         paged_b1_decode_over_read_bandwidth: round(b1Bw / bw.read_gb_per_s),
         paged_b1_decode_over_memcpy_bandwidth: round(b1Bw / bw.memcpy_gb_per_s),
+        ...sliding.ratios,
       },
       env: {
         model: "small preset (seed 0)",
@@ -182,6 +189,7 @@ const bench: Bench = {
         bandwidth_bytes: BANDWIDTH_BYTES,
         threads: defaultThreads,
         cpu_features: features,
+        ...sliding.env,
       },
     };
   },

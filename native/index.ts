@@ -31,7 +31,10 @@ export interface Llama3RopeScaling {
   readonly original_max_position_embeddings: number;
 }
 
-/** The architecture of a Llama-family model (Qwen2 = Llama + q/k/v bias). */
+/**
+ * The architecture of a Llama-family model and its relatives (native/src/backend.h
+ * gives the forward). The optional family fields default to the Llama forward.
+ */
 export interface ModelSpec {
   readonly nLayers: number;
   readonly hidden: number;
@@ -52,6 +55,31 @@ export interface ModelSpec {
   readonly tiedEmbeddings: boolean;
   /** Positions are in [0, maxPosition). */
   readonly maxPosition: number;
+  /** Every RMSNorm scales by (1 + w) (Gemma). */
+  readonly normOffset?: boolean;
+  /** q_norm / k_norm [headDim] per head before RoPE (Qwen3, Gemma 3). */
+  readonly qkNorm?: boolean;
+  /** post_attention_layernorm on the attention output, pre_ and post_feedforward_layernorm around the MLP (Gemma). */
+  readonly sandwichNorms?: boolean;
+  /** The MLP gate; default "silu". */
+  readonly activation?: "silu" | "gelu_tanh";
+  /** Embedding rows are multiplied by this (Gemma: √hidden); default 1. */
+  readonly embedScale?: number;
+  /** q and k are multiplied by this after RoPE (LongRoPE's attention factor); default 1. */
+  readonly ropeScale?: number;
+  /** Softmax scale of the scores; default 1/√headDim. */
+  readonly attnScale?: number;
+  /** Scores become cap · tanh(s / cap); absent or null: none. */
+  readonly attnSoftcap?: number | null;
+  /** Logits become cap · tanh(l / cap); absent or null: none. */
+  readonly finalSoftcap?: number | null;
+  /** Per layer: 0 global, W > 0 sliding over the last W positions; absent: every layer global. */
+  readonly layerWindows?: Int32Array;
+  /**
+   * RoPE inverse frequencies per layer, [nLayers * headDim / 2]; absent:
+   * ropeInvFreq(spec) for every layer.
+   */
+  readonly layerInvFreq?: Float32Array;
 }
 
 /** One tensor as read from safetensors: little-endian bytes in `dtype`. */
@@ -212,6 +240,10 @@ export interface Kernels {
     pageSize: number;
     ptStride: number;
     scale: number;
+    /** 0 (default): global; W: the last W positions. */
+    window?: number;
+    /** 0 (default): none. */
+    softcap?: number;
   }): void;
   contiguousAttention(a: {
     q: Float32Array;
@@ -227,6 +259,8 @@ export interface Kernels {
     vHeadDim?: number;
     ctxCap: number;
     scale: number;
+    window?: number;
+    softcap?: number;
   }): void;
   /**
    * y = e^x through the attention softmax's exp on the active path (std::exp
@@ -263,6 +297,10 @@ export interface Kernels {
     invFreq: Float32Array,
   ): void;
   swiglu(gate: Float32Array, up: Float32Array, out: Float32Array): void;
+  /** out = gelu_tanh(gate) · up (kernels.h: geglu). */
+  geglu(gate: Float32Array, up: Float32Array, out: Float32Array): void;
+  /** In place: x = cap · tanh(x / cap), cap > 0. */
+  softcap(x: Float32Array, cap: number): void;
   embed(ids: Int32Array, table: Uint8Array, dtype: WeightDType, D: number, out: Float32Array): void;
   /** Multi-threaded copy: the memory-bandwidth yardstick. */
   memcpy(dst: Uint8Array, src: Uint8Array): void;
@@ -441,6 +479,25 @@ function checkSpec(spec: ModelSpec): void {
       throw new ModelSpecError("spec.ropeScaling.high_freq_factor must exceed low_freq_factor");
     }
   }
+  for (const k of ["embedScale", "ropeScale", "attnScale", "attnSoftcap", "finalSoftcap"] as const) {
+    const v = spec[k];
+    if (v !== undefined && v !== null && !(typeof v === "number" && Number.isFinite(v) && v > 0))
+      throw new ModelSpecError(`spec.${k} must be a positive number, got ${String(v)}`);
+  }
+  const w = spec.layerWindows;
+  if (w !== undefined) {
+    if (!(w instanceof Int32Array) || w.length !== spec.nLayers)
+      throw new ModelSpecError(
+        `spec.layerWindows must be an Int32Array of nLayers (${spec.nLayers}) windows`,
+      );
+    if (w.some((x) => x < 0)) throw new ModelSpecError("spec.layerWindows must be >= 0 (0: global)");
+  }
+  const inv = spec.layerInvFreq;
+  if (
+    inv !== undefined &&
+    (!(inv instanceof Float32Array) || inv.length !== (spec.nLayers * spec.headDim) / 2)
+  )
+    throw new ModelSpecError("spec.layerInvFreq must be a Float32Array of nLayers * headDim / 2 frequencies");
 }
 
 /** The tensors a spec needs, by Hugging Face name, in the engine's load order. */
@@ -465,11 +522,17 @@ export function weightNames(spec: ModelSpec): { name: string; shape: number[] }[
       out.push({ name: `${p}self_attn.k_proj.bias`, shape: [kn] });
       out.push({ name: `${p}self_attn.v_proj.bias`, shape: [vn] });
     }
+    if (spec.qkNorm) {
+      out.push({ name: `${p}self_attn.q_norm.weight`, shape: [spec.headDim] });
+      out.push({ name: `${p}self_attn.k_norm.weight`, shape: [spec.headDim] });
+    }
     out.push({ name: `${p}self_attn.o_proj.weight`, shape: [H, on] });
     out.push({ name: `${p}post_attention_layernorm.weight`, shape: [H] });
+    if (spec.sandwichNorms) out.push({ name: `${p}pre_feedforward_layernorm.weight`, shape: [H] });
     out.push({ name: `${p}mlp.gate_proj.weight`, shape: [spec.ffn, H] });
     out.push({ name: `${p}mlp.up_proj.weight`, shape: [spec.ffn, H] });
     out.push({ name: `${p}mlp.down_proj.weight`, shape: [H, spec.ffn] });
+    if (spec.sandwichNorms) out.push({ name: `${p}post_feedforward_layernorm.weight`, shape: [H] });
   }
   out.push({ name: "model.norm.weight", shape: [H] });
   if (!spec.tiedEmbeddings) out.push({ name: "lm_head.weight", shape: [spec.vocab, H] });
@@ -619,7 +682,7 @@ export async function createEngine(
   const choice = opts.backend ?? "auto";
   // "cpu" never touches the CUDA runtime (the probe loads the driver).
   const backend = choice === "cpu" ? "cpu" : chooseBackend(choice, addon.cudaProbe());
-  const native = new addon.Engine(spec, ropeInvFreq(spec), threads, backend);
+  const native = new addon.Engine(spec, spec.layerInvFreq ?? ropeInvFreq(spec), threads, backend);
   try {
     await native.loadWeights(ordered);
   } catch (e) {

@@ -1,6 +1,7 @@
 import { parseArgs } from "node:util";
 import type { DType } from "../../worker/model/dtype.ts";
 import { generateModel, PRESETS, type Preset } from "../../worker/model/generate.ts";
+import { ARCHS, type Arch } from "../../worker/model/generate-arch.ts";
 import { loadModelDir } from "../../worker/model/model-dir.ts";
 import { numel } from "../../worker/model/safetensors.ts";
 import { type Command, UsageError } from "../command.ts";
@@ -18,18 +19,21 @@ const MODEL_ERRORS = new Set([
 
 const usage = [
   "Usage:",
-  "  continuum model init --preset tiny|small|bench --out DIR [--seed N] [--dtype f32|f16|bf16] [--force]",
+  "  continuum model init --preset tiny|small|bench --out DIR [--arch ARCH] [--seed N] [--dtype f32|f16|bf16] [--force]",
   "  continuum model info DIR [--variant NAME] [--json]",
   "",
-  "init   writes a deterministic Llama-family model in Hugging Face format (config.json,",
-  "       model.safetensors or shards, tokenizer.json with a byte-level BPE, tokenizer_config.json,",
-  "       generation_config.json). Same preset, seed and dtype give the same bytes.",
-  "         tiny   2 layers, hidden 64, f32 (tests, seconds)",
+  "init   writes a deterministic model in Hugging Face format (config.json, model.safetensors or",
+  "       shards, tokenizer.json with a byte-level BPE, tokenizer_config.json, generation_config.json).",
+  "       Same preset, arch, seed and dtype give the same bytes.",
+  "         tiny   2 layers (gemma3: 6), hidden 64, f32 (tests, seconds)",
   "         small  12 layers, hidden 768, bf16, ~88 M params (benchmarks)",
   "         bench  16 layers, hidden 2048, bf16, ~0.89 B params, 1 GiB shards (bandwidth benches)",
+  `       --arch: ${ARCHS.join(", ")} (default llama), each with its family's real config keys;`,
+  "       mistral-sw, gemma2, gemma3 and phi3 have sliding-window layers (24 positions at tiny).",
   "       An existing non-empty DIR is refused unless --force.",
-  "info   loads a model directory (any Hugging Face Llama/Mistral/Qwen2 checkpoint) and prints",
-  "       its config, tensor count and bytes, and the model fingerprint for the execution",
+  "info   loads a model directory (a Hugging Face Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 or",
+  "       Phi-3 checkpoint) and prints its config, tensor count and bytes, its attention layout,",
+  "       and the model fingerprint for the execution",
   `       variant (default ${DEFAULT_VARIANT}).`,
 ].join("\n");
 
@@ -38,6 +42,7 @@ async function init(argv: readonly string[]): Promise<number> {
     args: [...argv],
     options: {
       preset: { type: "string" },
+      arch: { type: "string" },
       out: { type: "string" },
       seed: { type: "string" },
       dtype: { type: "string" },
@@ -51,6 +56,8 @@ async function init(argv: readonly string[]): Promise<number> {
   if (preset === undefined) throw new UsageError("--preset is required");
   if (!PRESETS.includes(preset as Preset))
     throw new UsageError(`--preset must be one of ${PRESETS.join(", ")}, got '${preset}'`);
+  if (values.arch !== undefined && !ARCHS.includes(values.arch as Arch))
+    throw new UsageError(`--arch must be one of ${ARCHS.join(", ")}, got '${values.arch}'`);
   if (values.out === undefined) throw new UsageError("--out DIR is required");
   let seed = 0;
   if (values.seed !== undefined) {
@@ -65,6 +72,7 @@ async function init(argv: readonly string[]): Promise<number> {
   }
   const g = await generateModel({
     preset: preset as Preset,
+    ...(values.arch ? { arch: values.arch as Arch } : {}),
     out: values.out,
     seed,
     ...(dtype ? { dtype } : {}),
@@ -72,7 +80,7 @@ async function init(argv: readonly string[]): Promise<number> {
   });
   const s = g.config.spec;
   console.log(
-    `wrote ${preset} model to ${g.dir}: ${s.nLayers} layers, hidden ${s.hidden}, heads ${s.nHeads}/${s.nKvHeads}, ` +
+    `wrote ${preset} ${g.config.architecture} to ${g.dir}: ${s.nLayers} layers, hidden ${s.hidden}, heads ${s.nHeads}/${s.nKvHeads}, ` +
       `ffn ${s.ffn}, vocab ${s.vocab} (${g.mergeCount} BPE merges), seed ${seed}`,
   );
   console.log(`files: ${g.files.join(", ")}`);
@@ -118,7 +126,10 @@ async function info(argv: readonly string[]): Promise<number> {
   }
   console.log(`model        ${m.dir}`);
   console.log(`architecture ${m.config.architecture}`);
-  for (const [k, v] of Object.entries(m.config.spec)) console.log(`  ${k.padEnd(15)} ${JSON.stringify(v)}`);
+  for (const [k, v] of Object.entries(m.config.spec))
+    if (k !== "layers") console.log(`  ${k.padEnd(15)} ${JSON.stringify(v)}`);
+  const sliding = m.config.spec.layers.filter((l) => l.kind === "sliding").length;
+  console.log(`  ${"layers".padEnd(15)} ${sliding} sliding, ${m.config.spec.nLayers - sliding} global`);
   console.log(`tokens       bos ${m.config.bosTokenId ?? "none"}, eos ${JSON.stringify(m.eosTokenIds)}`);
   console.log(`tokenizer    ${m.tokenizer.size} tokens, chat format ${m.tokenizer.chatFormat}`);
   console.log(

@@ -101,6 +101,7 @@ CudaEngine::CudaEngine(const ModelSpec& spec, std::vector<float> inv_freq)
   if (probe.devices == 0) throw std::runtime_error("cuda backend: no usable device (" + probe.reason + ")");
   CK_CUDA(cudaGetDevice(&device_));
   CK_CUDA(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
+  inv_freq = per_layer_inv_freq(spec, std::move(inv_freq));
   inv_freq_.reserve(inv_freq.size() * sizeof(float));
   CK_CUDA(cudaMemcpy(inv_freq_.get(), inv_freq.data(), inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice));
 }
@@ -121,6 +122,25 @@ std::string CudaEngine::set_weight(size_t index, DType dtype, const uint8_t* dat
   const WeightPlace place = weight_place(spec_, index);
   DeviceLayer* L = place.layer >= 0 ? &layers_[static_cast<size_t>(place.layer)] : nullptr;
   auto load = [&](DeviceWeight& w) {
+    if (spec_.norm_offset && is_norm(place.role)) {
+      // Gemma's (1 + w) in f32, as the CPU engine keeps it (engine.cc: set_weight).
+      const size_t n = bytes / (dtype == DType::F32 ? 4 : 2);
+      std::vector<float> f(n);
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t h = 0;
+        float x = 0.0f;
+        switch (dtype) {
+          case DType::F32: std::memcpy(&x, data + 4 * i, 4); break;
+          case DType::F16: std::memcpy(&h, data + 2 * i, 2), x = f16_to_f32_exact(h); break;
+          case DType::BF16: std::memcpy(&h, data + 2 * i, 2), x = bf16_to_f32_exact(h); break;
+        }
+        f[i] = 1.0f + x;
+      }
+      w.dtype = DType::F32;
+      w.data.reserve(n * sizeof(float));
+      CK_CUDA(cudaMemcpy(w.data.get(), f.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+      return;
+    }
     w.dtype = dtype;
     w.data.reserve(bytes);
     CK_CUDA(cudaMemcpy(w.data.get(), data, bytes, cudaMemcpyHostToDevice));
@@ -149,8 +169,12 @@ std::string CudaEngine::set_weight(size_t index, DType dtype, const uint8_t* dat
     case WeightRole::QBias: load_bias(L->q_bias); break;
     case WeightRole::KBias: load_bias(L->k_bias); break;
     case WeightRole::VBias: load_bias(L->v_bias); break;
+    case WeightRole::QNorm: load(L->q_norm); break;
+    case WeightRole::KNorm: load(L->k_norm); break;
     case WeightRole::O: load(L->o); break;
-    case WeightRole::PostNorm: load(L->post_norm); break;
+    case WeightRole::AttnOutNorm: load(L->attn_out_norm); break;
+    case WeightRole::MlpNorm: load(L->mlp_norm); break;
+    case WeightRole::MlpOutNorm: load(L->mlp_out_norm); break;
     case WeightRole::Gate: load(L->gate); break;
     case WeightRole::Up: load(L->up); break;
     case WeightRole::Down: load(L->down); break;
@@ -267,7 +291,8 @@ void CudaEngine::forward(const StepBatch& b, Mode mode, float* logits) {
   const int64_t H = m.hidden;
   const int32_t qn = m.n_heads * m.head_dim, kn = m.n_kv * m.head_dim, vn = m.n_kv * m.v_head_dim;
   const int32_t on = m.n_heads * m.v_head_dim;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim));
+  const float attn_scale = m.softmax_scale();
+  const int32_t half = m.head_dim / 2;
   const int32_t max_keys = *std::max_element(b.positions.begin(), b.positions.end()) + 1;
   reserve_scratch(T, R, max_keys);
 
@@ -298,35 +323,54 @@ void CudaEngine::forward(const StepBatch& b, Mode mode, float* logits) {
   float* u = u_.as<float>();
   const int32_t* pos = positions_.as<int32_t>();
 
+  // An RMSNorm of [rows, D] (Gemma's (1 + w) is in the weight already); y may be x.
+  auto norm = [&](const float* in, const DeviceWeight& w, int32_t rows, int32_t D, float* y) {
+    rmsnorm(in, w.data.get(), w.dtype, rows, D, m.rms_eps, y, compute_);
+  };
   embed(tokens_.as<int32_t>(), T, embed_.data.get(), embed_.dtype, m.vocab, m.hidden, x, compute_);
+  if (m.embed_scale != 1.0f) scale(x, T * H, m.embed_scale, compute_);
   for (int32_t l = 0; l < m.n_layers; ++l) {
     const DeviceLayer& L = layers_[static_cast<size_t>(l)];
+    const float* inv_freq = inv_freq_.as<float>() + static_cast<size_t>(l) * half;
     f16* kc = (mode == Mode::Paged ? k_pages_ : k_ctx_)[static_cast<size_t>(l)].as<f16>();
     f16* vc = (mode == Mode::Paged ? v_pages_ : v_ctx_)[static_cast<size_t>(l)].as<f16>();
-    rmsnorm(x, L.input_norm.data.get(), L.input_norm.dtype, T, m.hidden, m.rms_eps, h, compute_);
+    norm(x, L.input_norm, T, m.hidden, h);
     matmul(h, T, m.hidden, L.q.data.get(), L.q.dtype, qn, L.q_bias.as<float>(), q, compute_);
     matmul(h, T, m.hidden, L.k.data.get(), L.k.dtype, kn, L.k_bias.as<float>(), k, compute_);
     matmul(h, T, m.hidden, L.v.data.get(), L.v.dtype, vn, L.v_bias.as<float>(), v, compute_);
-    rope(q, T, m.n_heads, m.head_dim, pos, inv_freq_.as<float>(), compute_);
-    rope(k, T, m.n_kv, m.head_dim, pos, inv_freq_.as<float>(), compute_);
+    if (m.qk_norm) {
+      norm(q, L.q_norm, T * m.n_heads, m.head_dim, q);
+      norm(k, L.k_norm, T * m.n_kv, m.head_dim, k);
+    }
+    rope(q, T, m.n_heads, m.head_dim, pos, inv_freq, compute_);
+    rope(k, T, m.n_kv, m.head_dim, pos, inv_freq, compute_);
+    if (m.rope_scale != 1.0f) {
+      scale(q, int64_t{T} * qn, m.rope_scale, compute_);
+      scale(k, int64_t{T} * kn, m.rope_scale, compute_);
+    }
     routed_append(k, slots_.as<int32_t>(), T, kn, num_slots, kc, compute_);
     routed_append(v, slots_.as<int32_t>(), T, vn, num_slots, vc, compute_);
     if (mode == Mode::Paged) {
       const PagedAttention a{q, kc, vc, page_table_.as<int32_t>(), row_seq_.as<int32_t>(), pos, attn,
-                             T, m.n_heads, m.n_kv, m.head_dim, m.v_head_dim, page_size_, b.pt_stride, num_pages_, scale};
+                             T, m.n_heads, m.n_kv, m.head_dim, m.v_head_dim, page_size_, b.pt_stride, num_pages_, attn_scale,
+                             m.window_of(l), m.attn_softcap};
       paged_attention(a, launch);
     } else {
       const ContiguousAttention a{q, kc, vc, row_seq_.as<int32_t>(), pos, attn,
-                                  T, m.n_heads, m.n_kv, m.head_dim, m.v_head_dim, ctx_cap_, scale};
+                                  T, m.n_heads, m.n_kv, m.head_dim, m.v_head_dim, ctx_cap_, attn_scale,
+                                  m.window_of(l), m.attn_softcap};
       contiguous_attention(a, launch);
     }
     matmul(attn, T, on, L.o.data.get(), L.o.dtype, m.hidden, nullptr, o, compute_);
+    if (m.sandwich_norms) norm(o, L.attn_out_norm, T, m.hidden, o);
     add_inplace(x, o, T * H, compute_);
-    rmsnorm(x, L.post_norm.data.get(), L.post_norm.dtype, T, m.hidden, m.rms_eps, h, compute_);
+    norm(x, L.mlp_norm, T, m.hidden, h);
     matmul(h, T, m.hidden, L.gate.data.get(), L.gate.dtype, m.ffn, nullptr, g, compute_);
     matmul(h, T, m.hidden, L.up.data.get(), L.up.dtype, m.ffn, nullptr, u, compute_);
-    swiglu(g, u, T, m.ffn, g, compute_);
+    if (m.activation == Activation::GeluTanh) geglu(g, u, T, m.ffn, g, compute_);
+    else swiglu(g, u, T, m.ffn, g, compute_);
     matmul(g, T, m.ffn, L.down.data.get(), L.down.dtype, m.hidden, nullptr, o, compute_);
+    if (m.sandwich_norms) norm(o, L.mlp_out_norm, T, m.hidden, o);
     add_inplace(x, o, T * H, compute_);
   }
   if (R > 0) {
@@ -334,10 +378,10 @@ void CudaEngine::forward(const StepBatch& b, Mode mode, float* logits) {
     for (int32_t r = 0; r < R; ++r)
       CK_CUDA(cudaMemcpyAsync(sel_.as<float>() + r * H, x + b.logit_rows[static_cast<size_t>(r)] * H,
                               static_cast<size_t>(H) * sizeof(float), cudaMemcpyDeviceToDevice, compute_));
-    rmsnorm(sel_.as<float>(), final_norm_.data.get(), final_norm_.dtype, R, m.hidden, m.rms_eps, nsel_.as<float>(),
-            compute_);
+    norm(sel_.as<float>(), final_norm_, R, m.hidden, nsel_.as<float>());
     const DeviceWeight& head = m.tied_embeddings ? embed_ : lm_head_;
     matmul(nsel_.as<float>(), R, m.hidden, head.data.get(), head.dtype, m.vocab, nullptr, logits_.as<float>(), compute_);
+    if (m.final_softcap > 0.0f) softcap(logits_.as<float>(), int64_t{R} * m.vocab, m.final_softcap, compute_);
     CK_CUDA(cudaMemcpyAsync(logits, logits_.get(), static_cast<size_t>(R) * m.vocab * sizeof(float),
                             cudaMemcpyDeviceToHost, compute_));
   }

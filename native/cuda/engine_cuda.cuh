@@ -54,7 +54,9 @@ struct DeviceWeight {
 };
 
 struct DeviceLayer {
-  DeviceWeight input_norm, q, k, v, o, post_norm, gate, up, down;
+  DeviceWeight input_norm, q, k, v, o, mlp_norm, gate, up, down;
+  DeviceWeight q_norm, k_norm;               // qk_norm only
+  DeviceWeight attn_out_norm, mlp_out_norm;  // sandwich_norms only
   DeviceBuffer q_bias, k_bias, v_bias;  // f32 (unallocated without attention bias)
 };
 
@@ -111,7 +113,7 @@ class CudaEngine final : public Backend {
   ModelSpec spec_;
   int device_ = 0;
   cudaStream_t compute_ = nullptr;
-  DeviceBuffer inv_freq_;  // [head_dim / 2] f32
+  DeviceBuffer inv_freq_;  // [n_layers, head_dim / 2] f32
   DeviceWeight embed_, final_norm_, lm_head_;
   std::vector<DeviceLayer> layers_;
 

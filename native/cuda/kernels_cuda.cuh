@@ -69,6 +69,11 @@ struct AttentionLaunch {
   cudaStream_t stream;
 };
 
+// The sliding window and the score soft-cap come in `a` (kernels.h): a row
+// attends keys max(0, pos - window + 1) .. pos, its splits cut at the same
+// absolute positions (splits wholly before the window are skipped), each
+// score soft-capped as softcap * tanhf(s / softcap).
+//
 // Paged: every pointer in `a` is a device pointer. A row whose row_pos + 1
 // exceeds max_keys gets NaN outputs (visible, never silently truncated).
 void paged_attention(const ck::PagedAttention& a, const AttentionLaunch& l);
@@ -96,6 +101,14 @@ void rope(float* x, int32_t T, int32_t n_heads, int32_t head_dim, const int32_t*
           cudaStream_t stream);
 
 void swiglu(const float* gate, const float* up, int32_t T, int32_t F, float* out, cudaStream_t stream);
+
+// ---- family ops (family.cu): the CPU's formulas (kernels.h), element-wise ----
+// out = gelu_tanh(gate) * up, gelu_tanh(g) = g / (1 + expf(-2 sqrt(2/pi) (g + 0.044715 g^3))). [T, F]
+void geglu(const float* gate, const float* up, int32_t T, int32_t F, float* out, cudaStream_t stream);
+// x = cap * tanhf(x / cap) over n values, cap > 0 (final logit soft-capping).
+void softcap(float* x, int64_t n, float cap, cudaStream_t stream);
+// x *= s over n values (the embedding scale, LongRoPE's attention factor).
+void scale(float* x, int64_t n, float s, cudaStream_t stream);
 
 // ids must lie in [0, vocab): the binding checks them on the host; the kernel
 // writes NaN for an id outside so a bypassed check is visible.

@@ -5,6 +5,7 @@
 #include <napi.h>
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <cstdlib>
 #include <cstring>
@@ -38,6 +39,21 @@ int32_t get_int(Napi::Env env, const Napi::Object& o, const char* key, bool requ
   if (d != static_cast<double>(static_cast<int32_t>(d)))
     throw Napi::TypeError::New(env, std::string(key) + " must be a 32-bit integer, got " + std::to_string(d));
   return static_cast<int32_t>(d);
+}
+
+bool get_bool(Napi::Env env, const Napi::Object& o, const char* key) {
+  Napi::Value v = o.Get(key);
+  if (v.IsUndefined()) return false;
+  if (!v.IsBoolean()) throw Napi::TypeError::New(env, std::string(key) + " must be a boolean");
+  return v.As<Napi::Boolean>().Value();
+}
+
+// A number read as f32; `fallback` when absent or null.
+float get_float(Napi::Env env, const Napi::Object& o, const char* key, float fallback) {
+  Napi::Value v = o.Get(key);
+  if (v.IsUndefined() || v.IsNull()) return fallback;
+  if (!v.IsNumber()) throw Napi::TypeError::New(env, std::string(key) + " must be a number");
+  return v.As<Napi::Number>().FloatValue();
 }
 
 template <typename A>
@@ -190,16 +206,38 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
     m.rms_eps = s.Get("rmsEps").As<Napi::Number>().FloatValue();
     m.attention_bias = s.Get("attentionBias").ToBoolean().Value();
     m.tied_embeddings = s.Get("tiedEmbeddings").ToBoolean().Value();
-    need(env, m.n_layers >= 1 && m.hidden >= 1 && m.n_heads >= 1 && m.n_kv >= 1 && m.head_dim >= 2 &&
-                  m.v_head_dim >= 1 && m.ffn >= 1 && m.vocab >= 1 && m.max_position >= 1,
-         "spec: every size must be positive");
-    need(env, m.n_heads % m.n_kv == 0, "spec: nHeads must be a multiple of nKvHeads");
-    need(env, m.head_dim % 2 == 0, "spec: headDim must be even (rotary pairs)");
+    // The family fields (backend.h: ModelSpec); absent = the Llama forward.
+    m.norm_offset = get_bool(env, s, "normOffset");
+    m.qk_norm = get_bool(env, s, "qkNorm");
+    m.sandwich_norms = get_bool(env, s, "sandwichNorms");
+    const Napi::Value act = s.Get("activation");
+    if (!act.IsUndefined()) {
+      const std::string a = act.IsString() ? act.As<Napi::String>().Utf8Value() : "";
+      if (a == "silu") m.activation = Activation::Silu;
+      else if (a == "gelu_tanh") m.activation = Activation::GeluTanh;
+      else throw Napi::TypeError::New(env, "spec.activation must be \"silu\" or \"gelu_tanh\"");
+    }
+    m.embed_scale = get_float(env, s, "embedScale", 1.0f);
+    m.rope_scale = get_float(env, s, "ropeScale", 1.0f);
+    m.attn_scale = get_float(env, s, "attnScale", 0.0f);
+    m.attn_softcap = get_float(env, s, "attnSoftcap", 0.0f);
+    m.final_softcap = get_float(env, s, "finalSoftcap", 0.0f);
+    const Napi::Value windows = s.Get("layerWindows");
+    if (!windows.IsUndefined() && !windows.IsNull()) {
+      Napi::Int32Array w = i32(env, windows, "spec.layerWindows");
+      m.window.assign(w.Data(), w.Data() + w.ElementLength());
+    }
+    const std::string spec_err = validate_spec(m);
+    need(env, spec_err.empty(), spec_err);
     Napi::Float32Array inv = f32(env, info[1], "invFreq");
-    need(env, inv.ElementLength() == static_cast<size_t>(m.head_dim / 2), "invFreq must have headDim / 2 entries");
+    std::vector<float> inv_freq(inv.Data(), inv.Data() + inv.ElementLength());
+    try {
+      inv_freq = per_layer_inv_freq(m, std::move(inv_freq));
+    } catch (const std::exception& e) {
+      throw Napi::RangeError::New(env, e.what());
+    }
     const int32_t threads = info[2].IsNumber() ? info[2].As<Napi::Number>().Int32Value() : default_threads();
     need(env, threads >= 1 && threads <= 1024, "threads must be in [1, 1024]");
-    std::vector<float> inv_freq(inv.Data(), inv.Data() + inv.ElementLength());
     const std::string backend = info[3].IsString() ? info[3].As<Napi::String>().Utf8Value() : "cpu";
     if (backend == "cpu") {
       engine_ = std::make_unique<Engine>(m, std::move(inv_freq), threads);
@@ -479,13 +517,19 @@ Napi::Value RoutedAppendJs(const Napi::CallbackInfo& info) {
 
 struct AttnDims {
   int32_t T, n_heads, n_kv, head_dim, v_head_dim;
+  int32_t window;  // optional, 0: global
+  float softcap;   // optional, 0: none
 };
 
 AttnDims attn_dims(Napi::Env env, const Napi::Object& o) {
-  AttnDims d{get_int(env, o, "T"), get_int(env, o, "nHeads"), get_int(env, o, "nKv"), get_int(env, o, "headDim"), 0};
+  AttnDims d{get_int(env, o, "T"), get_int(env, o, "nHeads"), get_int(env, o, "nKv"), get_int(env, o, "headDim"), 0, 0, 0.0f};
   d.v_head_dim = get_int(env, o, "vHeadDim", false, d.head_dim);
+  d.window = get_int(env, o, "window", false, 0);
+  d.softcap = get_float(env, o, "softcap", 0.0f);
   need(env, d.T >= 0 && d.n_heads >= 1 && d.n_kv >= 1 && d.n_heads % d.n_kv == 0 && d.head_dim >= 1 && d.v_head_dim >= 1,
        "attention: bad dimensions");
+  need(env, d.window >= 0, "attention: window must be >= 0 (0: global)");
+  need(env, d.softcap >= 0.0f && std::isfinite(d.softcap), "attention: softcap must be >= 0 (0: none)");
   return d;
 }
 
@@ -516,7 +560,7 @@ Napi::Value PagedAttentionJs(const Napi::CallbackInfo& info) {
   }
   PagedAttention a{q.Data(), k.Data(), v.Data(), pt.Data(), seq.Data(), pos.Data(), out.Data(),
                    d.T, d.n_heads, d.n_kv, d.head_dim, d.v_head_dim, ps, stride, num_pages,
-                   o.Get("scale").As<Napi::Number>().FloatValue()};
+                   o.Get("scale").As<Napi::Number>().FloatValue(), d.window, d.softcap};
   paged_attention(a, kernel_pool());
   return env.Undefined();
 }
@@ -540,7 +584,8 @@ Napi::Value ContiguousAttentionJs(const Napi::CallbackInfo& info) {
   for (int32_t t = 0; t < d.T; ++t)
     need(env, seq[t] >= 0 && seq[t] < S && pos[t] >= 0 && pos[t] < cap, "row " + std::to_string(t) + ": sequence or position out of range");
   ContiguousAttention a{q.Data(), k.Data(), v.Data(), seq.Data(), pos.Data(), out.Data(),
-                        d.T, d.n_heads, d.n_kv, d.head_dim, d.v_head_dim, cap, o.Get("scale").As<Napi::Number>().FloatValue()};
+                        d.T, d.n_heads, d.n_kv, d.head_dim, d.v_head_dim, cap, o.Get("scale").As<Napi::Number>().FloatValue(),
+                        d.window, d.softcap};
   contiguous_attention(a, kernel_pool());
   return env.Undefined();
 }
@@ -605,6 +650,25 @@ Napi::Value SwigluJs(const Napi::CallbackInfo& info) {
   Napi::Float32Array g = f32(env, info[0], "gate"), u = f32(env, info[1], "up"), out = f32(env, info[2], "out");
   need(env, g.ElementLength() == u.ElementLength() && out.ElementLength() == g.ElementLength(), "swiglu: shapes disagree");
   swiglu(g.Data(), u.Data(), 1, static_cast<int32_t>(g.ElementLength()), out.Data(), kernel_pool());
+  return env.Undefined();
+}
+
+Napi::Value GegluJs(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Napi::Float32Array g = f32(env, info[0], "gate"), u = f32(env, info[1], "up"), out = f32(env, info[2], "out");
+  need(env, g.ElementLength() == u.ElementLength() && out.ElementLength() == g.ElementLength(), "geglu: shapes disagree");
+  geglu(g.Data(), u.Data(), 1, static_cast<int32_t>(g.ElementLength()), out.Data(), kernel_pool());
+  return env.Undefined();
+}
+
+// softcap(x (in place), cap): x = cap * tanh(x / cap)
+Napi::Value SoftcapJs(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Napi::Float32Array x = f32(env, info[0], "x");
+  need(env, info[1].IsNumber(), "softcap: cap must be a number");
+  const float cap = info[1].As<Napi::Number>().FloatValue();
+  need(env, cap > 0.0f && std::isfinite(cap), "softcap: cap must be > 0");
+  softcap(x.Data(), static_cast<int64_t>(x.ElementLength()), cap, kernel_pool());
   return env.Undefined();
 }
 
@@ -736,6 +800,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   k.Set("rmsnorm", Napi::Function::New(env, RmsnormJs));
   k.Set("rope", Napi::Function::New(env, RopeJs));
   k.Set("swiglu", Napi::Function::New(env, SwigluJs));
+  k.Set("geglu", Napi::Function::New(env, GegluJs));
+  k.Set("softcap", Napi::Function::New(env, SoftcapJs));
   k.Set("embed", Napi::Function::New(env, EmbedJs));
   k.Set("memcpy", Napi::Function::New(env, MemcpyJs));
   k.Set("memread", Napi::Function::New(env, MemreadJs));

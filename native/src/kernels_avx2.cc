@@ -549,6 +549,21 @@ CK_AVX2 void silu_mul(const float* gate, const float* up, float* out, int64_t n)
   for (int64_t i = n8; i < n; ++i) out[i] = generic::silu(gate[i]) * up[i];
 }
 
+// generic::gelu_tanh lane by lane: the same IEEE operations in the same order.
+CK_AVX2 void gelu_mul(const float* gate, const float* up, float* out, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 cubic = _mm256_set1_ps(kGeluCubic);
+  const __m256 k = _mm256_set1_ps(kGeluMinus2Sqrt2OverPi);
+  const int64_t n8 = n & ~int64_t{7};
+  for (int64_t i = 0; i < n8; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 g3 = _mm256_mul_ps(_mm256_mul_ps(g, g), g);
+    const __m256 e = exp8(_mm256_mul_ps(_mm256_fmadd_ps(cubic, g3, g), k));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
+  }
+  for (int64_t i = n8; i < n; ++i) out[i] = generic::gelu_tanh(gate[i]) * up[i];
+}
+
 CK_AVX2 void matmul_columns(const float* x, int32_t T, int32_t K, const void* W, DType wt, int32_t N,
                             const float* bias, float* y, int32_t n0, int32_t n1) {
   switch (wt) {

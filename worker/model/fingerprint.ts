@@ -2,6 +2,8 @@ import { createHash } from "node:crypto";
 import { type ModelManifest, modelFingerprint } from "../../schema/identity.ts";
 import type { ModelFingerprint } from "../../schema/ids.ts";
 import type { EngineSpec } from "./config.ts";
+import { familyArchitecture } from "./family-manifest.ts";
+import { layoutName } from "./layout.ts";
 import type { LoadedTensor, SafetensorsCheckpoint, TensorInfo } from "./safetensors.ts";
 
 /**
@@ -11,7 +13,8 @@ import type { LoadedTensor, SafetensorsCheckpoint, TensorInfo } from "./safetens
  */
 export const WEIGHTS_DIGEST_TAG = "continuum/weights/v1";
 export const KV_DTYPE = "f16";
-export const KV_LAYOUT = "kv-gqa/v1";
+/** The layout name of an all-global model (layout.ts). */
+export { KV_LAYOUT } from "./layout.ts";
 
 /**
  * sha256(tag ‖ for each tensor in name order: u32 len ‖ name ‖ u32 len ‖ dtype
@@ -70,11 +73,12 @@ function tensorHead(t: Pick<TensorInfo, "name" | "dtype" | "shape">, byteLength:
 /**
  * The config fields that shape the computation, normalised (what the engine
  * sees). maxPosition is left out: it bounds how long a context may grow but
- * changes no value computed inside that bound.
+ * changes no value computed inside that bound. The per-layer attention
+ * layout goes into the manifest's `layout`.
  */
 export function architectureOf(spec: EngineSpec): Record<string, unknown> {
   return {
-    family: "llama",
+    family: spec.family,
     nLayers: spec.nLayers,
     hidden: spec.hidden,
     nHeads: spec.nHeads,
@@ -88,6 +92,7 @@ export function architectureOf(spec: EngineSpec): Record<string, unknown> {
     ropeScaling: spec.ropeScaling ?? null,
     attentionBias: spec.attentionBias,
     tiedEmbeddings: spec.tiedEmbeddings,
+    ...familyArchitecture(spec),
   };
 }
 
@@ -106,7 +111,7 @@ export function manifestOf(spec: EngineSpec, digest: string, variant: string): M
     weightsDigest: digest,
     architecture: architectureOf(spec),
     kvDtype: KV_DTYPE,
-    layout: KV_LAYOUT,
+    layout: layoutName(spec.layers),
     variant,
   };
 }

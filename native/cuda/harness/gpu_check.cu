@@ -306,22 +306,24 @@ struct Rows {
 };
 
 // Float64 reference for one (row, head).
+// window > 0: only keys pos - window + 1 .. pos; softcap > 0: s = softcap tanh(s / softcap).
 void attention_f64(const Cache& c, const float* q, int32_t seq, int32_t pos, int32_t kvh, float scale,
-                   std::vector<double>& out) {
+                   std::vector<double>& out, int32_t window = 0, float softcap = 0.0f) {
   const int32_t D = c.head_dim;
   const size_t row = static_cast<size_t>(c.n_kv) * D;
+  const int32_t lo = window > 0 ? std::max(0, pos - window + 1) : 0;
   std::vector<double> s(static_cast<size_t>(pos) + 1);
   double m = -INFINITY;
-  for (int32_t j = 0; j <= pos; ++j) {
+  for (int32_t j = lo; j <= pos; ++j) {
     const f16* k = &c.k_cont[(static_cast<size_t>(seq) * c.ctx_cap + j) * row + static_cast<size_t>(kvh) * D];
     double d = 0;
     for (int32_t i = 0; i < D; ++i) d += static_cast<double>(q[i]) * ck::f16_to_f32(k[i]);
-    s[static_cast<size_t>(j)] = scale * d;
+    s[static_cast<size_t>(j)] = softcap > 0.0f ? softcap * std::tanh(scale * d / softcap) : scale * d;
     m = std::max(m, s[static_cast<size_t>(j)]);
   }
   out.assign(static_cast<size_t>(D), 0.0);
   double l = 0;
-  for (int32_t j = 0; j <= pos; ++j) {
+  for (int32_t j = lo; j <= pos; ++j) {
     const double p = std::exp(s[static_cast<size_t>(j)] - m);
     l += p;
     const f16* v = &c.v_cont[(static_cast<size_t>(seq) * c.ctx_cap + j) * row + static_cast<size_t>(kvh) * D];
@@ -332,7 +334,7 @@ void attention_f64(const Cache& c, const float* q, int32_t seq, int32_t pos, int
 
 // Runs GPU paged (or contiguous) attention for `rows`, returns [T, n_heads, D].
 std::vector<float> gpu_attention(const Cache& c, const DevCache& dc, const DevBuf<float>& dq, const Rows& rows,
-                                 int32_t n_heads, bool paged) {
+                                 int32_t n_heads, bool paged, int32_t window = 0, float softcap = 0.0f) {
   const int32_t T = static_cast<int32_t>(rows.seq.size());
   DevBuf<int32_t> dseq(rows.seq), dpos(rows.pos);
   DevBuf<float> dout(static_cast<size_t>(T) * n_heads * c.head_dim);
@@ -345,11 +347,11 @@ std::vector<float> gpu_attention(const Cache& c, const DevCache& dc, const DevBu
   if (paged) {
     ck::PagedAttention a{dq.get(), dc.k_pages.get(), dc.v_pages.get(), dc.page_table.get(), dseq.get(), dpos.get(),
                          dout.get(), T, n_heads, c.n_kv, c.head_dim, c.head_dim, c.page_size, c.pt_stride,
-                         c.num_pages, scale};
+                         c.num_pages, scale, window, softcap};
     ck::cuda::paged_attention(a, l);
   } else {
     ck::ContiguousAttention a{dq.get(), dc.k_cont.get(), dc.v_cont.get(), dseq.get(), dpos.get(), dout.get(),
-                              T, n_heads, c.n_kv, c.head_dim, c.head_dim, c.ctx_cap, scale};
+                              T, n_heads, c.n_kv, c.head_dim, c.head_dim, c.ctx_cap, scale, window, softcap};
     ck::cuda::contiguous_attention(a, l);
   }
   return dout.download();
@@ -435,6 +437,56 @@ void check_attention(Tally& tally, std::mt19937_64& rng, ck::ThreadPool* pool, i
   }
   tally.check(differing == 0, "attention batch invariance " + tag,
               "row alone vs batches 2..16: " + std::to_string(differing) + " of 15 differ");
+}
+
+// Sliding windows (shorter than a split, and crossing split boundaries) and
+// soft-capped scores: GPU vs CPU and float64, paged == contiguous bits, and
+// a row's bits alone vs inside a batch.
+void check_attention_layouts(Tally& tally, std::mt19937_64& rng, ck::ThreadPool* pool, int32_t window,
+                             float softcap) {
+  const int32_t n_heads = 8, n_kv = 2, head_dim = 128, page_size = 16;
+  const std::string tag = "window " + std::to_string(window) + " softcap " + std::to_string(softcap);
+  const std::vector<int32_t> lens = {30, ck::cuda::kAttnSplitKeys + 7, 1700, 2 * ck::cuda::kAttnSplitKeys};
+  const Cache c = make_cache(rng, lens, n_kv, head_dim, page_size);
+  const DevCache dc(c);
+  Rows rows;
+  for (int32_t s = 0; s < c.S; ++s) {
+    rows.seq.push_back(s);
+    rows.pos.push_back(lens[static_cast<size_t>(s)] - 1);
+  }
+  for (int32_t p = 1000; p < 1016; ++p) rows.seq.push_back(2), rows.pos.push_back(p);
+  const int32_t T = static_cast<int32_t>(rows.seq.size());
+  const std::vector<float> q = randn(rng, static_cast<size_t>(T) * n_heads * head_dim);
+  DevBuf<float> dq(q);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  const std::vector<float> gpu_paged = gpu_attention(c, dc, dq, rows, n_heads, true, window, softcap);
+  const std::vector<float> gpu_cont = gpu_attention(c, dc, dq, rows, n_heads, false, window, softcap);
+  std::vector<float> cpu(gpu_paged.size(), NAN);
+  const ck::PagedAttention a{q.data(), c.k_pages.data(), c.v_pages.data(), c.page_table.data(), rows.seq.data(),
+                             rows.pos.data(), cpu.data(), T, n_heads, n_kv, head_dim, head_dim, page_size,
+                             c.pt_stride, c.num_pages, scale, window, softcap};
+  ck::paged_attention(a, pool);
+  std::vector<float> f64(gpu_paged.size());
+  std::vector<double> o;
+  for (int32_t t = 0; t < T; ++t)
+    for (int32_t h = 0; h < n_heads; ++h) {
+      const size_t off = (static_cast<size_t>(t) * n_heads + h) * head_dim;
+      attention_f64(c, &q[off], rows.seq[static_cast<size_t>(t)], rows.pos[static_cast<size_t>(t)],
+                    h / (n_heads / n_kv), scale, o, window, softcap);
+      for (int32_t i = 0; i < head_dim; ++i) f64[off + static_cast<size_t>(i)] = static_cast<float>(o[static_cast<size_t>(i)]);
+    }
+  const Diff vs_cpu = compare(gpu_paged, cpu), vs_f64 = compare(gpu_paged, f64);
+  tally.check(vs_cpu.non_finite == 0 && vs_cpu.rel_l2 < 1e-5, "attention vs CPU, " + tag, vs_cpu.str());
+  tally.check(vs_f64.non_finite == 0 && vs_f64.rel_l2 < 1e-5, "attention vs f64, " + tag, vs_f64.str());
+  tally.check(same_bits(gpu_paged.data(), gpu_cont.data(), gpu_paged.size()), "paged == contiguous bit-exact, " + tag,
+              "shuffled, fragmented page table");
+  // The long sequence's last row alone, then as row 3 of a batch of the others.
+  const size_t qrow = static_cast<size_t>(n_heads) * head_dim;
+  DevBuf<float> dq1(std::vector<float>(q.begin() + 2 * static_cast<std::ptrdiff_t>(qrow),
+                                       q.begin() + 3 * static_cast<std::ptrdiff_t>(qrow)));
+  const std::vector<float> alone = gpu_attention(c, dc, dq1, Rows{{2}, {lens[2] - 1}}, n_heads, true, window, softcap);
+  tally.check(same_bits(alone.data(), &gpu_paged[2 * qrow], qrow), "attention batch invariance, " + tag,
+              "row alone vs in a batch of " + std::to_string(T));
 }
 
 // Chunking invariance: a prompt's rows computed in one call vs in chunks
@@ -932,6 +984,10 @@ int main(int argc, char** argv) {
     check_attention(tally, rng, &pool, 8, 8, 64, 32);    // MHA, head_dim 64
     check_attention(tally, rng, &pool, 16, 1, 256, 16);  // G = 16, head_dim 256
     check_attention_chunking(tally, rng);
+    check_attention_layouts(tally, rng, &pool, 100, 0.0f);   // a window inside one split
+    check_attention_layouts(tally, rng, &pool, 700, 0.0f);   // windows crossing split boundaries
+    check_attention_layouts(tally, rng, &pool, 0, 30.0f);    // Gemma 2's soft-cap, global
+    check_attention_layouts(tally, rng, &pool, 600, 5.0f);   // both
     for (ck::DType wt : {ck::DType::F32, ck::DType::F16, ck::DType::BF16}) check_matmul(tally, rng, &pool, wt);
     for (ck::DType wt : {ck::DType::F32, ck::DType::BF16}) check_rmsnorm(tally, rng, &pool, wt);
     check_rope_swiglu_embed(tally, rng, &pool);
