@@ -22,6 +22,8 @@
         "src/kernels_cpu.cc",
         "src/kernels_avx2.cc",
         "src/attention_simd.cc",
+        "src/quant_cpu.cc",
+        "src/quant_avx2.cc",
         "src/backend.cc",
         "src/engine.cc",
         "src/async_queue.cc",

@@ -555,6 +555,7 @@ CK_AVX2 void matmul_columns(const float* x, int32_t T, int32_t K, const void* W,
     case DType::F32: columns<DType::F32>(x, T, K, W, N, bias, y, n0, n1); break;
     case DType::F16: columns<DType::F16>(x, T, K, W, N, bias, y, n0, n1); break;
     case DType::BF16: columns<DType::BF16>(x, T, K, W, N, bias, y, n0, n1); break;
+    default: break;  // block formats never get here (quant.h: widened to f32 first)
   }
 }
 
@@ -577,6 +578,7 @@ CK_AVX512BW void matmul_columns_pairs(const float* x, const float* xp, int32_t T
       case DType::F32: columns_row_pairs<DType::F32>(x, xp, T16, K, W, N, bias, y, n0, n1); break;
       case DType::F16: columns_row_pairs<DType::F16>(x, xp, T16, K, W, N, bias, y, n0, n1); break;
       case DType::BF16: columns_row_pairs<DType::BF16>(x, xp, T16, K, W, N, bias, y, n0, n1); break;
+      default: break;  // block formats never get here (quant.h: widened to f32 first)
     }
   }
   if (T16 == T) return;
@@ -586,6 +588,7 @@ CK_AVX512BW void matmul_columns_pairs(const float* x, const float* xp, int32_t T
     case DType::F32: columns_pairs<DType::F32>(xr, T - T16, K, W, N, bias, yr, n0, n1); break;
     case DType::F16: columns_pairs<DType::F16>(xr, T - T16, K, W, N, bias, yr, n0, n1); break;
     case DType::BF16: columns_pairs<DType::BF16>(xr, T - T16, K, W, N, bias, yr, n0, n1); break;
+    default: break;  // block formats never get here (quant.h: widened to f32 first)
   }
 }
 

@@ -7,7 +7,7 @@ import {
   type WeightTensor,
 } from "../../native/index.ts";
 import type { EngineSpec } from "./config.ts";
-import type { DType } from "./dtype.ts";
+import type { WeightFormat } from "./dtype.ts";
 import type { ModelWeights } from "./weights.ts";
 
 /**
@@ -16,7 +16,15 @@ import type { ModelWeights } from "./weights.ts";
  * is not passed). The engine copies the bytes into native memory, so the
  * caller may drop `weights` once the engine is created.
  */
-const NATIVE_DTYPE: Record<DType, WeightDType> = { F32: "f32", F16: "f16", BF16: "bf16" };
+const NATIVE_DTYPE: Record<WeightFormat, WeightDType> = {
+  F32: "f32",
+  F16: "f16",
+  BF16: "bf16",
+  Q8_0: "q8_0",
+  Q4_0: "q4_0",
+  Q4_K: "q4_k",
+  Q6_K: "q6_k",
+};
 
 export function nativeSpec(spec: EngineSpec): ModelSpec {
   const rs = spec.ropeScaling;

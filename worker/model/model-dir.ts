@@ -4,7 +4,7 @@ import type { ModelManifest } from "../../schema/identity.ts";
 import { modelFingerprint } from "../../schema/identity.ts";
 import type { ModelFingerprint } from "../../schema/ids.ts";
 import { type ModelConfig, parseModelConfig } from "./config.ts";
-import { manifestOf, modelManifest, streamWeightsDigest } from "./fingerprint.ts";
+import { manifestOf, modelManifest, streamWeightsDigest, weightFormatOf } from "./fingerprint.ts";
 import type { ByteProgress } from "./progress.ts";
 import { SafetensorsCheckpoint } from "./safetensors.ts";
 import { ModelTokenizer } from "./tokenizer.ts";
@@ -115,6 +115,12 @@ export async function loadModelIdentity(
   const { config, eos, tokenizer } = await readTextSide(dir);
   const ckpt = await SafetensorsCheckpoint.open(dir);
   const expected = checkCheckpoint(ckpt, config.spec);
-  const manifest = manifestOf(config.spec, await streamWeightsDigest(ckpt, expected.keys()), opts.variant);
+  const formats = weightFormatOf([...expected.keys()].map((n) => ckpt.info(n).dtype));
+  const manifest = manifestOf(
+    config.spec,
+    await streamWeightsDigest(ckpt, expected.keys()),
+    opts.variant,
+    formats,
+  );
   return { dir, config, tokenizer, eosTokenIds: eos, manifest, fingerprint: modelFingerprint(manifest) };
 }
