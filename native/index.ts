@@ -294,6 +294,12 @@ export interface Kernels {
   dequantize(src: Uint8Array, dtype: WeightDType, out: Float32Array): void;
   /** Multi-threaded copy: the memory-bandwidth yardstick. */
   memcpy(dst: Uint8Array, src: Uint8Array): void;
+  /**
+   * FLOPs of `iters` rounds of 12 independent register-only FMA chains on
+   * every kernel thread at the active ISA's vector width (time the call):
+   * the FMA-peak yardstick.
+   */
+  fmaPeak(iters: number): number;
   /** Multi-threaded streaming read (a checksum of src's 64-bit words): the read-bandwidth yardstick. */
   memread(src: Uint8Array): number;
   /**

@@ -18,6 +18,7 @@
 #include "backend.h"
 #include "cpu.h"
 #include "engine.h"
+#include "fma_peak.h"
 #include "kernels.h"
 #include "quant.h"
 #include "thread_pool.h"
@@ -686,6 +687,16 @@ Napi::Value MemreadJs(const Napi::CallbackInfo& info) {
   return Napi::Number::New(env, static_cast<double>(static_cast<uint32_t>(total ^ (total >> 32))));
 }
 
+// fmaPeak(iters): the FLOPs of `iters` rounds of independent register-only
+// FMA chains on every kernel-pool thread at the active ISA's width (time it
+// from JS: the FMA-peak yardstick of bench kernels).
+Napi::Value FmaPeakJs(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  const int64_t iters = info[0].As<Napi::Number>().Int64Value();
+  need(env, iters >= 1 && iters <= (int64_t{1} << 40), "fmaPeak: iters must be in [1, 2^40]");
+  return Napi::Number::New(env, fma_peak_flops(iters, kernel_pool()));
+}
+
 // memcpy(dst: Uint8Array, src: Uint8Array): a multi-threaded copy on the
 // kernel pool, the bandwidth yardstick for the attention benchmark.
 Napi::Value MemcpyJs(const Napi::CallbackInfo& info) {
@@ -772,6 +783,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   k.Set("dequantize", Napi::Function::New(env, DequantizeJs));
   k.Set("memcpy", Napi::Function::New(env, MemcpyJs));
   k.Set("memread", Napi::Function::New(env, MemreadJs));
+  k.Set("fmaPeak", Napi::Function::New(env, FmaPeakJs));
   k.Set("poolF16", Napi::Function::New(env, PoolF16Js));
   exports.Set("kernels", k);
   return exports;

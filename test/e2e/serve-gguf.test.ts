@@ -36,7 +36,11 @@ async function complete(prompt: string, maxTokens: number) {
   expect(r.status).toBe(200);
   return (await r.json()) as {
     choices: { text: string }[];
-    usage: { prompt_tokens: number; completion_tokens: number; prompt_tokens_details?: { cached_tokens: number } };
+    usage: {
+      prompt_tokens: number;
+      completion_tokens: number;
+      prompt_tokens_details?: { cached_tokens: number };
+    };
   };
 }
 
