@@ -55,6 +55,27 @@ inline int64_t bytes_of(DType t, int64_t elems) {
   return elems / b.elems * b.bytes;
 }
 
+// The f16 at p (any alignment) as f32.
+inline float half_at(const uint8_t* p) {
+  f16 h;
+  __builtin_memcpy(&h, p, 2);
+  return f16_to_f32(h);
+}
+
+// Q4_K's 6-bit scale and min of group g < 8 from its 12 packed bytes s:
+// groups 0-3 in the low 6 bits of bytes g and g + 4; groups 4-7 take their
+// low 4 bits from byte g + 4 (scale: low nibble, min: high nibble) and their
+// top 2 bits from the top bits of bytes g - 4 (scale) and g (min).
+inline void q4k_scale_min(int g, const uint8_t* s, int* sc, int* m) {
+  if (g < 4) {
+    *sc = s[g] & 63;
+    *m = s[g + 4] & 63;
+  } else {
+    *sc = (s[g + 4] & 0xF) | ((s[g - 4] >> 6) << 4);
+    *m = (s[g + 4] >> 4) | ((s[g] >> 6) << 4);
+  }
+}
+
 // out[0, n) = elements [0, n) of the row data at `src` (n a whole number of
 // blocks, src the start of a block), exactly (see above). Portable code; the
 // vector paths produce the same bits.

@@ -6,25 +6,17 @@
 
 #include <immintrin.h>
 
-#include <cstring>
-
 #include "quant.h"
 
 namespace ck {
 namespace avx2 {
 namespace {
 
-inline float f16_at(const uint8_t* p) {
-  f16 h;
-  std::memcpy(&h, p, 2);
-  return f16_to_f32(h);
-}
-
 // 8 signed bytes at p as f32.
 CK_AVX2 inline __m256 i8x8(const __m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
 
 CK_AVX2 void q8_0(const uint8_t* b, float* out) {
-  const __m256 d = _mm256_set1_ps(f16_at(b));
+  const __m256 d = _mm256_set1_ps(half_at(b));
   const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2));
   const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 18));
   _mm256_storeu_ps(out, _mm256_mul_ps(d, i8x8(lo)));
@@ -34,7 +26,7 @@ CK_AVX2 void q8_0(const uint8_t* b, float* out) {
 }
 
 CK_AVX2 void q4_0(const uint8_t* b, float* out) {
-  const __m256 d = _mm256_set1_ps(f16_at(b));
+  const __m256 d = _mm256_set1_ps(half_at(b));
   const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2));
   const __m128i m = _mm_set1_epi8(0xF), eight = _mm_set1_epi8(8);
   const __m128i lo = _mm_sub_epi8(_mm_and_si128(q, m), eight);
@@ -55,28 +47,18 @@ CK_AVX2 inline void nibbles32(__m256i v, __m256 d, __m256 m, float* out) {
   }
 }
 
-inline void scale_min(int g, const uint8_t* s, int* sc, int* m) {
-  if (g < 4) {
-    *sc = s[g] & 63;
-    *m = s[g + 4] & 63;
-  } else {
-    *sc = (s[g + 4] & 0xF) | ((s[g - 4] >> 6) << 4);
-    *m = (s[g + 4] >> 4) | ((s[g] >> 6) << 4);
-  }
-}
-
 CK_AVX2 void q4_k(const uint8_t* b, float* out) {
-  const float d = f16_at(b), dmin = f16_at(b + 2);
+  const float d = half_at(b), dmin = half_at(b + 2);
   const uint8_t* scales = b + 4;
   const uint8_t* q = b + 16;
   const __m256i mask = _mm256_set1_epi8(0xF);
   for (int c = 0; c < 4; ++c, q += 32, out += 64) {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
     int sc, m;
-    scale_min(2 * c, scales, &sc, &m);
+    q4k_scale_min(2 * c, scales, &sc, &m);
     nibbles32(_mm256_and_si256(v, mask), _mm256_set1_ps(d * static_cast<float>(sc)),
               _mm256_set1_ps(dmin * static_cast<float>(m)), out);
-    scale_min(2 * c + 1, scales, &sc, &m);
+    q4k_scale_min(2 * c + 1, scales, &sc, &m);
     nibbles32(_mm256_and_si256(_mm256_srli_epi16(v, 4), mask), _mm256_set1_ps(d * static_cast<float>(sc)),
               _mm256_set1_ps(dmin * static_cast<float>(m)), out + 32);
   }
@@ -86,7 +68,7 @@ CK_AVX2 void q6_k(const uint8_t* b, float* out) {
   const uint8_t* ql = b;
   const uint8_t* qh = b + 128;
   const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
-  const float d = f16_at(b + 208);
+  const float d = half_at(b + 208);
   const __m256i m4 = _mm256_set1_epi32(0xF), m2 = _mm256_set1_epi32(3), off = _mm256_set1_epi32(32);
   for (int h = 0; h < 2; ++h, ql += 64, qh += 32, sc += 8, out += 128) {
     for (int l = 0; l < 32; l += 8) {

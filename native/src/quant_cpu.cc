@@ -9,33 +9,13 @@ namespace ck {
 
 namespace {
 
-inline float f16_at(const uint8_t* p) {
-  f16 h;
-  std::memcpy(&h, p, 2);
-  return f16_to_f32(h);
-}
-
-// Q4_K's 6-bit scale and min of group g < 8 from its 12 packed bytes:
-// groups 0-3 in the low 6 bits of bytes g and g + 4; groups 4-7 take their
-// low 4 bits from byte g + 4 (scale: low nibble, min: high nibble) and their
-// top 2 bits from the top bits of bytes g - 4 (scale) and g (min).
-inline void get_scale_min(int g, const uint8_t* s, int* sc, int* m) {
-  if (g < 4) {
-    *sc = s[g] & 63;
-    *m = s[g + 4] & 63;
-  } else {
-    *sc = (s[g + 4] & 0xF) | ((s[g - 4] >> 6) << 4);
-    *m = (s[g + 4] >> 4) | ((s[g] >> 6) << 4);
-  }
-}
-
 void dequant_q8_0(const uint8_t* b, float* out) {
-  const float d = f16_at(b);
+  const float d = half_at(b);
   for (int j = 0; j < 32; ++j) out[j] = d * static_cast<float>(static_cast<int8_t>(b[2 + j]));
 }
 
 void dequant_q4_0(const uint8_t* b, float* out) {
-  const float d = f16_at(b);
+  const float d = half_at(b);
   const uint8_t* q = b + 2;
   for (int j = 0; j < 16; ++j) {
     out[j] = d * static_cast<float>((q[j] & 0xF) - 8);
@@ -44,14 +24,14 @@ void dequant_q4_0(const uint8_t* b, float* out) {
 }
 
 void dequant_q4_k(const uint8_t* b, float* out) {
-  const float d = f16_at(b), dmin = f16_at(b + 2);
+  const float d = half_at(b), dmin = half_at(b + 2);
   const uint8_t* scales = b + 4;
   const uint8_t* q = b + 16;
   for (int c = 0; c < 4; ++c, q += 32, out += 64) {
     int sc, m;
-    get_scale_min(2 * c, scales, &sc, &m);
+    q4k_scale_min(2 * c, scales, &sc, &m);
     const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
-    get_scale_min(2 * c + 1, scales, &sc, &m);
+    q4k_scale_min(2 * c + 1, scales, &sc, &m);
     const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
     for (int l = 0; l < 32; ++l) {
       out[l] = d1 * static_cast<float>(q[l] & 0xF) - m1;
@@ -68,7 +48,7 @@ void dequant_q6_k(const uint8_t* b, float* out) {
   const uint8_t* ql = b;
   const uint8_t* qh = b + 128;
   const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
-  const float d = f16_at(b + 208);
+  const float d = half_at(b + 208);
   for (int h = 0; h < 2; ++h, ql += 64, qh += 32, sc += 8, out += 128) {
     for (int l = 0; l < 32; ++l) {
       const int is = l / 16;
@@ -94,7 +74,7 @@ void dequantize(DType t, const void* src, int64_t n, float* out) {
   for (int64_t i = 0; i < n; i += b.elems, p += b.bytes, out += b.elems) {
     switch (t) {
       case DType::F32: std::memcpy(out, p, 4); break;
-      case DType::F16: *out = f16_at(p); break;
+      case DType::F16: *out = half_at(p); break;
       case DType::BF16: {
         bf16 h;
         std::memcpy(&h, p, 2);

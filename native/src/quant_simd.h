@@ -48,9 +48,8 @@ CK_AVX2 inline __m256 quant_load8(const void* W, int64_t i) {
     const uint8_t* b = base + (i >> 8) * 144;
     const int e = static_cast<int>(i & 255), chunk = e >> 6, hi = (e >> 5) & 1, l = e & 31;
     const int g = 2 * chunk + hi;
-    const uint8_t* s = b + 4;
-    const int sc = g < 4 ? s[g] & 63 : (s[g + 4] & 0xF) | ((s[g - 4] >> 6) << 4);
-    const int m = g < 4 ? s[g + 4] & 63 : (s[g + 4] >> 4) | ((s[g] >> 6) << 4);
+    int sc, m;
+    q4k_scale_min(g, b + 4, &sc, &m);
     __m128i v = bytes8(b + 16 + 32 * chunk + l);
     if (hi) v = _mm_srli_epi16(v, 4);
     v = _mm_and_si128(v, _mm_set1_epi8(0xF));

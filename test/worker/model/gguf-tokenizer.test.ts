@@ -10,7 +10,14 @@ import { ModelTokenizer } from "../../../worker/model/tokenizer.ts";
  * end to end against tokenizer.json in gguf-model.test.ts.)
  */
 function header(meta: Record<string, GgufValue>): GgufHeader {
-  return { file: "spm.gguf", version: 3, metadata: new Map(Object.entries(meta)), tensors: new Map(), alignment: 32, fileSize: 0 };
+  return {
+    file: "spm.gguf",
+    version: 3,
+    metadata: new Map(Object.entries(meta)),
+    tensors: new Map(),
+    alignment: 32,
+    fileSize: 0,
+  };
 }
 
 const bytes = Array.from({ length: 256 }, (_, b) => `<0x${b.toString(16).toUpperCase().padStart(2, "0")}>`);
@@ -50,7 +57,11 @@ describe("a llama SentencePiece vocabulary from GGUF metadata", () => {
 
   it("refuses a vocabulary without scores, or longer than the embedding", () => {
     const { "tokenizer.ggml.scores": _, ...noScores } = meta;
-    expect(() => tokenizerFromGguf(new GgufMeta(header(noScores)), 300)).toThrow(/scores must give one score per token/);
-    expect(() => tokenizerFromGguf(new GgufMeta(header(meta)), 10)).toThrow(/has 268 tokens but token_embd\.weight has only 10 rows/);
+    expect(() => tokenizerFromGguf(new GgufMeta(header(noScores)), 300)).toThrow(
+      /scores must give one score per token/,
+    );
+    expect(() => tokenizerFromGguf(new GgufMeta(header(meta)), 10)).toThrow(
+      /has 268 tokens but token_embd\.weight has only 10 rows/,
+    );
   });
 });
