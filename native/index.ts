@@ -21,7 +21,33 @@
 import { createRequire } from "node:module";
 import type { PageId } from "../schema/ids.ts";
 
-export type WeightDType = "f32" | "f16" | "bf16";
+/**
+ * Weight element types: one value per element (f32, f16, bf16), or one of
+ * llama.cpp's block formats (native/src/quant.h: a row of K elements is K /
+ * block blocks), which only weight matrices and the embedding may use.
+ */
+export type WeightDType = "f32" | "f16" | "bf16" | "q8_0" | "q4_0" | "q4_k" | "q6_k";
+
+/** Elements and bytes of one block of each weight type (a value of f32/f16/bf16 is a block of one). */
+export const WEIGHT_BLOCKS: Readonly<
+  Record<WeightDType, { readonly elems: number; readonly bytes: number }>
+> = {
+  f32: { elems: 1, bytes: 4 },
+  f16: { elems: 1, bytes: 2 },
+  bf16: { elems: 1, bytes: 2 },
+  q8_0: { elems: 32, bytes: 34 },
+  q4_0: { elems: 32, bytes: 18 },
+  q4_k: { elems: 256, bytes: 144 },
+  q6_k: { elems: 256, bytes: 210 },
+};
+
+/** Bytes of a tensor of `shape` in `dtype`, or null when its rows are not whole blocks. */
+export function weightBytes(dtype: WeightDType, shape: readonly number[]): number | null {
+  const b = WEIGHT_BLOCKS[dtype];
+  const row = shape.length > 0 ? shape[shape.length - 1]! : 1;
+  if (row % b.elems !== 0) return null;
+  return (shape.reduce((a, d) => a * d, 1) / b.elems) * b.bytes;
+}
 
 /** Llama-3 rotary frequency scaling, with Hugging Face's `rope_scaling` field names. */
 export interface Llama3RopeScaling {
@@ -302,8 +328,16 @@ export interface Kernels {
   /** In place: x = cap · tanh(x / cap), cap > 0. */
   softcap(x: Float32Array, cap: number): void;
   embed(ids: Int32Array, table: Uint8Array, dtype: WeightDType, D: number, out: Float32Array): void;
+  /** out = the exact values of src's out.length elements of dtype (whole blocks), on the active ISA's path. */
+  dequantize(src: Uint8Array, dtype: WeightDType, out: Float32Array): void;
   /** Multi-threaded copy: the memory-bandwidth yardstick. */
   memcpy(dst: Uint8Array, src: Uint8Array): void;
+  /**
+   * FLOPs of `iters` rounds of 12 independent register-only FMA chains on
+   * every kernel thread at the active ISA's vector width (time the call):
+   * the FMA-peak yardstick.
+   */
+  fmaPeak(iters: number): number;
   /** Multi-threaded streaming read (a checksum of src's 64-bit words): the read-bandwidth yardstick. */
   memread(src: Uint8Array): number;
   /**
@@ -539,8 +573,6 @@ export function weightNames(spec: ModelSpec): { name: string; shape: number[] }[
   return out;
 }
 
-const DTYPE_BYTES: Record<WeightDType, number> = { f32: 4, f16: 2, bf16: 2 };
-
 /** Checks every tensor (presence, no extras, shape, dtype, byte length) and returns them in load order. */
 function orderWeights(spec: ModelSpec, weights: Weights): { dtype: WeightDType; data: Uint8Array }[] {
   const byName: ReadonlyMap<string, WeightTensor> =
@@ -554,14 +586,21 @@ function orderWeights(spec: ModelSpec, weights: Weights): { dtype: WeightDType; 
   return wanted.map(({ name, shape }) => {
     const t = byName.get(name);
     if (t === undefined) throw new WeightError(`missing tensor ${name} [${shape.join(", ")}]`);
-    if (!(t.dtype in DTYPE_BYTES)) {
-      throw new WeightError(`tensor ${name}: dtype ${String(t.dtype)} is not f32, f16 or bf16`);
+    if (!Object.hasOwn(WEIGHT_BLOCKS, t.dtype)) {
+      throw new WeightError(
+        `tensor ${name}: dtype ${String(t.dtype)} is not one of ${Object.keys(WEIGHT_BLOCKS).join(", ")}`,
+      );
     }
     if (t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
       throw new WeightError(`tensor ${name}: shape [${t.shape.join(", ")}], expected [${shape.join(", ")}]`);
     }
     if (!(t.data instanceof Uint8Array)) throw new WeightError(`tensor ${name}: data must be a Uint8Array`);
-    const bytes = shape.reduce((a, b) => a * b, 1) * DTYPE_BYTES[t.dtype];
+    const bytes = weightBytes(t.dtype, shape);
+    if (bytes === null) {
+      throw new WeightError(
+        `tensor ${name}: rows of ${shape[shape.length - 1]} elements are not whole ${t.dtype} blocks of ${WEIGHT_BLOCKS[t.dtype].elems}`,
+      );
+    }
     if (t.data.byteLength !== bytes) {
       throw new WeightError(`tensor ${name}: ${t.data.byteLength} bytes, expected ${bytes} for ${t.dtype}`);
     }

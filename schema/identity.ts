@@ -114,6 +114,13 @@ export interface ModelManifest {
   readonly weightsDigest: string;
   /** The architecture config that shapes the computation (layers, heads, dims, rope, eps…). */
   readonly architecture: Record<string, unknown>;
+  /**
+   * How the weights are stored, which decides the numbers computed from them:
+   * "bf16", or a GGUF file's mix such as "f32+q4_k+q6_k" (the distinct tensor
+   * types, lowercase, sorted, joined by "+"). So chunks computed from a Q4
+   * model are never reused by an F16 one, whatever else they share.
+   */
+  readonly weightFormat: string;
   /** KV page element type, e.g. "f16". */
   readonly kvDtype: string;
   /** Attention-state layout, e.g. "kv-gqa/v1". */

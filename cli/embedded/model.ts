@@ -59,7 +59,7 @@ export async function ensureModel(config: Config, log: Logger): Promise<{ model:
   const dir = await modelDir(config, log);
   const model = await loadModelDir(dir, { variant: CPU_VARIANT });
   log.log("info", "model.loaded", { dir, fingerprint: model.fingerprint, layers: model.config.spec.nLayers });
-  return { model, id: basename(resolve(dir)) };
+  return { model, id: modelId(dir) };
 }
 
 /**
@@ -75,7 +75,12 @@ export async function ensureModelIdentity(
   const dir = await modelDir(config, log);
   const model = await loadModelIdentity(dir, { variant: CPU_VARIANT });
   log.log("info", "model.identified", { dir, fingerprint: model.fingerprint });
-  return { model, id: basename(resolve(dir)) };
+  return { model, id: modelId(dir) };
+}
+
+/** The served model's name: its directory's, or its GGUF file's without the extension. */
+function modelId(dir: string): string {
+  return basename(resolve(dir)).replace(/\.gguf$/, "");
 }
 
 /** model.dir, or the preset's directory under the data dir (generated on first use). */

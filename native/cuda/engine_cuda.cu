@@ -133,6 +133,7 @@ std::string CudaEngine::set_weight(size_t index, DType dtype, const uint8_t* dat
           case DType::F32: std::memcpy(&x, data + 4 * i, 4); break;
           case DType::F16: std::memcpy(&h, data + 2 * i, 2), x = f16_to_f32_exact(h); break;
           case DType::BF16: std::memcpy(&h, data + 2 * i, 2), x = bf16_to_f32_exact(h); break;
+          default: break;  // check_weight admits block formats only for matrices and the embedding
         }
         f[i] = 1.0f + x;
       }
@@ -155,6 +156,7 @@ std::string CudaEngine::set_weight(size_t index, DType dtype, const uint8_t* dat
         case DType::F32: std::memcpy(&f[i], data + 4 * i, 4); break;
         case DType::F16: std::memcpy(&h, data + 2 * i, 2), f[i] = f16_to_f32_exact(h); break;
         case DType::BF16: std::memcpy(&h, data + 2 * i, 2), f[i] = bf16_to_f32_exact(h); break;
+        default: break;  // biases are never quantized (check_weight)
       }
     }
     b.reserve(n * sizeof(float));

@@ -90,6 +90,14 @@ void contiguous_attention(const ck::ContiguousAttention& a, const AttentionLaunc
 void matmul(const float* x, int32_t T, int32_t K, const void* W, ck::DType wt, int32_t N, const float* bias,
             float* y, cudaStream_t stream);
 
+// The same product with W in a block format (native/src/quant.h), K a whole
+// number of its blocks; matmul() dispatches here (native/cuda/quant.cu).
+void quant_matmul(const float* x, int32_t T, int32_t K, const void* W, ck::DType wt, int32_t N, const float* bias,
+                  float* y, cudaStream_t stream);
+// embed() for a table in a block format, D a whole number of its blocks.
+void quant_embed(const int32_t* ids, int32_t T, const void* table, ck::DType wt, int32_t D, float* out,
+                 cudaStream_t stream);
+
 // y[t,:] = x[t,:] / sqrt(mean(x[t,:]^2) + eps) * w. One block per row; the sum
 // of squares is a fixed tree over a fixed block size.
 void rmsnorm(const float* x, const void* w, ck::DType wt, int32_t T, int32_t D, float eps, float* y,
