@@ -118,6 +118,12 @@ export interface CudaStatus {
   readonly devices: number;
   /** Why no device is usable (absent when devices > 0). */
   readonly reason?: string;
+  /** Device 0's compute capability, e.g. "sm90" (absent without a device). */
+  readonly arch?: string;
+  /** The CUDA toolkit the backend was compiled with, e.g. "13.0" (absent when not built). */
+  readonly toolkit?: string;
+  /** The kernels' numerics tag (kNumerics, native/cuda/kernels_cuda.cuh; absent when not built). */
+  readonly numerics?: string;
 }
 
 export interface NativeBackends {
@@ -153,10 +159,26 @@ export interface Engine {
   /** Copy-on-write: every layer's K and V of page src into page dst. */
   copyPage(src: PageId, dst: PageId): Promise<void>;
   /**
+   * Times later steps by part on the device (CUDA events; the CUDA engine
+   * only: the CPU engine throws). Enabling clears the totals; it costs host
+   * time per GEMM and attention call, so leave it off when serving.
+   */
+  setProfiling(on: boolean): void;
+  /** Device time of the steps since profiling was enabled (zeros when it never was). */
+  profile(): StepProfile;
+  /**
    * Releases native memory. Waits for the job running on each thread, rejects
    * queued ones with "engine freed"; afterwards every call throws "engine freed".
    */
   free(): void;
+}
+
+/** Milliseconds of device time summed over `steps` steps; the rest of a step is stepMs − gemmMs − attentionMs. */
+export interface StepProfile {
+  readonly steps: number;
+  readonly stepMs: number;
+  readonly gemmMs: number;
+  readonly attentionMs: number;
 }
 
 // ---- the addon --------------------------------------------------------------
@@ -171,6 +193,8 @@ interface NativeEngine {
   downloadPages(ids: Int32Array): Promise<Uint8Array>;
   uploadPages(ids: Int32Array, bytes: Uint8Array): Promise<void>;
   copyPage(src: number, dst: number): Promise<void>;
+  setProfiling(on: boolean): void;
+  profile(): StepProfile;
   free(): void;
   readonly threads: number;
   readonly pageBytes: number;
@@ -581,6 +605,12 @@ class NativeBackedEngine implements Engine {
   }
   copyPage(src: PageId, dst: PageId): Promise<void> {
     return this.#live().copyPage(src, dst);
+  }
+  setProfiling(on: boolean): void {
+    this.#live().setProfiling(on);
+  }
+  profile(): StepProfile {
+    return this.#live().profile();
   }
   free(): void {
     const n = this.#native;

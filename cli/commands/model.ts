@@ -3,10 +3,10 @@ import type { DType } from "../../worker/model/dtype.ts";
 import { generateModel, PRESETS, type Preset } from "../../worker/model/generate.ts";
 import { loadModelDir } from "../../worker/model/model-dir.ts";
 import { numel } from "../../worker/model/safetensors.ts";
+import { chooseEngine } from "../../worker/runtime/engine-load.ts";
 import { type Command, UsageError } from "../command.ts";
 
 const DTYPES: Record<string, DType> = { f32: "F32", f16: "F16", bf16: "BF16" };
-const DEFAULT_VARIANT = "cpu-f32acc/v1";
 const MODEL_ERRORS = new Set([
   "ModelConfigError",
   "SafetensorsError",
@@ -30,7 +30,8 @@ const usage = [
   "       An existing non-empty DIR is refused unless --force.",
   "info   loads a model directory (any Hugging Face Llama/Mistral/Qwen2 checkpoint) and prints",
   "       its config, tensor count and bytes, and the model fingerprint for the execution",
-  `       variant (default ${DEFAULT_VARIANT}).`,
+  "       variant NAME (default: the variant of the engine a worker gets on this machine,",
+  "       cpu-f32acc/v1 or a CUDA one; the value for model.variant of a fleet of such workers).",
 ].join("\n");
 
 async function init(argv: readonly string[]): Promise<number> {
@@ -89,7 +90,9 @@ async function info(argv: readonly string[]): Promise<number> {
   const [dir, ...extra] = positionals;
   if (dir === undefined) throw new UsageError("missing model DIR");
   if (extra.length > 0) throw new UsageError(`unexpected arguments: ${extra.join(" ")}`);
-  const m = await loadModelDir(dir, { variant: values.variant ?? DEFAULT_VARIANT });
+  // A named variant is taken as given (what a worker elsewhere would fingerprint).
+  const variant = values.variant ?? chooseEngine("auto", "auto").variant;
+  const m = await loadModelDir(dir, { variant });
   let params = 0;
   let bytes = 0;
   const dtypes = new Set<string>();

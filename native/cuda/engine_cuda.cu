@@ -15,6 +15,8 @@ namespace ck {
 CudaProbe cuda_probe() {
   CudaProbe p;
   p.built = true;
+  p.toolkit = std::to_string(CUDART_VERSION / 1000) + "." + std::to_string(CUDART_VERSION % 1000 / 10);
+  p.numerics = cuda::kNumerics;
   int n = 0;
   // With the static runtime this is where libcuda.so is first looked for: on
   // a machine without a driver it fails here, with the reason, and nothing
@@ -26,7 +28,21 @@ CudaProbe cuda_probe() {
     return p;
   }
   p.devices = n;
-  if (n == 0) p.reason = "no CUDA device";
+  if (n == 0) {
+    p.reason = "no CUDA device";
+    return p;
+  }
+  // The engine runs on the current device (0 unless the process chose
+  // another): its compute capability selects the machine code that runs.
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) == cudaSuccess &&
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess) {
+    p.arch = "sm" + std::to_string(major) + std::to_string(minor);
+  } else {
+    (void)cudaGetLastError();
+    p.reason = "device 0: compute capability unreadable";
+  }
   return p;
 }
 
@@ -90,6 +106,9 @@ std::string CudaEngine::unsupported(const ModelSpec& s) {
     return "vHeadDim " + std::to_string(s.v_head_dim) + " differs from headDim; the CUDA attention kernels need them equal";
   if (s.n_heads / s.n_kv > 16)
     return "nHeads / nKvHeads = " + std::to_string(s.n_heads / s.n_kv) + " exceeds the CUDA attention kernels' 16";
+  if (s.hidden % 8 != 0 || s.ffn % 8 != 0)
+    return "hidden " + std::to_string(s.hidden) + " and ffn " + std::to_string(s.ffn) +
+           " must be multiples of 8 (the CUDA GEMM reads 16-byte rows of K)";
   return "";
 }
 
@@ -270,6 +289,7 @@ void CudaEngine::forward(const StepBatch& b, Mode mode, float* logits) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim));
   const int32_t max_keys = *std::max_element(b.positions.begin(), b.positions.end()) + 1;
   reserve_scratch(T, R, max_keys);
+  profiler_.begin_step(compute_);
 
   upload(tokens_, b.tokens);
   upload(positions_, b.positions);
@@ -304,13 +324,14 @@ void CudaEngine::forward(const StepBatch& b, Mode mode, float* logits) {
     f16* kc = (mode == Mode::Paged ? k_pages_ : k_ctx_)[static_cast<size_t>(l)].as<f16>();
     f16* vc = (mode == Mode::Paged ? v_pages_ : v_ctx_)[static_cast<size_t>(l)].as<f16>();
     rmsnorm(x, L.input_norm.data.get(), L.input_norm.dtype, T, m.hidden, m.rms_eps, h, compute_);
-    matmul(h, T, m.hidden, L.q.data.get(), L.q.dtype, qn, L.q_bias.as<float>(), q, compute_);
-    matmul(h, T, m.hidden, L.k.data.get(), L.k.dtype, kn, L.k_bias.as<float>(), k, compute_);
-    matmul(h, T, m.hidden, L.v.data.get(), L.v.dtype, vn, L.v_bias.as<float>(), v, compute_);
+    gemm(h, T, m.hidden, L.q, qn, L.q_bias.as<float>(), q);
+    gemm(h, T, m.hidden, L.k, kn, L.k_bias.as<float>(), k);
+    gemm(h, T, m.hidden, L.v, vn, L.v_bias.as<float>(), v);
     rope(q, T, m.n_heads, m.head_dim, pos, inv_freq_.as<float>(), compute_);
     rope(k, T, m.n_kv, m.head_dim, pos, inv_freq_.as<float>(), compute_);
     routed_append(k, slots_.as<int32_t>(), T, kn, num_slots, kc, compute_);
     routed_append(v, slots_.as<int32_t>(), T, vn, num_slots, vc, compute_);
+    profiler_.begin(StepPart::Attention, compute_);
     if (mode == Mode::Paged) {
       const PagedAttention a{q, kc, vc, page_table_.as<int32_t>(), row_seq_.as<int32_t>(), pos, attn,
                              T, m.n_heads, m.n_kv, m.head_dim, m.v_head_dim, page_size_, b.pt_stride, num_pages_, scale};
@@ -320,13 +341,14 @@ void CudaEngine::forward(const StepBatch& b, Mode mode, float* logits) {
                                   T, m.n_heads, m.n_kv, m.head_dim, m.v_head_dim, ctx_cap_, scale};
       contiguous_attention(a, launch);
     }
-    matmul(attn, T, on, L.o.data.get(), L.o.dtype, m.hidden, nullptr, o, compute_);
+    profiler_.end(StepPart::Attention, compute_);
+    gemm(attn, T, on, L.o, m.hidden, nullptr, o);
     add_inplace(x, o, T * H, compute_);
     rmsnorm(x, L.post_norm.data.get(), L.post_norm.dtype, T, m.hidden, m.rms_eps, h, compute_);
-    matmul(h, T, m.hidden, L.gate.data.get(), L.gate.dtype, m.ffn, nullptr, g, compute_);
-    matmul(h, T, m.hidden, L.up.data.get(), L.up.dtype, m.ffn, nullptr, u, compute_);
+    gemm(h, T, m.hidden, L.gate, m.ffn, nullptr, g);
+    gemm(h, T, m.hidden, L.up, m.ffn, nullptr, u);
     swiglu(g, u, T, m.ffn, g, compute_);
-    matmul(g, T, m.ffn, L.down.data.get(), L.down.dtype, m.hidden, nullptr, o, compute_);
+    gemm(g, T, m.ffn, L.down, m.hidden, nullptr, o);
     add_inplace(x, o, T * H, compute_);
   }
   if (R > 0) {
@@ -337,12 +359,20 @@ void CudaEngine::forward(const StepBatch& b, Mode mode, float* logits) {
     rmsnorm(sel_.as<float>(), final_norm_.data.get(), final_norm_.dtype, R, m.hidden, m.rms_eps, nsel_.as<float>(),
             compute_);
     const DeviceWeight& head = m.tied_embeddings ? embed_ : lm_head_;
-    matmul(nsel_.as<float>(), R, m.hidden, head.data.get(), head.dtype, m.vocab, nullptr, logits_.as<float>(), compute_);
+    gemm(nsel_.as<float>(), R, m.hidden, head, m.vocab, nullptr, logits_.as<float>());
     CK_CUDA(cudaMemcpyAsync(logits, logits_.get(), static_cast<size_t>(R) * m.vocab * sizeof(float),
                             cudaMemcpyDeviceToHost, compute_));
   }
   // Also where an error inside any kernel of this step surfaces.
   CK_CUDA(cudaStreamSynchronize(compute_));
+  profiler_.end_step_synchronized(compute_);
+}
+
+void CudaEngine::gemm(const float* x, int32_t T, int32_t K, const DeviceWeight& w, int32_t N, const float* bias,
+                      float* y) {
+  profiler_.begin(StepPart::Gemm, compute_);
+  matmul(x, T, K, w.data.get(), w.dtype, N, bias, y, compute_, &gemm_ws_);
+  profiler_.end(StepPart::Gemm, compute_);
 }
 
 std::string CudaEngine::validate_pages(const std::vector<int32_t>& ids) const {

@@ -19,6 +19,7 @@ import { Rng, seedRng } from "../../../worker/model/prng.ts";
 import { referenceForward } from "../../../worker/model/reference.ts";
 import { specInvFreq } from "../../../worker/model/rope.ts";
 import { argmax, initialSamplerState, samplingParams } from "../../../worker/model/sampling.ts";
+import { CPU_VARIANT } from "../../../worker/model/variant.ts";
 
 /**
  * Exactness of the decoders on the generated tiny model (2 layers, GQA 4/2,
@@ -97,7 +98,7 @@ async function allRows(decoder: Decoder, tokens: readonly number[]): Promise<Flo
 beforeAll(async () => {
   root = await mkdtemp(join(tmpdir(), "continuum-dec-"));
   tiny = await loadModelDir((await generateModel({ preset: "tiny", out: join(root, "tiny") })).dir, {
-    variant: "cpu-f32acc/v1",
+    variant: CPU_VARIANT,
   });
 });
 afterAll(async () => {

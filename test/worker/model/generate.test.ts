@@ -6,9 +6,10 @@ import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { generateModel } from "../../../worker/model/generate.ts";
 import { loadModelDir } from "../../../worker/model/model-dir.ts";
+import { CPU_VARIANT } from "../../../worker/model/variant.ts";
 
 const run = promisify(execFile);
-const VARIANT = "cpu-f32acc/v1";
+const VARIANT = CPU_VARIANT;
 let root: string;
 
 beforeAll(async () => {
