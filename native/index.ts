@@ -308,6 +308,7 @@ interface Addon {
     backend: BackendName,
   ) => NativeEngine;
   cudaProbe(): CudaStatus;
+  cudaCopyGbPerS(bytes: number): number;
   readonly features: CpuFeatures;
   readonly defaultThreads: number;
   readonly kernels: Kernels;
@@ -343,6 +344,15 @@ export function nativeBackends(): NativeBackends {
     cpu: { isa: kernels.isa(), threads: defaultThreads, ...features },
     cuda: addon.cudaProbe(),
   };
+}
+
+/**
+ * The device's copy bandwidth: GB/s read + written by a device-to-device copy
+ * of `bytes` (median of 10; the yardstick GPU benchmarks divide by, measured
+ * as native/gpu-check.sh does). Throws without a usable CUDA device.
+ */
+export function cudaCopyGbPerS(bytes: number = 2 ** 31): number {
+  return addon.cudaCopyGbPerS(bytes);
 }
 
 export class BackendUnavailableError extends Error {

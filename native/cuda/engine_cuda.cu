@@ -50,6 +50,40 @@ std::unique_ptr<Backend> make_cuda_engine(const ModelSpec& spec, std::vector<flo
   return std::make_unique<cuda::CudaEngine>(spec, std::move(inv_freq));
 }
 
+double cuda_copy_gb_per_s(size_t bytes) {
+  const CudaProbe probe = cuda_probe();
+  if (probe.devices == 0) throw std::runtime_error("cuda copy bandwidth: no usable device (" + probe.reason + ")");
+  cuda::DeviceBuffer src(bytes), dst(bytes);
+  cudaStream_t stream = nullptr;
+  cudaEvent_t a = nullptr, b = nullptr;
+  std::vector<float> ms;
+  try {
+    CK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    CK_CUDA(cudaEventCreate(&a));
+    CK_CUDA(cudaEventCreate(&b));
+    CK_CUDA(cudaMemsetAsync(src.get(), 0x5a, bytes, stream));
+    for (int i = 0; i < 13; ++i) {
+      CK_CUDA(cudaEventRecord(a, stream));
+      CK_CUDA(cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice, stream));
+      CK_CUDA(cudaEventRecord(b, stream));
+      CK_CUDA(cudaEventSynchronize(b));
+      float t = 0;
+      CK_CUDA(cudaEventElapsedTime(&t, a, b));
+      if (i >= 3) ms.push_back(t);
+    }
+  } catch (...) {
+    if (a != nullptr) cudaEventDestroy(a);
+    if (b != nullptr) cudaEventDestroy(b);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+    throw;
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaStreamDestroy(stream);
+  std::sort(ms.begin(), ms.end());
+  return 2.0 * static_cast<double>(bytes) / (static_cast<double>(ms[ms.size() / 2]) * 1e6);
+}
+
 namespace cuda {
 
 namespace {

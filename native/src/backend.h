@@ -169,6 +169,11 @@ struct CudaProbe {
   std::string arch, toolkit, numerics;
 };
 CudaProbe cuda_probe();
+// Device copy bandwidth in GB/s, bytes read + written, of a device-to-device
+// copy of `bytes` (median of 10 after 3 unmeasured; CUDA events), the
+// yardstick GPU benchmarks compare themselves with (native/gpu-check.sh
+// measures it the same way). Throws when no device is usable.
+double cuda_copy_gb_per_s(size_t bytes);
 // Throws std::runtime_error with the reason when no engine can be made (no
 // device, a spec the CUDA kernels do not support).
 std::unique_ptr<Backend> make_cuda_engine(const ModelSpec& spec, std::vector<float> inv_freq);

@@ -731,6 +731,21 @@ Napi::Value CudaProbeJs(const Napi::CallbackInfo& info) {
   return o;
 }
 
+// cudaCopyGbPerS(bytes) -> GB/s (read + written) of a device-to-device copy
+// (backend.h cuda_copy_gb_per_s); blocks the calling thread ~13 copies long.
+Napi::Value CudaCopyGbPerSJs(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  need(env, info[0].IsNumber(), "cudaCopyGbPerS: bytes must be a number");
+  const double bytes = info[0].As<Napi::Number>().DoubleValue();
+  need(env, bytes >= (1 << 20) && bytes <= 0x1p36 && bytes == static_cast<double>(static_cast<int64_t>(bytes)),
+       "cudaCopyGbPerS: bytes must be an integer in [2^20, 2^36]");
+  try {
+    return Napi::Number::New(env, cuda_copy_gb_per_s(static_cast<size_t>(bytes)));
+  } catch (const std::exception& e) {
+    throw Napi::Error::New(env, e.what());
+  }
+}
+
 Napi::Object Features(Napi::Env env) {
   const CpuFeatures f = cpu_features();
   Napi::Object o = Napi::Object::New(env);
@@ -744,6 +759,7 @@ Napi::Object Features(Napi::Env env) {
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("Engine", EngineWrap::Init(env));
   exports.Set("cudaProbe", Napi::Function::New(env, CudaProbeJs));
+  exports.Set("cudaCopyGbPerS", Napi::Function::New(env, CudaCopyGbPerSJs));
   exports.Set("features", Features(env));
   exports.Set("defaultThreads", Napi::Number::New(env, default_threads()));
   Napi::Object k = Napi::Object::New(env);
