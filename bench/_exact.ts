@@ -39,6 +39,10 @@ import { WorkerRuntime } from "../worker/runtime/runtime.ts";
 export interface ExactnessResult {
   readonly restore: boolean;
   readonly restoredTokens: number;
+  /** Restore from RAM (fetch, verify, upload) + the rest's prefill + first logits, on warm engines. */
+  readonly restoredFirstTokenMs: number;
+  /** The whole prompt recomputed + first logits. */
+  readonly recomputedFirstTokenMs: number;
   readonly batch16: boolean;
   readonly chunking: boolean;
   readonly detail: string;
@@ -101,7 +105,9 @@ class Device {
     const seq = [...tokens];
     const chain = new PageHashChain(PAGE, undefined);
     let first: Float32Array | undefined;
+    let firstMs = 0;
     const greedy: number[] = [];
+    const t0 = performance.now();
     for (let step = 0; step <= decode; step++) {
       const have = this.pages.route(route).tokens;
       const plan = this.pages.beginAppend(route, TokenCount(seq.length - have));
@@ -120,11 +126,14 @@ class Device {
       const vocab = this.engine.spec.vocab;
       const at = built.logitIndex[0]!;
       const row = logits.slice(at * vocab, (at + 1) * vocab);
-      first ??= row;
+      if (first === undefined) {
+        first = row;
+        firstMs = performance.now() - t0;
+      }
       greedy.push(argmax(row));
       seq.push(greedy.at(-1)!);
     }
-    return { logits: first!, greedy };
+    return { logits: first!, greedy, firstMs };
   }
 
   close(): void {
@@ -132,12 +141,12 @@ class Device {
   }
 }
 
-/** Costs under which every whole chunk pays to capture and to restore (the check needs them captured). */
+/** Costs under which every whole chunk pays to capture and to restore, from RAM first (the check needs them captured). */
 const COSTS: ConfiguredCosts = {
   prefillPerTokenMs: 1,
   firstTokenMs: 1,
   decodeStepMs: 1,
-  restorePerByteMs: { ram: 1e-12, ssd: 1e-12, peer: 1, s3: 1 },
+  restorePerByteMs: { ram: 1e-12, ssd: 1e-9, peer: 1, s3: 1 },
 };
 
 async function checkRestore(model: LoadedModel, backend: BackendName, promptTokens: number) {
@@ -215,7 +224,11 @@ async function checkRestore(model: LoadedModel, backend: BackendName, promptToke
       fetchTimeoutMs: 10_000,
       logger: silentLogger,
     });
+    // Warm both engines (first launches, scratch) on a short prompt of their own.
+    for (const d of [b, c])
+      await d.continueGreedy(d.openRoute(64), promptOf(32, 5, model.config.spec.vocab), 0);
     const route = b.openRoute(prompt.length + 8);
+    const t0 = performance.now();
     const ticket = restorer.begin({
       route,
       tokens: prompt.slice(0, -1),
@@ -227,6 +240,7 @@ async function checkRestore(model: LoadedModel, backend: BackendName, promptToke
       record: () => undefined,
     });
     const restored = ticket !== null && (await ticket.done) ? b.pages.route(route).tokens : 0;
+    const restoreMs = performance.now() - t0;
     await restorer.idle();
     const got = await b.continueGreedy(route, prompt, 4);
     const want = await c.continueGreedy(c.openRoute(prompt.length + 8), prompt, 4);
@@ -235,6 +249,8 @@ async function checkRestore(model: LoadedModel, backend: BackendName, promptToke
     return {
       same,
       restored,
+      restoredMs: restoreMs + got.firstMs,
+      recomputedMs: want.firstMs,
       detail: `${published} of ${nodes.length} chunks published, ${restored} tokens restored`,
     };
   } finally {
@@ -301,6 +317,8 @@ export async function checkExactness(
   return {
     restore: r.same,
     restoredTokens: r.restored,
+    restoredFirstTokenMs: r.restoredMs,
+    recomputedFirstTokenMs: r.recomputedMs,
     batch16: bc.batch16,
     chunking: bc.chunking,
     detail: `${r.detail}; prefill chunks ${bc.sizes.join("+")}`,

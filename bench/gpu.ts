@@ -68,7 +68,7 @@ const FULL: Sizes = {
   prefillCount: 4,
   ttftTokens: 4096,
   sharedTokens: 3840,
-  exactTokens: 1040,
+  exactTokens: 4096,
   profileSteps: 20,
   torchDecode: 128,
 };
@@ -321,25 +321,15 @@ const bench: Bench = {
       figures.ttft_resident_cached_tokens = resident.cachedTokens;
       ratios.ttft_resident_over_cold = round(resident.ms / cold.ms);
       const chunks = S / 256;
-      const captured = await readyReplicas(serve, "ram", chunks, quick ? 20_000 : 30_000);
+      const captured = await readyReplicas(serve, "ram", chunks, 15_000);
       figures.ttft_chunks_checkpointed = captured;
       if (captured) {
         await complete(serve, promptOf(L, 13, spec.vocab), 1); // evicts the shared prefix's pages
-        const ram = await complete(serve, variantOf(14), 1);
-        const m = await metrics(serve);
-        figures.ttft_ram_ms = round(ram.ms);
-        figures.ttft_ram_cached_tokens = ram.cachedTokens;
-        figures.ttft_ram_restored_tokens = m.get('continuum_cache_restored_tokens_total{tier="ram"}') ?? 0;
-        ratios.ttft_ram_over_cold = round(ram.ms / cold.ms);
+        await restoredTtft(serve, "ram", variantOf(14), cold.ms, figures, ratios);
         await readyReplicas(serve, "ssd", chunks, 30_000);
         await serve.stop();
         serve = await startServe(serveEnv(ttftPages, ttftDir), readyMs);
-        const ssd = await complete(serve, variantOf(15), 1);
-        const m2 = await metrics(serve);
-        figures.ttft_ssd_ms = round(ssd.ms);
-        figures.ttft_ssd_cached_tokens = ssd.cachedTokens;
-        figures.ttft_ssd_restored_tokens = m2.get('continuum_cache_restored_tokens_total{tier="ssd"}') ?? 0;
-        ratios.ttft_ssd_over_cold = round(ssd.ms / cold.ms);
+        await restoredTtft(serve, "ssd", variantOf(15), cold.ms, figures, ratios);
       } else {
         log(
           `the prompt's ${chunks} chunks were not checkpointed in time (the checkpointer's cost decision): no RAM/SSD TTFT`,
@@ -408,6 +398,11 @@ const bench: Bench = {
     figures.exact_restore_tokens = exact.restoredTokens;
     figures.exact_batch16 = exact.batch16;
     figures.exact_chunking = exact.chunking;
+    figures.inproc_ttft_restored_ms = round(exact.restoredFirstTokenMs);
+    figures.inproc_ttft_recomputed_ms = round(exact.recomputedFirstTokenMs);
+    ratios.inproc_ttft_restored_over_recomputed = round(
+      exact.restoredFirstTokenMs / exact.recomputedFirstTokenMs,
+    );
     log(
       `exactness: restore ${exact.restore}, batch of 16 ${exact.batch16}, chunking ${exact.chunking} (${exact.detail})`,
     );
@@ -446,6 +441,24 @@ const bench: Bench = {
     };
   },
 };
+
+/** TTFT of `prompt` whose shared prefix `tier` holds: the time, the tokens cached and those the tier restored. */
+async function restoredTtft(
+  serve: ServeHandle,
+  tier: "ram" | "ssd",
+  prompt: readonly number[],
+  coldMs: number,
+  figures: Record<string, number | string | boolean | null>,
+  ratios: Record<string, number | null>,
+): Promise<void> {
+  const r = await complete(serve, prompt, 1);
+  const m = await metrics(serve);
+  figures[`ttft_${tier}_ms`] = round(r.ms);
+  figures[`ttft_${tier}_cached_tokens`] = r.cachedTokens;
+  figures[`ttft_${tier}_restored_tokens`] =
+    m.get(`continuum_cache_restored_tokens_total{tier="${tier}"}`) ?? 0;
+  ratios[`ttft_${tier}_over_cold`] = round(r.ms / coldMs);
+}
 
 function prefillRatio(ours: unknown, theirs: unknown): number {
   return typeof ours === "number" && typeof theirs === "number" && theirs > 0 ? ours / theirs : Number.NaN;

@@ -11,7 +11,9 @@
 #   native/gpu-serve-check.sh --build-only   here / in CI: pack, check the 64 MiB bound,
 #                                            build the addon as the device does, and run the
 #                                            bundled `bench gpu --quick` on the CPU engine
-#   native/gpu-serve-check.sh [--with-7b]    the device, with native/build/gpu-serve carried
+#   native/gpu-serve-check.sh [--with-harness] [--with-7b]
+#                                            the device, with native/build/gpu-serve carried;
+#                                            --with-harness runs native/gpu-check.sh first
 #
 # The pack: the project bundled into one file (esbuild, from tsx's
 # dependencies; cli/standalone.ts is the entry), this machine's Node
@@ -31,10 +33,12 @@ cd "$(dirname "$0")/.."
 
 BUILD_ONLY=0
 WITH_7B=0
+WITH_HARNESS=0
 for a in "$@"; do
   case "$a" in
     --build-only) BUILD_ONLY=1 ;;
     --with-7b) WITH_7B=1 ;;
+    --with-harness) WITH_HARNESS=1 ;;
     *) echo "gpu-serve-check: unknown argument $a" >&2; exit 2 ;;
   esac
 done
@@ -194,6 +198,11 @@ fi
 command -v nvcc >/dev/null || { say "nvcc not found" >&2; exit 2; }
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 t0=$(date +%s)
+rc=0
+if [ "$WITH_HARNESS" = 1 ]; then
+  say "native/gpu-check.sh (the kernels, the GEMM, the engine; its table)"
+  native/gpu-check.sh || rc=1
+fi
 rm -rf "$RUN"
 unpack_node
 # The bench model (~0.9 B parameters, bf16) is written while the addon compiles.
@@ -216,7 +225,6 @@ run_bench() {  # run_bench NAME MODEL_DIR: its log (the table at its end) and JS
   wait "$pid" || rc=1
   check_json "$json" || rc=1
 }
-rc=0
 run_bench bench-gpu "$RUN/models/bench"
 if [ "$WITH_7B" = 1 ]; then
   python3 "$RUN/_torch_llama.py" --write-random mistral-7b --like "$RUN/models/bench" --model "$RUN/models/7b"

@@ -18,6 +18,36 @@
 #include "harness.cuh"
 
 namespace ck::harness {
+namespace {
+
+// A 2-layer random test model: GQA with head_dim 64, RoPE theta 10000.
+struct TestModel {
+  ck::ModelSpec spec;
+  std::vector<float> inv_freq;
+};
+
+TestModel test_model(int32_t hidden, int32_t n_heads, int32_t ffn, int32_t vocab, bool bias, int32_t max_position) {
+  TestModel t;
+  ck::ModelSpec& m = t.spec;
+  m.n_layers = 2;
+  m.hidden = hidden;
+  m.n_heads = n_heads;
+  m.n_kv = 2;
+  m.head_dim = 64;
+  m.v_head_dim = 64;
+  m.ffn = ffn;
+  m.vocab = vocab;
+  m.rms_eps = 1e-5f;
+  m.attention_bias = bias;
+  m.tied_embeddings = false;
+  m.max_position = max_position;
+  t.inv_freq.resize(static_cast<size_t>(m.head_dim / 2));
+  for (size_t i = 0; i < t.inv_freq.size(); ++i)
+    t.inv_freq[i] = static_cast<float>(std::pow(10000.0, -2.0 * static_cast<double>(i) / m.head_dim));
+  return t;
+}
+
+}  // namespace
 
 // ---- the CUDA engine's step() against the CPU engine -----------------------------
 // One small random model (GQA, q/k/v bias, weights in all three dtypes), the
@@ -27,22 +57,9 @@ namespace ck::harness {
 // kernels_cuda.cuh), not to fp32 rounding; on the GPU the paged path must
 // give the same bits as its contiguous oracle; page transfers round-trip.
 void check_engine(Tally& tally, std::mt19937_64& rng) {
-  ck::ModelSpec m;
-  m.n_layers = 2;
-  m.hidden = 256;
-  m.n_heads = 4;
-  m.n_kv = 2;
-  m.head_dim = 64;
-  m.v_head_dim = 64;
-  m.ffn = 512;
-  m.vocab = 1000;
-  m.rms_eps = 1e-5f;
-  m.attention_bias = true;
-  m.tied_embeddings = false;
-  m.max_position = 1024;
-  std::vector<float> inv(static_cast<size_t>(m.head_dim / 2));
-  for (size_t i = 0; i < inv.size(); ++i)
-    inv[i] = static_cast<float>(std::pow(10000.0, -2.0 * static_cast<double>(i) / m.head_dim));
+  const TestModel tm = test_model(256, 4, 512, 1000, true, 1024);
+  const ck::ModelSpec& m = tm.spec;
+  const std::vector<float>& inv = tm.inv_freq;
 
   ck::Engine cpu(m, inv, static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency())));
   ck::cuda::CudaEngine gpu(m, inv);
@@ -150,23 +167,6 @@ void check_engine(Tally& tally, std::mt19937_64& rng) {
 // ---- the determinism contract through the full step ----------------------------------
 namespace {
 
-ck::ModelSpec invariance_spec() {
-  ck::ModelSpec m;
-  m.n_layers = 2;
-  m.hidden = 512;
-  m.n_heads = 8;
-  m.n_kv = 2;
-  m.head_dim = 64;
-  m.v_head_dim = 64;
-  m.ffn = 1024;
-  m.vocab = 2000;
-  m.rms_eps = 1e-5f;
-  m.attention_bias = false;
-  m.tied_embeddings = false;
-  m.max_position = 2048;
-  return m;
-}
-
 // One sequence's rows in a step: tokens [from, to) of `prompt` on `pages`.
 struct SeqRows {
   const std::vector<int32_t>* prompt;
@@ -210,11 +210,9 @@ std::vector<float> step(ck::cuda::CudaEngine& e, const ck::StepBatch& b) {
 // steps take both GEMM tilings (decode T <= 64 and prefill) and every
 // attention split count; weights bf16 (as the generated bench model).
 void check_engine_invariance(Tally& tally, std::mt19937_64& rng) {
-  const ck::ModelSpec m = invariance_spec();
-  std::vector<float> inv(static_cast<size_t>(m.head_dim / 2));
-  for (size_t i = 0; i < inv.size(); ++i)
-    inv[i] = static_cast<float>(std::pow(10000.0, -2.0 * static_cast<double>(i) / m.head_dim));
-  ck::cuda::CudaEngine gpu(m, inv);
+  const TestModel tm = test_model(512, 8, 1024, 2000, false, 2048);
+  const ck::ModelSpec& m = tm.spec;
+  ck::cuda::CudaEngine gpu(m, tm.inv_freq);
   const std::vector<ck::TensorSlot> slots = ck::tensor_slots(m);
   std::string err;
   for (size_t i = 0; i < slots.size(); ++i) {
