@@ -501,6 +501,9 @@ function table(
           : " |"),
     );
   lines.push(
+    `| in process: ${v(f.exact_restore_tokens)} of ${sizes.exactTokens} tokens restored from RAM vs all recomputed, to the first logits | ${v(f.inproc_ttft_restored_ms)} vs ${v(f.inproc_ttft_recomputed_ms)} ms (${v(r.inproc_ttft_restored_over_recomputed)}) |`,
+  );
+  lines.push(
     `| restore through the store, bit-identical to recompute | ${v(f.exact_restore)} (${v(f.exact_restore_tokens)} tokens restored) |`,
   );
   lines.push(
