@@ -187,8 +187,9 @@ if [ "$BUILD_ONLY" = 1 ]; then
     > "$RUN/bench-gpu.json" 2> "$RUN/bench-gpu.log" || { tail -40 "$RUN/bench-gpu.log" >&2; exit 1; }
   grep '^|' "$RUN/bench-gpu.log"
   check_json "$RUN/bench-gpu.json"
-  rm -rf "$RUN/models" "$RUN/data" "$RUN/obj"
-  say "build-only done in $(( $(date +%s) - t0 )) s"
+  # What stays is the pack alone: the device run carries the whole folder (the unpacked Node is ~100 MB).
+  rm -rf "$RUN"
+  say "build-only done in $(( $(date +%s) - t0 )) s; carry $PKG ($(du -sh "$PKG" | cut -f1)) to the device run"
   exit 0
 fi
 
