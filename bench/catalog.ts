@@ -64,7 +64,6 @@ const TIERS: Tier[] = ["ram", "ssd", "s3", "peer"];
 const fp = modelFingerprint({
   weightsDigest: "bench",
   architecture: {},
-  weightFormat: "bench",
   kvDtype: "f16",
   layout: LAYOUT,
   variant: "bench",

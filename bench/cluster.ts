@@ -313,7 +313,7 @@ async function runVariant(
   for (let t = 0; t < shape.tenants; t++) tokens[tenantKey(t)] = `tenant-${t}`;
   const config: Config = {
     ...base,
-    model: { dir: MODEL_DIR, preset: "small" },
+    model: { ...base.model, dir: MODEL_DIR, preset: "small" },
     pages: { pageTokens: PAGE_TOKENS, physicalPages: shape.physicalPages, chunkTokens: CHUNK_TOKENS },
     store: { ...base.store, s3: { ...base.store.s3, bucket: `bench-${run}-${v.name.replace("_", "-")}` } },
     catalog: {

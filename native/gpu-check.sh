@@ -2,9 +2,10 @@
 # Builds the CUDA kernels and engine, the CPU kernels and engine (native/src)
 # and the C++ harness with nvcc (no Node, no CMake needed), then runs the
 # harness: every CUDA kernel against the CPU kernel on fresh random data, GPU
-# determinism (batch and chunking invariance), page transfers, the CUDA
-# engine's step() logits against the CPU engine's on a small random model,
-# and timings against the device copy bandwidth measured in the same run.
+# determinism (batch and chunking invariance, also through the CUDA engine's
+# step), page transfers, the CUDA engine's step() logits against the CPU
+# engine's on a small random model, and timings against the device copy
+# bandwidth and cuBLAS measured in the same run.
 #
 #   native/gpu-check.sh [--build-only] [--quick] [seed]
 #
@@ -27,6 +28,8 @@ command -v nvcc >/dev/null || { echo "gpu-check: nvcc not found on PATH" >&2; ex
 ARCH="${CUDA_ARCH:-90}"
 BUILD="${BUILD_DIR:-$(mktemp -d /tmp/ck-gpu-check.XXXXXX)}"
 mkdir -p "$BUILD"
+# A temporary build of a build-only run (CI) is not left behind.
+if [ "$BUILD_ONLY" = 1 ] && [ -z "${BUILD_DIR:-}" ]; then trap 'rm -rf "$BUILD"' EXIT; fi
 
 # cuBLAS: linked when its header is reachable (the GPU image has it; this
 # project's CI machine does not).

@@ -172,6 +172,12 @@ export interface CudaStatus {
   readonly devices: number;
   /** Why no device is usable (absent when devices > 0). */
   readonly reason?: string;
+  /** Device 0's compute capability, e.g. "sm90" (absent without a device). */
+  readonly arch?: string;
+  /** The CUDA toolkit the backend was compiled with, e.g. "13.0" (absent when not built). */
+  readonly toolkit?: string;
+  /** The kernels' numerics tag (kNumerics, native/cuda/kernels_cuda.cuh; absent when not built). */
+  readonly numerics?: string;
 }
 
 export interface NativeBackends {
@@ -207,10 +213,26 @@ export interface Engine {
   /** Copy-on-write: every layer's K and V of page src into page dst. */
   copyPage(src: PageId, dst: PageId): Promise<void>;
   /**
+   * Times later steps by part on the device (CUDA events; the CUDA engine
+   * only: the CPU engine throws). Enabling clears the totals; it costs host
+   * time per GEMM and attention call, so leave it off when serving.
+   */
+  setProfiling(on: boolean): void;
+  /** Device time of the steps since profiling was enabled (zeros when it never was). */
+  profile(): StepProfile;
+  /**
    * Releases native memory. Waits for the job running on each thread, rejects
    * queued ones with "engine freed"; afterwards every call throws "engine freed".
    */
   free(): void;
+}
+
+/** Milliseconds of device time summed over `steps` steps; the rest of a step is stepMs − gemmMs − attentionMs. */
+export interface StepProfile {
+  readonly steps: number;
+  readonly stepMs: number;
+  readonly gemmMs: number;
+  readonly attentionMs: number;
 }
 
 // ---- the addon --------------------------------------------------------------
@@ -225,6 +247,8 @@ interface NativeEngine {
   downloadPages(ids: Int32Array): Promise<Uint8Array>;
   uploadPages(ids: Int32Array, bytes: Uint8Array): Promise<void>;
   copyPage(src: number, dst: number): Promise<void>;
+  setProfiling(on: boolean): void;
+  profile(): StepProfile;
   free(): void;
   readonly threads: number;
   readonly pageBytes: number;
@@ -356,6 +380,7 @@ interface Addon {
     backend: BackendName,
   ) => NativeEngine;
   cudaProbe(): CudaStatus;
+  cudaCopyGbPerS(bytes: number): number;
   readonly features: CpuFeatures;
   readonly defaultThreads: number;
   readonly kernels: Kernels;
@@ -391,6 +416,15 @@ export function nativeBackends(): NativeBackends {
     cpu: { isa: kernels.isa(), threads: defaultThreads, ...features },
     cuda: addon.cudaProbe(),
   };
+}
+
+/**
+ * The device's copy bandwidth: GB/s read + written by a device-to-device copy
+ * of `bytes` (median of 10; the yardstick GPU benchmarks divide by, measured
+ * as native/gpu-check.sh does). Throws without a usable CUDA device.
+ */
+export function cudaCopyGbPerS(bytes: number = 2 ** 31): number {
+  return addon.cudaCopyGbPerS(bytes);
 }
 
 export class BackendUnavailableError extends Error {
@@ -683,6 +717,12 @@ class NativeBackedEngine implements Engine {
   }
   copyPage(src: PageId, dst: PageId): Promise<void> {
     return this.#live().copyPage(src, dst);
+  }
+  setProfiling(on: boolean): void {
+    this.#live().setProfiling(on);
+  }
+  profile(): StepProfile {
+    return this.#live().profile();
   }
   free(): void {
     const n = this.#native;

@@ -18,6 +18,17 @@ export interface Config {
     dir: string;
     /** Preset written under data dir when `dir` is empty. */
     preset: "tiny" | "small" | "bench";
+    /**
+     * The execution variant in the model fingerprint: the numerics the K/V
+     * bytes depend on (worker/model/variant.ts), so chunks are shared only
+     * between engines that compute the same bits. "auto": a worker or `serve`
+     * takes its engine's own (cpu-f32acc/v1, or cuda-sm90-cu13.0/… on a
+     * GPU); the controller routes to workers of the CPU engine's. A named
+     * variant: the controller routes to workers of that variant (set it for a
+     * fleet of GPU workers; a worker logs its variant at start), and a worker
+     * or `serve` whose engine computes another refuses to start.
+     */
+    variant: string;
   };
   pages: {
     /** Tokens per KV page (16–32). */
@@ -138,8 +149,6 @@ export interface Config {
      * published prefix from any tier or peer instead of recomputing it).
      * false: neither; the worker reuses only prefixes still resident in its own
      * page pool and advertises no durable tiers (a baseline to compare with).
-     * A worker on the CUDA engine keeps it off whatever this says
-     * (cli/embedded/model.ts engineMatchesVariant).
      */
     durableReuse: boolean;
     /** This worker's token for the controller's socket (controller.workerTokens); empty: auth.clusterSecret. */
@@ -154,7 +163,7 @@ export interface Config {
 }
 
 export const defaultConfig: Config = {
-  model: { dir: "", preset: "tiny" },
+  model: { dir: "", preset: "tiny", variant: "auto" },
   pages: { pageTokens: 16, physicalPages: 4096, chunkTokens: 256 },
   scheduler: {
     maxBatchTokens: 512,
@@ -224,7 +233,7 @@ export const defaultConfig: Config = {
 type Rule =
   | { kind: "int"; min: number; max: number }
   | { kind: "number"; min: number; max: number }
-  | { kind: "string"; allowEmpty?: boolean }
+  | { kind: "string"; allowEmpty?: boolean; pattern?: { readonly re: RegExp; readonly means: string } }
   | { kind: "enum"; values: readonly string[] }
   | { kind: "bool" }
   | { kind: "strings" }
@@ -238,6 +247,13 @@ const optStr: Rule = { kind: "string", allowEmpty: true };
 const rules: Record<string, Rule> = {
   "model.dir": optStr,
   "model.preset": { kind: "enum", values: ["tiny", "small", "bench"] },
+  "model.variant": {
+    kind: "string",
+    pattern: {
+      re: /^(?=.{1,200}$)[a-z0-9][a-z0-9.+_-]*(\/[a-z0-9][a-z0-9.+_-]*)*$/,
+      means: "auto, or a variant name: lowercase letters, digits and . + _ - in /-separated parts",
+    },
+  },
   "pages.pageTokens": int(16, 32),
   "pages.physicalPages": int(1, 1 << 24),
   "pages.chunkTokens": int(128, 512),
@@ -337,6 +353,8 @@ function coerce(
     case "string":
       if (typeof raw !== "string") return { error: `${path}: expected a string, got ${JSON.stringify(raw)}` };
       if (!rule.allowEmpty && raw === "") return { error: `${path}: must not be empty` };
+      if (rule.pattern && !rule.pattern.re.test(raw))
+        return { error: `${path}: expected ${rule.pattern.means}, got ${JSON.stringify(raw)}` };
       return { ok: raw };
     case "enum":
       if (typeof raw !== "string" || !rule.values.includes(raw)) {

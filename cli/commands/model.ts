@@ -5,10 +5,10 @@ import { ARCHS, type Arch } from "../../worker/model/generate-arch.ts";
 import { QUANT_SCHEMES, type QuantScheme, quantizeModelDir } from "../../worker/model/gguf-quantize.ts";
 import { loadModelDir } from "../../worker/model/model-dir.ts";
 import { numel } from "../../worker/model/safetensors.ts";
+import { chooseEngine } from "../../worker/runtime/engine-load.ts";
 import { type Command, UsageError } from "../command.ts";
 
 const DTYPES: Record<string, DType> = { f32: "F32", f16: "F16", bf16: "BF16" };
-const DEFAULT_VARIANT = "cpu-f32acc/v1";
 const MODEL_ERRORS = new Set([
   "GgufError",
   "ModelConfigError",
@@ -36,8 +36,9 @@ const usage = [
   "       An existing non-empty DIR is refused unless --force.",
   "info   loads a model directory (a Hugging Face Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 or",
   "       Phi-3 checkpoint) or a GGUF file and prints its config, tensor count and bytes, its",
-  "       attention layout, and the model fingerprint for the execution",
-  `       variant (default ${DEFAULT_VARIANT}).`,
+  "       attention layout, and the model fingerprint for the execution variant NAME (default: the",
+  "       variant of the engine a worker gets on this machine, cpu-f32acc/v1 or a CUDA one; the",
+  "       value for model.variant of a fleet of such workers).",
   "quantize  writes the model directory DIR as one GGUF file (llama.cpp's format): q8_0 (every",
   "       matrix Q8_0), q4_0 (Q4_0, the LM head Q6_K) or q4_k_m (Q4_K, with Q6_K for the LM head and",
   "       llama.cpp's choice of attn_v/ffn_down layers); norms and biases stay F32. An existing",
@@ -104,7 +105,9 @@ async function info(argv: readonly string[]): Promise<number> {
   const [dir, ...extra] = positionals;
   if (dir === undefined) throw new UsageError("missing model DIR");
   if (extra.length > 0) throw new UsageError(`unexpected arguments: ${extra.join(" ")}`);
-  const m = await loadModelDir(dir, { variant: values.variant ?? DEFAULT_VARIANT });
+  // A named variant is taken as given (what a worker elsewhere would fingerprint).
+  const variant = values.variant ?? chooseEngine("auto", "auto").variant;
+  const m = await loadModelDir(dir, { variant });
   let params = 0;
   let bytes = 0;
   const dtypes = new Set<string>();

@@ -5,10 +5,10 @@ import { registerRestoreMetrics } from "../../controller/api/restore-metrics.ts"
 import { ApiServer } from "../../controller/api/server.ts";
 import { createLogger } from "../../schema/log.ts";
 import { openEmbeddedCache } from "../../worker/restore/embedded.ts";
-import { loadEngine } from "../../worker/runtime/engine-load.ts";
+import { chooseEngine, loadEngine } from "../../worker/runtime/engine-load.ts";
 import { WorkerRuntime } from "../../worker/runtime/runtime.ts";
 import { type Command, UsageError } from "../command.ts";
-import { durableReuseAllowed, ensureModel } from "../embedded/model.ts";
+import { ensureModel } from "../embedded/model.ts";
 import { EmbeddedService } from "../embedded/service.ts";
 import { kvBytesPerToken, workerStatus } from "../fleet.ts";
 import { parseRoleArgs } from "../options.ts";
@@ -42,12 +42,15 @@ const command: Command = {
     const log = createLogger({ fields: { role: "embedded" } });
     return runScoped(
       Effect.gen(function* () {
-        const { model, id } = yield* Effect.promise(() => ensureModel(config, log));
+        // The engine's execution variant names the model's fingerprint, so its
+        // chunks are restored as exact only by engines computing the same bits.
+        const choice = chooseEngine(config.worker.backend, config.model.variant);
+        const { model, id } = yield* Effect.promise(() => ensureModel(config, log, choice.variant));
         const engine = yield* resource(
           () =>
             loadEngine(model, config.pages, {
               ...(config.worker.threads ? { threads: config.worker.threads } : {}),
-              backend: config.worker.backend,
+              backend: choice.backend,
             }),
           (e) => e.free(),
         );
@@ -56,13 +59,11 @@ const command: Command = {
           () => openEmbeddedCache({ engine, model, modelName: id, config, logger: log }),
           (c) => c.close(),
         );
-        // No checkpoints or restores from an engine whose numerics are not the fingerprint's: see engineMatchesVariant.
-        const exact = durableReuseAllowed(true, engine.backend, model.manifest.variant, log);
         const runtime = yield* resource(
           () => {
             const rt = new WorkerRuntime(engine, {
               ...runtimeOptions(config, model, log),
-              ...(exact ? durable.hooks : {}),
+              ...durable.hooks,
             });
             rt.start();
             return rt;
@@ -124,6 +125,7 @@ const command: Command = {
           url: `http://${config.controller.host}:${port}`,
           model: id,
           engine: engine.backend,
+          variant: choice.variant,
           threads: engine.threads,
         });
         process.stderr.write(

@@ -2,10 +2,10 @@ import { Effect } from "effect";
 import { createLogger } from "../../schema/log.ts";
 import { WorkerAgent } from "../../worker/agent/agent.ts";
 import { DurableCache } from "../../worker/restore/durable-cache.ts";
-import { loadEngine } from "../../worker/runtime/engine-load.ts";
+import { chooseEngine, loadEngine } from "../../worker/runtime/engine-load.ts";
 import { WorkerRuntime } from "../../worker/runtime/runtime.ts";
 import type { Command } from "../command.ts";
-import { durableReuseAllowed, ensureModel } from "../embedded/model.ts";
+import { ensureModel } from "../embedded/model.ts";
 import {
   durableTiers,
   fleetSnapshots,
@@ -39,6 +39,9 @@ const usage = [
   "  catalog.log           must be kafka (catalog.brokers, catalog.topics)",
   "  store.dir.path        this worker's chunk files (default <store.dataDir>/workers/<id>/store)",
   "  worker.durableReuse   false: no checkpoints and no restores (only resident pages are reused)",
+  "  model.variant         auto (this engine's execution variant) or the variant it must compute:",
+  "                        chunks are reused only between workers of one variant; the controller",
+  "                        routes to the variant its own model.variant names",
   "",
   "Environment overrides: CONTINUUM_WORKER_INDEX, CONTINUUM_WORKER_CONTROLLER_URL,",
   "CONTINUUM_AUTH_CLUSTER_SECRET, CONTINUUM_CATALOG_BROKERS, ... Ctrl-C stops it cleanly.",
@@ -54,12 +57,16 @@ const command: Command = {
     const log = createLogger({ fields: { role: "worker", workerId } });
     return runScoped(
       Effect.gen(function* () {
-        const { model, id: modelId } = yield* Effect.promise(() => ensureModel(config, log));
+        // The engine's execution variant names the model's fingerprint: this
+        // worker's chunks are restored as exact only by workers of its variant,
+        // and the controller routes to it only if it routes that variant.
+        const choice = chooseEngine(config.worker.backend, config.model.variant);
+        const { model, id: modelId } = yield* Effect.promise(() => ensureModel(config, log, choice.variant));
         const engine = yield* resource(
           () =>
             loadEngine(model, config.pages, {
               ...(config.worker.threads ? { threads: config.worker.threads } : {}),
-              backend: config.worker.backend,
+              backend: choice.backend,
             }),
           (e) => e.free(),
         );
@@ -101,13 +108,7 @@ const command: Command = {
         // registration) but the runtime gets no checkpoint or restore hooks and
         // the heartbeats advertise no durable tiers, so nothing is captured,
         // published or restored; only this pool's resident prefixes are reused.
-        // A CUDA engine also keeps it off: see engineMatchesVariant.
-        const reuse = durableReuseAllowed(
-          config.worker.durableReuse,
-          engine.backend,
-          model.manifest.variant,
-          log,
-        );
+        const reuse = config.worker.durableReuse;
         const runtime = yield* resource(
           () => {
             const rt = new WorkerRuntime(engine, {
@@ -161,6 +162,7 @@ const command: Command = {
           fingerprint: model.fingerprint,
           controller: config.worker.controllerUrl,
           engine: engine.backend,
+          variant: choice.variant,
           threads: engine.threads,
         });
         process.stderr.write(

@@ -1,4 +1,4 @@
-// Dense ops: deterministic tiled matmul, RMSNorm, RoPE, SwiGLU, embedding.
+// Dense ops: the FMA-chain matmul (f32 weights; gemm.cu has the tensor-core one), RMSNorm, RoPE, SwiGLU, embedding.
 // Each output element is reduced by one thread (matmul) or one fixed-size
 // block (rmsnorm) in an order that depends only on the element's own row, so
 // results never depend on T or on the other rows of the batch.
@@ -333,8 +333,8 @@ void require_dtype(ck::DType wt, const char* what) {
 
 }  // namespace
 
-void matmul(const float* x, int32_t T, int32_t K, const void* W, ck::DType wt, int32_t N, const float* bias,
-            float* y, cudaStream_t stream) {
+void matmul_fma(const float* x, int32_t T, int32_t K, const void* W, ck::DType wt, int32_t N, const float* bias,
+                float* y, cudaStream_t stream) {
   CK_REQUIRE(T >= 0 && K > 0 && N > 0, "matmul: bad shape");
   CK_REQUIRE((T + kBM - 1) / kBM <= 65535, "matmul: T too large for one launch");
   if (ck::is_quantized(wt)) return quant_matmul(x, T, K, W, wt, N, bias, y, stream);

@@ -260,6 +260,8 @@ CudaProbe cuda_probe() {
 std::unique_ptr<Backend> make_cuda_engine(const ModelSpec&, std::vector<float>) {
   throw std::runtime_error(cuda_probe().reason);
 }
+
+double cuda_copy_gb_per_s(size_t) { throw std::runtime_error(cuda_probe().reason); }
 #endif
 
 }  // namespace ck

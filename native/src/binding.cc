@@ -190,6 +190,8 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
                            InstanceMethod<&EngineWrap::UploadPages>("uploadPages"),
                            InstanceMethod<&EngineWrap::CopyPage>("copyPage"),
                            InstanceMethod<&EngineWrap::Free>("free"),
+                           InstanceMethod<&EngineWrap::SetProfiling>("setProfiling"),
+                           InstanceMethod<&EngineWrap::Profile>("profile"),
                            InstanceAccessor<&EngineWrap::Threads>("threads"),
                            InstanceAccessor<&EngineWrap::PageBytes>("pageBytes"),
                            InstanceAccessor<&EngineWrap::BackendName>("backend"),
@@ -418,6 +420,27 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
   }
   Napi::Value PageBytes(const Napi::CallbackInfo& info) {
     return Napi::Number::New(info.Env(), static_cast<double>(live(info.Env())->page_bytes()));
+  }
+
+  // setProfiling(on: boolean): times later steps by part (backend.h
+  // StepProfile); throws where the backend does not.
+  void SetProfiling(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    need(env, info[0].IsBoolean(), "setProfiling: on must be a boolean");
+    const std::string err = live(env)->set_profiling(info[0].As<Napi::Boolean>().Value());
+    if (!err.empty()) throw Napi::Error::New(env, err);
+  }
+
+  // profile() -> {steps, stepMs, gemmMs, attentionMs} since profiling was enabled.
+  Napi::Value Profile(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    const StepProfile p = live(env)->profile();
+    Napi::Object o = Napi::Object::New(env);
+    o.Set("steps", static_cast<double>(p.steps));
+    o.Set("stepMs", p.step_ms);
+    o.Set("gemmMs", p.gemm_ms);
+    o.Set("attentionMs", p.attention_ms);
+    return o;
   }
 
   std::unique_ptr<Backend> engine_;
@@ -799,8 +822,9 @@ Napi::Value PoolF16Js(const Napi::CallbackInfo& info) {
   return Napi::Uint16Array::New(env, static_cast<size_t>(b.elems), ab, 0);
 }
 
-// cudaProbe() -> {built, devices, reason}: whether this addon carries the
-// CUDA backend, and how many devices the runtime sees (or why none).
+// cudaProbe() -> {built, devices, reason, arch, toolkit, numerics}: whether
+// this addon carries the CUDA backend, how many devices the runtime sees (or
+// why none), and what a CUDA engine's numerics depend on (backend.h).
 Napi::Value CudaProbeJs(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   const CudaProbe p = cuda_probe();
@@ -808,7 +832,25 @@ Napi::Value CudaProbeJs(const Napi::CallbackInfo& info) {
   o.Set("built", p.built);
   o.Set("devices", p.devices);
   if (!p.reason.empty()) o.Set("reason", p.reason);
+  if (!p.arch.empty()) o.Set("arch", p.arch);
+  if (!p.toolkit.empty()) o.Set("toolkit", p.toolkit);
+  if (!p.numerics.empty()) o.Set("numerics", p.numerics);
   return o;
+}
+
+// cudaCopyGbPerS(bytes) -> GB/s (read + written) of a device-to-device copy
+// (backend.h cuda_copy_gb_per_s); blocks the calling thread ~13 copies long.
+Napi::Value CudaCopyGbPerSJs(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  need(env, info[0].IsNumber(), "cudaCopyGbPerS: bytes must be a number");
+  const double bytes = info[0].As<Napi::Number>().DoubleValue();
+  need(env, bytes >= (1 << 20) && bytes <= 0x1p36 && bytes == static_cast<double>(static_cast<int64_t>(bytes)),
+       "cudaCopyGbPerS: bytes must be an integer in [2^20, 2^36]");
+  try {
+    return Napi::Number::New(env, cuda_copy_gb_per_s(static_cast<size_t>(bytes)));
+  } catch (const std::exception& e) {
+    throw Napi::Error::New(env, e.what());
+  }
 }
 
 Napi::Object Features(Napi::Env env) {
@@ -824,6 +866,7 @@ Napi::Object Features(Napi::Env env) {
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("Engine", EngineWrap::Init(env));
   exports.Set("cudaProbe", Napi::Function::New(env, CudaProbeJs));
+  exports.Set("cudaCopyGbPerS", Napi::Function::New(env, CudaCopyGbPerSJs));
   exports.Set("features", Features(env));
   exports.Set("defaultThreads", Napi::Number::New(env, default_threads()));
   Napi::Object k = Napi::Object::New(env);

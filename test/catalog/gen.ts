@@ -24,7 +24,6 @@ export function fingerprintOf(i: number): ModelFingerprint {
   return modelFingerprint({
     weightsDigest: `w${i}`,
     architecture: { i },
-    weightFormat: "f32",
     kvDtype: "f16",
     layout: LAYOUT,
     variant: "test",

@@ -25,15 +25,14 @@ const GOLDEN = {
     "dde2603359e01e915a4e7e9a4e726cdebd9469dca60722a6fdf08f60f3cf0dce",
     "a3e42b5f688fb4cc80cea55e3b58c99e05edebc0d26817adf027c644d804e87b",
   ],
-  fingerprint: "1ae683c08ee1bc914527aff46697cc16b54a0e163284521a445b4d18f7a710d2",
-  nodeId: "852bc8a97185b8ad4aa63d98c95b170dac95bcbc865403606c259d1c9aafc0af",
+  fingerprint: "7a41ba386e3e40c1432be965bdc8f3e4aed58f80ebf3c0aeaf3e8ab1d14cb7a0",
+  nodeId: "ecebe95084e06d09fa48b68d60c9bde3cbbc8daf3b17b7b00c245522827d8db8",
   contentId: "53b5a412e3ebd2765c73726fba2c39380616635c988c9a3dac94f42bd833d76a",
 };
 
 const manifest: ModelManifest = {
   weightsDigest: "ab".repeat(32),
   architecture: { layers: 2, hidden: 64 },
-  weightFormat: "bf16",
   kvDtype: "f16",
   layout: "kv-gqa/v1",
   variant: "cpu-f32acc/v1",

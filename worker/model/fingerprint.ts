@@ -8,8 +8,8 @@ import type { LoadedTensor, SafetensorsCheckpoint } from "./safetensors.ts";
 
 /**
  * The model fingerprint (schema/identity.ts): sha256 of the canonical
- * manifest {weightsDigest, architecture, weightFormat, kvDtype, layout,
- * variant}. Two workers share attention state only when all of these agree.
+ * manifest {weightsDigest, architecture, weightFormat (block-quantized models
+ * only), kvDtype, layout, variant}. Two workers share attention state only when all of these agree.
  */
 export const WEIGHTS_DIGEST_TAG = "continuum/weights/v1";
 export const KV_DTYPE = "f16";
@@ -72,9 +72,18 @@ export async function readWeightsDigest(
   return h.digest("hex");
 }
 
-/** The manifest's weightFormat: the distinct tensor types, lowercase, sorted, joined by "+". */
-export function weightFormatOf(dtypes: Iterable<string>): string {
-  return [...new Set([...dtypes].map((d) => d.toLowerCase()))].sort().join("+");
+const FLOAT_DTYPES = new Set(["f32", "f16", "bf16"]);
+
+/**
+ * The manifest's weightFormat: the distinct tensor types, lowercase, sorted,
+ * joined by "+" — or undefined when every tensor is f32/f16/bf16. The weights
+ * digest already names each tensor's dtype, so a float model's fingerprint
+ * needs no more, and leaving the field out keeps the fingerprints (and every
+ * chunk published under them) of the float models that predate block formats.
+ */
+export function weightFormatOf(dtypes: Iterable<string>): string | undefined {
+  const formats = [...new Set([...dtypes].map((d) => d.toLowerCase()))].sort();
+  return formats.every((f) => FLOAT_DTYPES.has(f)) ? undefined : formats.join("+");
 }
 
 /** u32 len ‖ name ‖ u32 len ‖ dtype ‖ u32 rank ‖ u64 dims… ‖ u64 byteLength. */
@@ -132,13 +141,13 @@ export function manifestOf(
   spec: EngineSpec,
   digest: string,
   variant: string,
-  weightFormat: string,
+  weightFormat: string | undefined,
 ): ModelManifest {
   if (variant.length === 0) throw new RangeError("execution variant must be named");
   return {
     weightsDigest: digest,
     architecture: architectureOf(spec),
-    weightFormat,
+    ...(weightFormat === undefined ? {} : { weightFormat }),
     kvDtype: KV_DTYPE,
     layout: layoutName(spec.layers),
     variant,
