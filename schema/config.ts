@@ -116,6 +116,8 @@ export interface Config {
       idleTimeoutMs: number;
       /** Open connections at most: one more sheds the longest-idle one, or is answered 503 when none is idle. */
       maxConnections: number;
+      /** Stream bytes a client may leave unread; past it the request is cancelled and the connection closed. */
+      maxUnsentBytes: number;
     };
     /** Request size limits, checked before anything is tokenized (controller/api/limits.ts). */
     limits: {
@@ -237,7 +239,13 @@ export const defaultConfig: Config = {
     residentFreshMs: 1_500,
     routing: "ttft",
     workerTokens: {},
-    http: { headersTimeoutMs: 10_000, requestTimeoutMs: 60_000, idleTimeoutMs: 5_000, maxConnections: 1024 },
+    http: {
+      headersTimeoutMs: 10_000,
+      requestTimeoutMs: 60_000,
+      idleTimeoutMs: 5_000,
+      maxConnections: 1024,
+      maxUnsentBytes: 4 * 1024 * 1024,
+    },
     limits: {
       maxBodyBytes: 8 * 1024 * 1024,
       maxPromptBytes: 4 * 1024 * 1024,
@@ -334,6 +342,7 @@ const rules: Record<string, Rule> = {
   "controller.http.requestTimeoutMs": int(50, 3_600_000),
   "controller.http.idleTimeoutMs": int(50, 3_600_000),
   "controller.http.maxConnections": int(1, 1 << 20),
+  "controller.http.maxUnsentBytes": int(1024, 1 << 30),
   "controller.limits.maxBodyBytes": int(1024, 1 << 30),
   "controller.limits.maxPromptBytes": int(1, 1 << 30),
   "controller.limits.maxMessages": int(1, 1 << 20),

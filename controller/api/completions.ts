@@ -16,13 +16,10 @@ import { IncrementalDetokenizer, StopMatcher } from "./text-stream.ts";
  * Outcomes, each logged once with the request id and the client's
  * X-Request-Id: `request.done`; `request.failed` (a choice failed: a 500, or
  * an error event mid-stream); `request.cancelled` (the client went away, or
- * let more than MAX_UNSENT_BYTES of a stream pile up unread — then its
+ * let more than `maxUnsentBytes` of a stream pile up unread (a stalled reader must not hold memory) — then its
  * connection is closed): its choices are cancelled at once and /metrics
  * counts it under status 499.
  */
-
-/** Stream bytes a client may leave unread before it is cut off (a stalled reader must not hold memory). */
-export const MAX_UNSENT_BYTES = 4 * 1024 * 1024;
 
 /** One choice being generated: its prompt index, its generation and its text pipeline. */
 interface ChoiceRun {
@@ -72,6 +69,7 @@ export class Completions {
     private readonly service: InferenceService,
     private readonly metrics: CompletionMetrics,
     private readonly log: (level: "info" | "warn", event: string, fields: Record<string, unknown>) => void,
+    private readonly maxUnsentBytes: number,
   ) {}
 
   /** Checks every prompt's tokens, then admits every choice; on any failure nothing stays admitted. */
@@ -248,7 +246,7 @@ export class Completions {
     const send = (payload: unknown) => {
       if (closed) return;
       res.write(`data: ${JSON.stringify(payload)}\n\n`);
-      if (res.writableLength > MAX_UNSENT_BYTES) {
+      if (res.writableLength > this.maxUnsentBytes) {
         cutOff = true;
         res.destroy();
       }

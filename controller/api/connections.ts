@@ -26,6 +26,8 @@ export interface HttpBounds {
   readonly requestTimeoutMs: number;
   readonly idleTimeoutMs: number;
   readonly maxConnections: number;
+  /** Stream bytes a client may leave unread before it is cut off (completions.ts). */
+  readonly maxUnsentBytes: number;
 }
 
 export const defaultHttpBounds: HttpBounds = {
@@ -33,6 +35,7 @@ export const defaultHttpBounds: HttpBounds = {
   requestTimeoutMs: 60_000,
   idleTimeoutMs: 5_000,
   maxConnections: 1024,
+  maxUnsentBytes: 4 * 1024 * 1024,
 };
 
 export const CONNECTION_CLOSE_REASONS = ["no_request", "shed_idle", "refused_full"] as const;

@@ -36,10 +36,38 @@ export async function promptIds(
   const texts = parsed.prompts.flatMap((p) => (p.kind === "text" ? [p.text] : []));
   const encoded =
     offload && texts.length > 0
-      ? await run(threads, { method: "encode", argsList: texts.map((t) => [t]) })
+      ? (
+          await Promise.all(spread(texts, threads.threads).map((part) => run(threads, encodeJob(part))))
+        ).flat()
       : texts.map((t) => tokenize(() => codec.encode(t)));
   let next = 0;
   return parsed.prompts.map((p) => (p.kind === "text" ? encoded[next++]! : p.ids));
+}
+
+const encodeJob = (texts: readonly string[]): CodecJob => ({
+  method: "encode",
+  argsList: texts.map((t) => [t]),
+});
+
+/**
+ * Consecutive runs of `texts`, at most `parts` of them, of about equal bytes:
+ * one job per thread, so a request's prompts tokenize in parallel and its
+ * answers come back in order.
+ */
+export function spread(texts: readonly string[], parts: number): string[][] {
+  const total = texts.reduce((a, t) => a + t.length, 0);
+  const target = total / Math.max(1, Math.min(parts, texts.length));
+  const out: string[][] = [[]];
+  let size = 0;
+  for (const t of texts) {
+    if (size >= target && out.length < parts) {
+      out.push([]);
+      size = 0;
+    }
+    out[out.length - 1]!.push(t);
+    size += t.length;
+  }
+  return out;
 }
 
 function tokenize(f: () => number[]): number[] {

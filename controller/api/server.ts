@@ -180,6 +180,7 @@ export class ApiServer {
         promptTokens: m.add(new Counter("continuum_prompt_tokens_total", "Prompt tokens admitted.")),
       },
       (level, event, fields) => this.log(event, fields, level),
+      this.http.maxUnsentBytes,
     );
     const g = () => service.gauges();
     m.add(new Gauge("continuum_pages_free", "Free KV pages.", () => [[{}, g().pagesFree]]));

@@ -65,6 +65,11 @@ export class ThreadPool<Req, Res> {
     this.slots = Array.from({ length: opts.threads }, () => ({ worker: null, running: null }));
   }
 
+  /** Threads in the pool (jobs that run at once). */
+  get threads(): number {
+    return this.opts.threads;
+  }
+
   /** Jobs running and waiting now. */
   get depth(): number {
     return this.queue.length + this.slots.filter((s) => s.running !== null).length;

@@ -277,6 +277,46 @@ describe("overload", () => {
   });
 });
 
+describe("CORS when configured", () => {
+  let cors: ApiHarness;
+  beforeAll(async () => {
+    cors = await startApi(model, { controller: { corsOrigins: ["http://app.example"] } });
+  });
+  afterAll(async () => {
+    await cors?.close();
+  });
+
+  it("allows a listed origin on responses and preflights, and no other", async () => {
+    const ok = await postJson(cors.url, "/v1/completions", completion, { origin: "http://app.example" });
+    expect(ok.status).toBe(200);
+    expect(ok.headers["access-control-allow-origin"]).toBe("http://app.example");
+    expect(String(ok.headers["access-control-expose-headers"])).toMatch(/X-Request-Id/);
+    expect(ok.headers.vary).toBe("Origin");
+    const other = await rawRequest(cors.url, { path: "/health", headers: { origin: "http://evil.example" } });
+    expect(other.headers["access-control-allow-origin"]).toBeUndefined();
+    const pre = await rawRequest(cors.url, {
+      method: "OPTIONS",
+      path: "/v1/chat/completions",
+      headers: {
+        origin: "http://app.example",
+        "access-control-request-method": "POST",
+        "access-control-request-headers": "authorization, content-type, x-stainless-os",
+      },
+    });
+    expect(pre.status).toBe(204);
+    expect(pre.headers["access-control-allow-origin"]).toBe("http://app.example");
+    expect(pre.headers["access-control-allow-methods"]).toMatch(/POST/);
+    expect(pre.headers["access-control-allow-headers"]).toBe("authorization, content-type, x-stainless-os");
+    const denied = await rawRequest(cors.url, {
+      method: "OPTIONS",
+      path: "/v1/completions",
+      headers: { origin: "http://evil.example", "access-control-request-method": "POST" },
+    });
+    expect(denied.status).toBe(403);
+    expect(denied.headers["access-control-allow-origin"]).toBeUndefined();
+  });
+});
+
 describe("/metrics and operator endpoints behind auth", () => {
   let locked: ApiHarness;
   beforeAll(async () => {
