@@ -1,32 +1,37 @@
 import type { Worker } from "node:worker_threads";
+import type { TxRecord } from "../schema/catalog.ts";
 import { startTsThread } from "../schema/threads.ts";
 import { ConsoleError } from "./console.ts";
 import type { CatalogDb } from "./db.ts";
 import type { QueryScope } from "./query-scope.ts";
-import type { ThreadReply, ThreadRequest } from "./query-thread.ts";
+import type { ThreadReply, ThreadRequest, ThreadRole } from "./query-thread.ts";
 import type { ReplicaListener } from "./replica.ts";
 
 /**
- * User Datalog, bounded and off the event loop. One query thread
- * (catalog/query-thread.ts) holds a copy of the replica's catalog: seeded
- * with a snapshot when it starts, then sent every transaction the replica
- * applies, in order, so it is current without re-copying. Queries run there
- * one at a time, FIFO, with these bounds:
+ * User Datalog, bounded and off the event loop. Two threads
+ * (catalog/query-thread.ts) each hold a copy of the replica's catalog, sent
+ * every transaction the replica applies, in order: the query thread runs
+ * queries; the keeper only follows, so a new query thread can be seeded from
+ * its snapshot without the event loop serializing the catalog (which costs
+ * ~10 µs per entity: half a second for 50,000). The event loop serializes it
+ * once, when the keeper starts (`start`, before the server listens). Queries
+ * run one at a time, FIFO, with these bounds:
  *
  * - time: `timeoutMs` from the moment the thread starts the query (folding
  *   new transactions into its view comes before, and is not the query's);
  *   past it the thread is terminated — a runaway recursive rule stops;
  * - result: at most `maxResultRows` rows and `maxResultBytes` of JSON;
- * - memory: the thread's heap is capped at `maxHeapMb` (catalog copy
- *   included); a query that reaches it kills only the thread;
+ * - memory: each thread's heap is capped at `maxHeapMb` (its catalog copy
+ *   included); a query that reaches it kills only the query thread;
  * - queue: `maxQueued` queries wait at most; one more is refused at once.
  *
- * A thread terminated for a query's overrun is replaced at once (a new
- * snapshot), so the next query does not wait for a thread to start; one
- * that died before it was ready is replaced only by the next query (no
- * restart loop). The first query on a new thread pays for building its
- * Datalog view. Errors: a bound is a QueryBoundError naming it; a bad query
- * is a ConsoleError.
+ * A query thread terminated for an overrun is replaced at once from the
+ * keeper, so the next query does not wait for a thread to start; one that
+ * died before it was ready, or a keeper that died, is replaced only when the
+ * next query needs it (no restart loop). A new query thread builds its
+ * Datalog view as soon as it is seeded (before the query budget of any
+ * query starts). Errors: a bound is a QueryBoundError
+ * naming it; a bad query is a ConsoleError.
  */
 export interface QueryLimits {
   readonly timeoutMs: number;
@@ -88,7 +93,7 @@ interface Pending {
 
 interface Thread {
   readonly worker: Worker;
-  readonly unlisten: () => void;
+  readonly role: ThreadRole;
   /** It loaded its copy of the catalog. */
   ready: boolean;
 }
@@ -96,7 +101,11 @@ interface Thread {
 const THREAD_ENTRY = new URL("./query-thread.ts", import.meta.url);
 
 export class CatalogQueryEngine {
+  private keeper: Thread | null = null;
   private thread: Thread | null = null;
+  /** A query thread is being seeded: the transactions since the keeper was asked for its snapshot. */
+  private seeding: TxRecord[][] | null = null;
+  private unlisten: (() => void) | null = null;
   private running: { readonly job: Pending; timer: NodeJS.Timeout | null } | null = null;
   private readonly queue: Pending[] = [];
   private nextId = 1;
@@ -107,13 +116,20 @@ export class CatalogQueryEngine {
     private readonly limits: QueryLimits = defaultQueryLimits,
   ) {}
 
+  /** Starts the keeper (the one serialization on the event loop) and a query thread from it. */
+  start(): void {
+    this.ensureKeeper();
+    this.seedQueryThread();
+  }
+
   query(q: CatalogQuery): Promise<QueryAnswer> {
     if (this.closed) return Promise.reject(new QueryEngineError("the catalog query engine is closed"));
-    if (this.running !== null && this.queue.length >= this.limits.maxQueued)
+    // maxQueued wait behind the running query (or behind a thread being seeded, with none running).
+    if (this.queue.length >= this.limits.maxQueued + (this.running === null ? 1 : 0))
       return Promise.reject(
         new QueryBoundError(
           "queue",
-          `a query is running and ${this.queue.length} are waiting, the most allowed; retry shortly`,
+          `${this.queue.length} queries are waiting, the most allowed; retry shortly`,
         ),
       );
     return new Promise((resolve, reject) => {
@@ -123,9 +139,13 @@ export class CatalogQueryEngine {
   }
 
   private pump(): void {
-    if (this.running !== null || this.closed) return;
-    const job = this.queue.shift();
-    if (job === undefined) return;
+    if (this.running !== null || this.closed || this.queue.length === 0) return;
+    const thread = this.thread;
+    if (thread === null) {
+      this.seedQueryThread();
+      return;
+    }
+    const job = this.queue.shift()!;
     this.running = { job, timer: null };
     const msg: ThreadRequest = {
       type: "query",
@@ -136,67 +156,83 @@ export class CatalogQueryEngine {
       maxRows: this.limits.maxResultRows,
       maxBytes: this.limits.maxResultBytes,
     };
-    let thread: Thread;
-    try {
-      thread = this.ensureThread();
-    } catch (err) {
-      this.settle(job.id, () =>
-        job.reject(new QueryEngineError(`cannot start the query thread: ${(err as Error).message}`)),
-      );
-      return;
-    }
     thread.worker.postMessage(msg);
   }
 
-  /** The live thread, or a new one seeded with the replica's catalog now (and every tx after). */
-  private ensureThread(): Thread {
-    if (this.thread) return this.thread;
-    // Snapshot and subscription in one synchronous step: no tx falls between them.
-    const snapshot = this.source.catalog.serialize();
-    const buffer = snapshot.buffer.slice(
-      snapshot.byteOffset,
-      snapshot.byteOffset + snapshot.byteLength,
-    ) as ArrayBuffer;
-    const worker = startTsThread(
-      THREAD_ENTRY,
-      { snapshot: new Uint8Array(buffer) },
-      { transfer: [buffer], resourceLimits: { maxOldGenerationSizeMb: this.limits.maxHeapMb } },
-    );
-    const unlisten = this.source.listen((reports) => {
-      const tx: ThreadRequest = { type: "tx", txs: reports.map((r) => r.tx) };
-      worker.postMessage(tx);
-    });
-    const thread: Thread = { worker, unlisten, ready: false };
-    worker.on("message", (m: ThreadReply) => {
-      if (m.type === "ready") thread.ready = true;
-      else this.onReply(m);
-    });
-    worker.on("error", (err) => {
-      const oom = (err as NodeJS.ErrnoException).code === "ERR_WORKER_OUT_OF_MEMORY";
-      this.lost(
-        thread,
-        oom
-          ? new QueryBoundError(
-              "memory",
-              `the query reached the query thread's heap cap of ${this.limits.maxHeapMb} MB and was cancelled`,
-            )
-          : new QueryEngineError(`the query thread failed: ${err.message}`),
-      );
-    });
-    worker.on("exit", (code) =>
-      this.lost(thread, new QueryEngineError(`the query thread exited (code ${code})`)),
-    );
-    this.thread = thread;
-    return thread;
+  private forward(txs: TxRecord[]): void {
+    const msg: ThreadRequest = { type: "tx", txs };
+    this.keeper?.worker.postMessage(msg);
+    if (this.thread) this.thread.worker.postMessage(msg);
+    else this.seeding?.push(txs);
   }
 
-  private onReply(m: Exclude<ThreadReply, { type: "ready" }>): void {
-    const run = this.running;
-    if (m.type === "fatal") {
-      if (this.thread) this.lost(this.thread, new QueryEngineError(m.message));
+  /** A thread seeded with `snapshot`, which it takes (the buffer is transferred: the caller must own all of it). */
+  private spawn(role: ThreadRole, snapshot: Uint8Array): Thread {
+    const worker = startTsThread(
+      THREAD_ENTRY,
+      { role, snapshot },
+      {
+        transfer: [snapshot.buffer as ArrayBuffer],
+        resourceLimits: { maxOldGenerationSizeMb: this.limits.maxHeapMb },
+      },
+    );
+    const t: Thread = { worker, role, ready: false };
+    worker.on("message", (m: ThreadReply) => this.onMessage(t, m));
+    worker.on("error", (err) => this.lost(t, err));
+    worker.on("exit", (code) => this.lost(t, new Error(`exit code ${code}`)));
+    return t;
+  }
+
+  /** The keeper, started now (from the replica's catalog, on the event loop) when there is none. */
+  private ensureKeeper(): Thread {
+    if (this.keeper) return this.keeper;
+    // Snapshot and subscription in one synchronous step: no tx falls between them.
+    // A copy of its own (the packer reuses its buffer): ~1 ms per 10 MB.
+    const snapshot = new Uint8Array(this.source.catalog.serialize());
+    this.unlisten ??= this.source.listen((reports) => this.forward(reports.map((r) => r.tx)));
+    this.keeper = this.spawn("keeper", snapshot);
+    return this.keeper;
+  }
+
+  /** Asks the keeper for a snapshot to seed a query thread with (unless one runs or is coming). */
+  private seedQueryThread(): void {
+    if (this.thread || this.seeding || this.closed) return;
+    let keeper: Thread;
+    try {
+      keeper = this.ensureKeeper();
+    } catch (err) {
+      this.failQueue(
+        new QueryEngineError(`cannot start the catalog query threads: ${(err as Error).message}`),
+      );
       return;
     }
-    if (run === null || run.job.id !== m.id) return;
+    this.seeding = [];
+    const msg: ThreadRequest = { type: "snapshot" };
+    keeper.worker.postMessage(msg);
+  }
+
+  private onMessage(t: Thread, m: ThreadReply): void {
+    switch (m.type) {
+      case "ready":
+        t.ready = true;
+        return;
+      case "fatal":
+        this.lost(t, new Error(m.message));
+        return;
+      case "snapshot": {
+        const buffered = this.seeding;
+        if (t !== this.keeper || buffered === null || this.closed) return;
+        const thread = this.spawn("query", m.bytes);
+        for (const txs of buffered) thread.worker.postMessage({ type: "tx", txs } satisfies ThreadRequest);
+        thread.worker.postMessage({ type: "prepare" } satisfies ThreadRequest);
+        this.seeding = null;
+        this.thread = thread;
+        this.pump();
+        return;
+      }
+    }
+    const run = this.running;
+    if (t !== this.thread || run === null || run.job.id !== m.id) return;
     const job = run.job;
     switch (m.type) {
       case "started":
@@ -239,42 +275,64 @@ export class CatalogQueryEngine {
     this.pump();
   }
 
-  /** The thread is gone (or must go): the running query fails with `why`; the next query starts a new thread. */
-  private lost(thread: Thread, why: Error): void {
-    if (this.thread !== thread) return;
+  private failQueue(why: Error): void {
+    for (const job of this.queue.splice(0)) job.reject(why);
+  }
+
+  /** A thread is gone (or must go). A query it was running fails with `why`, turned into the bound it hit. */
+  private lost(t: Thread, cause: Error): void {
+    if (t !== this.thread && t !== this.keeper) return;
+    void t.worker.terminate();
+    const oom = (cause as NodeJS.ErrnoException).code === "ERR_WORKER_OUT_OF_MEMORY";
+    if (t === this.keeper) {
+      this.keeper = null;
+      if (this.seeding !== null) {
+        // The query thread it was to seed cannot come: the waiting queries fail; the next one tries again.
+        this.seeding = null;
+        this.failQueue(
+          oom
+            ? new QueryBoundError(
+                "memory",
+                `the catalog copy does not fit the query threads' heap cap of ${this.limits.maxHeapMb} MB`,
+              )
+            : new QueryEngineError(`the catalog keeper thread stopped: ${cause.message}`),
+        );
+      }
+      return;
+    }
     this.thread = null;
-    thread.unlisten();
-    void thread.worker.terminate();
+    const why =
+      cause instanceof QueryBoundError
+        ? cause
+        : oom
+          ? new QueryBoundError(
+              "memory",
+              `the query reached the query thread's heap cap of ${this.limits.maxHeapMb} MB and was cancelled`,
+            )
+          : new QueryEngineError(`the query thread stopped: ${cause.message}`);
     // A thread that was working is replaced now, so the next query finds one started.
-    if (thread.ready && !this.closed) this.respawn();
+    if (t.ready && !this.closed) this.seedQueryThread();
     const run = this.running;
     if (run) this.settle(run.job.id, () => run.job.reject(why));
   }
 
-  private respawn(): void {
-    try {
-      this.ensureThread();
-    } catch {
-      // The next query tries again and reports why.
-    }
-  }
-
-  /** Fails waiting and running queries and stops the thread. */
+  /** Fails waiting and running queries and stops the threads. */
   async close(): Promise<void> {
     this.closed = true;
     const why = new QueryEngineError("the catalog query engine is closed");
-    for (const job of this.queue.splice(0)) job.reject(why);
+    this.failQueue(why);
     const run = this.running;
     this.running = null;
     if (run) {
       if (run.timer) clearTimeout(run.timer);
       run.job.reject(why);
     }
-    const thread = this.thread;
+    this.unlisten?.();
+    this.unlisten = null;
+    this.seeding = null;
+    const threads = [this.thread, this.keeper];
     this.thread = null;
-    if (thread) {
-      thread.unlisten();
-      await thread.worker.terminate();
-    }
+    this.keeper = null;
+    await Promise.all(threads.map((t) => t?.worker.terminate()));
   }
 }

@@ -53,6 +53,8 @@ export function openFrontDoor(o: {
     }),
   );
   const catalog = o.catalog ? new CatalogQueryEngine(o.catalog, c.catalogQuery) : undefined;
+  // Before the server listens: the one serialization of the catalog on the event loop happens now.
+  catalog?.start();
   const server = new ApiServer(o.service, {
     host: c.host,
     port: c.httpPort,
@@ -66,7 +68,7 @@ export function openFrontDoor(o: {
     corsOrigins: c.corsOrigins,
     tokenizers,
     ...(catalog ? { catalog } : {}),
-    log: (event, fields) => o.log.log("info", event, fields),
+    log: (event, fields, level) => o.log.log(level ?? "info", event, fields),
   });
   return {
     server,
