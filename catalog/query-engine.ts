@@ -14,8 +14,9 @@ import type { ReplicaListener } from "./replica.ts";
  * queries; the keeper only follows, so a new query thread can be seeded from
  * its snapshot without the event loop serializing the catalog (which costs
  * ~10 µs per entity: half a second for 50,000). The event loop serializes it
- * once, when the keeper starts (`start`, before the server listens). Queries
- * run one at a time, FIFO, with these bounds:
+ * once, when the first query starts the keeper (threads cost a process
+ * nothing until it is queried). Queries run one at a time, FIFO, with these
+ * bounds:
  *
  * - time: `timeoutMs` from the moment the thread starts the query (folding
  *   new transactions into its view comes before, and is not the query's);
@@ -115,12 +116,6 @@ export class CatalogQueryEngine {
     private readonly source: QuerySource,
     private readonly limits: QueryLimits = defaultQueryLimits,
   ) {}
-
-  /** Starts the keeper (the one serialization on the event loop) and a query thread from it. */
-  start(): void {
-    this.ensureKeeper();
-    this.seedQueryThread();
-  }
 
   query(q: CatalogQuery): Promise<QueryAnswer> {
     if (this.closed) return Promise.reject(new QueryEngineError("the catalog query engine is closed"));

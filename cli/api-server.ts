@@ -53,8 +53,6 @@ export function openFrontDoor(o: {
     }),
   );
   const catalog = o.catalog ? new CatalogQueryEngine(o.catalog, c.catalogQuery) : undefined;
-  // Before the server listens: the one serialization of the catalog on the event loop happens now.
-  catalog?.start();
   const server = new ApiServer(o.service, {
     host: c.host,
     port: c.httpPort,
