@@ -162,7 +162,7 @@ async function checkRestore(model: LoadedModel, backend: BackendName, promptToke
       dir: { path: join(dir, "store"), maxObjectBytes: 256 << 20 },
     },
     worker: defaultConfig.worker,
-    auth: { tokens: {}, clusterSecret: "" },
+    auth: { ...defaultConfig.auth, tokens: {}, clusterSecret: "" },
   };
   const cache = await openEmbeddedCache({
     engine: engineA,

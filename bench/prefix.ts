@@ -141,7 +141,7 @@ const bench: Bench = {
           pages: { pageTokens: PAGE, physicalPages, chunkTokens: CHUNK },
           store: storeConfig(dir, s3, bucket),
           worker: { ...defaultConfig.worker, id },
-          auth: { tokens: {}, clusterSecret: "bench-secret" },
+          auth: { ...defaultConfig.auth, clusterSecret: "bench-secret" },
         },
         log: embeddedLog,
         logger: silentLogger,

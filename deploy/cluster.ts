@@ -446,6 +446,20 @@ export function workersFromLog(lines: readonly Record<string, unknown>[]): Recor
   return out;
 }
 
+/**
+ * The credentials for the controller's operator endpoints (/metrics, /workers)
+ * from the fleet's config: the scrape token, else an admin tenant's API token.
+ */
+async function operatorHeaders(configPath: string): Promise<Record<string, string>> {
+  const auth = await readFile(configPath, "utf8").then(
+    (text) => (JSON.parse(text) as Partial<Config>).auth,
+    () => undefined,
+  );
+  const admin = Object.entries(auth?.tokens ?? {}).find(([, tenant]) => auth?.adminTenants?.includes(tenant));
+  const token = auth?.metricsToken || admin?.[0];
+  return token ? { authorization: `Bearer ${token}` } : {};
+}
+
 export async function clusterStatus(state: ClusterState): Promise<ClusterStatus> {
   const ok = (p: Promise<unknown>) =>
     p.then(
@@ -467,14 +481,15 @@ export async function clusterStatus(state: ClusterState): Promise<ClusterStatus>
   try {
     const h = await fetch(`${state.api}/health`, { signal: AbortSignal.timeout(5_000) });
     controllerHealthy = h.status === 200;
-    const m = await fetch(`${state.api}/metrics`, { signal: AbortSignal.timeout(5_000) });
+    const headers = await operatorHeaders(state.configPath);
+    const m = await fetch(`${state.api}/metrics`, { headers, signal: AbortSignal.timeout(5_000) });
     const all = parseMetrics(await m.text());
     metrics = Object.fromEntries(
       Object.entries(all).filter(([k]) =>
         /^continuum_(pages_|catalog_lag|catalog_offset|cache_tokens|queue_depth)/.test(k),
       ),
     );
-    const w = await fetch(`${state.api}/workers`, { signal: AbortSignal.timeout(5_000) });
+    const w = await fetch(`${state.api}/workers`, { headers, signal: AbortSignal.timeout(5_000) });
     if (w.status === 200) fleet = ((await w.json()) as { workers: FleetWorkerView[] }).workers;
   } catch {
     controllerHealthy = false;

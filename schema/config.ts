@@ -122,6 +122,47 @@ export interface Config {
      * live data and Datalog box sit behind auth.tokens like the API); false: no /ui.
      */
     ui: boolean;
+    /** The HTTP API's connection bounds (controller/api/connections.ts says what each does). */
+    http: {
+      /** A new connection's first request headers, and any later request's headers, must arrive within this. */
+      headersTimeoutMs: number;
+      /** A whole request (headers and body) must arrive within this; else 408. */
+      requestTimeoutMs: number;
+      /** A kept-alive connection with no request in flight is closed after this. */
+      idleTimeoutMs: number;
+      /** Open connections at most: one more sheds the longest-idle one, or is answered 503 when none is idle. */
+      maxConnections: number;
+      /** Stream bytes a client may leave unread; past it the request is cancelled and the connection closed. */
+      maxUnsentBytes: number;
+    };
+    /** Request size limits, checked before anything is tokenized (controller/api/limits.ts). */
+    limits: {
+      /** Largest request body; more is answered 413. */
+      maxBodyBytes: number;
+      /** UTF-8 bytes of all prompt text of one request; more is answered 400. */
+      maxPromptBytes: number;
+      /** Chat messages in one request; more is answered 400. */
+      maxMessages: number;
+      /** Threads that tokenize and render large prompts beside the event loop. */
+      tokenizerThreads: number;
+      /** Requests waiting for a tokenizer thread at most; one more is answered 503. */
+      tokenizerQueue: number;
+    };
+    /** Bounds of POST /v1/catalog/query (catalog/query-engine.ts). */
+    catalogQuery: {
+      /** A query running longer is cancelled (its thread terminated); 400. */
+      timeoutMs: number;
+      /** A result with more rows is refused; 400. */
+      maxResultRows: number;
+      /** A result with more bytes of JSON is refused; 400. */
+      maxResultBytes: number;
+      /** The query thread's heap (its catalog copy included); a query that reaches it is cancelled; 400. */
+      maxHeapMb: number;
+      /** Queries waiting at most while one runs; one more is answered 503. */
+      maxQueued: number;
+    };
+    /** Origins allowed to call the API from a browser ("*": any); empty: CORS off. */
+    corsOrigins: string[];
   };
   worker: {
     index: number;
@@ -159,6 +200,10 @@ export interface Config {
     tokens: Record<string, string>;
     /** Shared secret workers present to the controller and to peers. */
     clusterSecret: string;
+    /** Tenants (values of `tokens`) that are admins: the whole catalog, /metrics and /workers. */
+    adminTenants: string[];
+    /** The scrape token for /metrics and /workers (an admin's token works too); empty: none. */
+    metricsToken: string;
   };
 }
 
@@ -214,6 +259,28 @@ export const defaultConfig: Config = {
     routing: "ttft",
     workerTokens: {},
     ui: true,
+    http: {
+      headersTimeoutMs: 10_000,
+      requestTimeoutMs: 60_000,
+      idleTimeoutMs: 5_000,
+      maxConnections: 1024,
+      maxUnsentBytes: 4 * 1024 * 1024,
+    },
+    limits: {
+      maxBodyBytes: 8 * 1024 * 1024,
+      maxPromptBytes: 4 * 1024 * 1024,
+      maxMessages: 4096,
+      tokenizerThreads: 2,
+      tokenizerQueue: 64,
+    },
+    catalogQuery: {
+      timeoutMs: 10_000,
+      maxResultRows: 100_000,
+      maxResultBytes: 8 * 1024 * 1024,
+      maxHeapMb: 512,
+      maxQueued: 8,
+    },
+    corsOrigins: [],
   },
   worker: {
     index: 0,
@@ -227,7 +294,7 @@ export const defaultConfig: Config = {
     durableReuse: true,
     token: "",
   },
-  auth: { tokens: {}, clusterSecret: "" },
+  auth: { tokens: {}, clusterSecret: "", adminTenants: [], metricsToken: "" },
 };
 
 type Rule =
@@ -300,6 +367,22 @@ const rules: Record<string, Rule> = {
   "controller.routing": { kind: "enum", values: ["ttft", "round_robin"] },
   "controller.workerTokens": { kind: "record" },
   "controller.ui": { kind: "bool" },
+  "controller.http.headersTimeoutMs": int(50, 3_600_000),
+  "controller.http.requestTimeoutMs": int(50, 3_600_000),
+  "controller.http.idleTimeoutMs": int(50, 3_600_000),
+  "controller.http.maxConnections": int(1, 1 << 20),
+  "controller.http.maxUnsentBytes": int(1024, 1 << 30),
+  "controller.limits.maxBodyBytes": int(1024, 1 << 30),
+  "controller.limits.maxPromptBytes": int(1, 1 << 30),
+  "controller.limits.maxMessages": int(1, 1 << 20),
+  "controller.limits.tokenizerThreads": int(1, 64),
+  "controller.limits.tokenizerQueue": int(0, 1 << 16),
+  "controller.catalogQuery.timeoutMs": int(10, 3_600_000),
+  "controller.catalogQuery.maxResultRows": int(1, 1 << 30),
+  "controller.catalogQuery.maxResultBytes": int(1024, 1 << 30),
+  "controller.catalogQuery.maxHeapMb": int(32, 1 << 20),
+  "controller.catalogQuery.maxQueued": int(0, 1024),
+  "controller.corsOrigins": { kind: "strings" },
   "worker.index": int(0, 4096),
   "worker.id": str,
   "worker.controllerUrl": str,
@@ -312,6 +395,8 @@ const rules: Record<string, Rule> = {
   "worker.token": optStr,
   "auth.tokens": { kind: "record" },
   "auth.clusterSecret": optStr,
+  "auth.adminTenants": { kind: "strings" },
+  "auth.metricsToken": optStr,
 };
 
 export class ConfigError extends Error {
@@ -452,6 +537,11 @@ export function resolveConfig(file: unknown, env: Record<string, string | undefi
       else setPath(config, path, r.ok);
     }
   }
+  const http = (config as unknown as Config).controller.http;
+  if (http.headersTimeoutMs > http.requestTimeoutMs)
+    problems.push(
+      `controller.http.headersTimeoutMs: ${http.headersTimeoutMs} exceeds controller.http.requestTimeoutMs (${http.requestTimeoutMs})`,
+    );
   if (problems.length > 0) throw new ConfigError(problems);
   return config as unknown as Config;
 }

@@ -1,12 +1,10 @@
 import { Effect } from "effect";
-import { ConsoleError, runQuery } from "../../catalog/console.ts";
-import { badRequest } from "../../controller/api/errors.ts";
 import { registerRestoreMetrics } from "../../controller/api/restore-metrics.ts";
-import { ApiServer } from "../../controller/api/server.ts";
 import { createLogger } from "../../schema/log.ts";
 import { openEmbeddedCache } from "../../worker/restore/embedded.ts";
 import { chooseEngine, loadEngine } from "../../worker/runtime/engine-load.ts";
 import { WorkerRuntime } from "../../worker/runtime/runtime.ts";
+import { openFrontDoor } from "../api-server.ts";
 import { type Command, UsageError } from "../command.ts";
 import { ensureModel } from "../embedded/model.ts";
 import { EmbeddedService } from "../embedded/service.ts";
@@ -70,31 +68,18 @@ const command: Command = {
           },
           (rt) => rt.stop(),
         );
-        const catalog = durable.cache.catalog;
         const restorer = durable.cache.restorer;
-        const service = new EmbeddedService(
-          runtime,
-          model,
-          id,
-          async (query, _args, rules) => {
-            try {
-              return runQuery(catalog.db.datalog(), query, rules);
-            } catch (err) {
-              if (err instanceof ConsoleError) throw badRequest(err.message, "query");
-              throw err;
-            }
-          },
-          () => restorer.stats().tokens,
-        );
-        const server = new ApiServer(service, {
-          host: config.controller.host,
-          port: config.controller.httpPort,
-          tokens: config.auth.tokens,
-          log: ({ event, ...fields }) => log.log("info", String(event), fields),
+        const service = new EmbeddedService(runtime, model, id, () => restorer.stats().tokens);
+        const frontDoor = openFrontDoor({
+          config,
+          service,
+          models: [{ id, dir: model.dir, eosTokenIds: model.eosTokenIds, vocab: model.config.spec.vocab }],
+          catalog: durable.cache.replica,
+          log,
         });
-        registerRestoreMetrics(server.metrics, () => restorer.stats());
+        registerRestoreMetrics(frontDoor.server.metrics, () => restorer.stats());
         // The embedded log's writer is in this process, so the replica's lag is only what is in flight.
-        yield* webViewResource(config, server, {
+        yield* webViewResource(config, frontDoor.server, {
           mode: "embedded",
           workers: () => {
             const stats = runtime.stats();
@@ -118,8 +103,8 @@ const command: Command = {
           decisions: null,
         });
         const port = yield* resource(
-          () => server.start(),
-          () => server.close(),
+          () => frontDoor.server.start(),
+          () => frontDoor.close(),
         );
         log.log("info", "serve.ready", {
           url: `http://${config.controller.host}:${port}`,

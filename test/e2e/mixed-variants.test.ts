@@ -2,7 +2,6 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { runQuery } from "../../catalog/console.ts";
 import { EmbeddedLog } from "../../catalog/log-embedded.ts";
 import { longestPublishedPrefix } from "../../catalog/queries.ts";
 import { Replica } from "../../catalog/replica.ts";
@@ -141,7 +140,6 @@ beforeAll(async () => {
     hub,
     {
       db: () => replica.catalog,
-      query: (q, rules) => runQuery(replica.datalog(), q, rules),
       lag: () => 0,
     },
     null,

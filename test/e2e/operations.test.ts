@@ -82,7 +82,7 @@ interface Usage {
 }
 
 async function metricsText(base: string): Promise<string> {
-  const r = await fetch(`${base}/metrics`);
+  const r = await fetch(`${base}/metrics`, { headers: AUTH });
   expect(r.status).toBe(200);
   return r.text();
 }
@@ -188,7 +188,12 @@ describe.skipIf(!tools)("operating continuum: Prometheus, Grafana's queries and 
     const s3Endpoint = process.env.CONTINUUM_S3_ENDPOINT;
     if (!brokers || !s3Endpoint) throw new Error("the test setup's Kafka broker and S3 server are needed");
     const tokens = JSON.stringify({ [TOKEN]: "ops" });
-    serve = await startServe({ CONTINUUM_AUTH_TOKENS: tokens, CONTINUUM_WORKER_THREADS: "1" });
+    // The test's one tenant is an admin: it reads /metrics, /ui/events and every catalog fact.
+    serve = await startServe({
+      CONTINUUM_AUTH_TOKENS: tokens,
+      CONTINUUM_AUTH_ADMIN_TENANTS: "ops",
+      CONTINUUM_WORKER_THREADS: "1",
+    });
     clusterDir = await mkdtemp(join(tmpdir(), "continuum-ops-"));
     const run = randomBytes(4).toString("hex");
     const httpPort = await freePort();
@@ -217,7 +222,7 @@ describe.skipIf(!tools)("operating continuum: Prometheus, Grafana's queries and 
             secretAccessKey: process.env.CONTINUUM_S3_SECRET_ACCESS_KEY ?? "continuum-secret",
           },
         },
-        auth: { tokens: { [TOKEN]: "ops" } },
+        auth: { tokens: { [TOKEN]: "ops" }, adminTenants: ["ops"] },
       },
       {},
     );
@@ -232,8 +237,8 @@ describe.skipIf(!tools)("operating continuum: Prometheus, Grafana's queries and 
       services: { brokers, s3Endpoint },
     });
     prom = await startPrometheus([
-      { job: "embedded", target: `127.0.0.1:${serve.port}` },
-      { job: "fleet", target: `127.0.0.1:${httpPort}` },
+      { job: "embedded", target: `127.0.0.1:${serve.port}`, bearer: TOKEN },
+      { job: "fleet", target: `127.0.0.1:${httpPort}`, bearer: TOKEN },
     ]);
     browser = await chromium.launch({ executablePath: CHROMIUM, args: ["--no-sandbox"] });
   }, 300_000);

@@ -110,7 +110,7 @@ export async function startWorker(model: LoadedModel, spec: WorkerSpec): Promise
       s3: spec.s3Bucket ? s3Settings(spec.s3Bucket, spec.s3Endpoint) : defaultConfig.store.s3,
     },
     worker: { ...defaultConfig.worker, id: spec.id },
-    auth: { tokens: {}, clusterSecret: spec.secret ?? "cluster-secret" },
+    auth: { ...defaultConfig.auth, clusterSecret: spec.secret ?? "cluster-secret" },
   };
   const ropts: RuntimeOptions = {
     fingerprint: model.fingerprint,
