@@ -1,5 +1,6 @@
 import { type FileHandle, open } from "node:fs/promises";
 import { crc32 } from "node:zlib";
+import { abortable } from "../schema/abort.ts";
 import { MAX_MESSAGE_BYTES } from "../schema/wire.ts";
 import {
   CatalogLogError,
@@ -322,8 +323,7 @@ export class EmbeddedLog implements FullCatalogLog {
         this.lease = new EmbeddedLease(this, this.tx.length, this.consumed);
         return this.lease;
       }
-      const onAbort = new Promise<void>((resolve) => signal?.addEventListener("abort", () => resolve()));
-      await Promise.race([this.leaseReleased.wait(), onAbort]);
+      await abortable(this.leaseReleased.wait(), signal);
     }
   }
 
@@ -387,6 +387,7 @@ export class EmbeddedLog implements FullCatalogLog {
 
 class EmbeddedLease implements WriterLease {
   private stopped = false;
+  commits = 0;
   private running: Promise<void> | undefined;
 
   constructor(
@@ -409,6 +410,7 @@ class EmbeddedLease implements WriterLease {
           const result = await handler(batch);
           const consumed = batch[batch.length - 1]!.offset + 1;
           await this.log.commit(this, consumed, result);
+          this.commits++;
           next = consumed;
         }
       } finally {

@@ -7,6 +7,7 @@ import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import type { FleetWorkerView } from "../controller/api/service.ts";
+import { sleep } from "../schema/abort.ts";
 import type { Config } from "../schema/config.ts";
 import { NODE_HEAP_FLAGS } from "./node-flags.ts";
 
@@ -247,7 +248,7 @@ export async function waitForLog(
       if (!alive(q.pid)) throw new Error(`${q.name} exited before ${what}; see ${q.log}:\n${tail(q.log)}`);
     if (Date.now() > deadline)
       throw new Error(`${p.name}: no ${what} within ${timeoutMs} ms; see ${p.log}:\n${tail(p.log)}`);
-    await new Promise((r) => setTimeout(r, 200));
+    await sleep(200);
   }
 }
 
@@ -372,7 +373,7 @@ export async function stopProcess(pid: number, graceMs: number): Promise<"stoppe
   const deadline = Date.now() + graceMs;
   while (Date.now() < deadline) {
     if (!alive(pid)) return "stopped";
-    await new Promise((r) => setTimeout(r, 100));
+    await sleep(100);
   }
   try {
     process.kill(pid, "SIGKILL");
