@@ -153,7 +153,7 @@ export function replayFile(bytes: Buffer, path: string): ReplayedLog {
           f.at,
           `${path}: commit at byte ${f.at} consumes up to ${c.consumed}, but ${proposals.length} proposals precede it (consumed ${consumed}): ` +
             "a second process appended to this log (it committed at a stale proposal offset); " +
-            "`continuum catalog repair --dir DATA_DIR` keeps the consistent part and re-queues the proposals after it",
+            "`continuum catalog repair` keeps the consistent part and re-queues the proposals after it",
         );
       }
       consumed = c.consumed;

@@ -1,3 +1,4 @@
+import { abortable, sleep } from "../schema/abort.ts";
 import {
   type Proposal,
   ProposalMsg,
@@ -6,7 +7,6 @@ import {
   TxMsg,
   type TxRecord,
 } from "../schema/catalog.ts";
-import { abortable, sleep } from "../schema/abort.ts";
 import type { Logger } from "../schema/log.ts";
 import { decodeMessage, encodeMessage, WireError } from "../schema/wire.ts";
 import type { ResolveResult } from "./db.ts";
@@ -182,6 +182,8 @@ export interface CatalogWriterOptions<D extends WriterDb> {
    */
   readonly maxConsecutiveFailures?: number;
   readonly clock?: () => number;
+  /** Told of each lease loss (after it is logged): its cause and the consecutive count. */
+  readonly onLeaseLost?: (err: Error, failures: number) => void;
 }
 
 export class CatalogWriter<D extends WriterDb> {
@@ -250,6 +252,7 @@ export class CatalogWriter<D extends WriterDb> {
         // Progress is a commit that succeeded; a batch decided and then lost with its commit is not.
         failures = (lease?.commits ?? 0) > 0 ? 1 : failures + 1;
         logger.log("warn", "writer.lease_lost", { error: (err as Error).message, failures });
+        this.opts.onLeaseLost?.(err as Error, failures);
         if (failures >= maxFailures) throw err;
         // Backoff 100 ms · 2^(failures−1), at most 5 s.
         await sleep(Math.min(5_000, 100 * 2 ** (failures - 1)), this.stopping.signal);

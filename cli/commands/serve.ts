@@ -10,6 +10,13 @@ import { WorkerRuntime } from "../../worker/runtime/runtime.ts";
 import { type Command, UsageError } from "../command.ts";
 import { durableReuseAllowed, ensureModel } from "../embedded/model.ts";
 import { EmbeddedService } from "../embedded/service.ts";
+import {
+  explainStartupError,
+  lockDirs,
+  registerDegradedMetric,
+  requireFreeSpace,
+  serveDirs,
+} from "../embedded/startup.ts";
 import { parseRoleArgs } from "../options.ts";
 import { resource, runScoped } from "../run-scoped.ts";
 import { runtimeOptions } from "../runtime-options.ts";
@@ -40,7 +47,25 @@ const command: Command = {
     const log = createLogger({ fields: { role: "embedded" } });
     return runScoped(
       Effect.gen(function* () {
-        const { model, id } = yield* Effect.promise(() => ensureModel(config, log));
+        const explain = (err: unknown) => {
+          throw explainStartupError(err, config.store.dataDir);
+        };
+        // One owner per data dir, before anything is written to it (the generated model included).
+        yield* resource(
+          () => {
+            try {
+              const locks = lockDirs(serveDirs(config));
+              requireFreeSpace(config.store.dataDir);
+              return locks;
+            } catch (err) {
+              return explain(err);
+            }
+          },
+          (locks) => {
+            for (const l of locks.reverse()) l.release();
+          },
+        );
+        const { model, id } = yield* Effect.promise(() => ensureModel(config, log).catch(explain));
         const engine = yield* resource(
           () =>
             loadEngine(model, config.pages, {
@@ -51,7 +76,7 @@ const command: Command = {
         );
         // Durable prefixes (embedded catalog log + local chunk files): released after the runtime stops.
         const durable = yield* resource(
-          () => openEmbeddedCache({ engine, model, modelName: id, config, logger: log }),
+          () => openEmbeddedCache({ engine, model, modelName: id, config, logger: log }).catch(explain),
           (c) => c.close(),
         );
         // No checkpoints or restores from an engine whose numerics are not the fingerprint's: see engineMatchesVariant.
@@ -90,6 +115,7 @@ const command: Command = {
           log: ({ event, ...fields }) => log.log("info", String(event), fields),
         });
         registerRestoreMetrics(server.metrics, () => restorer.stats());
+        registerDegradedMetric(server.metrics, config.store.dataDir, durable.cache.tiers.s3);
         const port = yield* resource(
           () => server.start(),
           () => server.close(),
@@ -103,7 +129,10 @@ const command: Command = {
         process.stderr.write(
           `continuum: serving model '${id}' on http://${config.controller.host}:${port}/v1 (Ctrl-C to stop)\n`,
         );
-        yield* Effect.never;
+        // Serves until stopped, or until the catalog writer gives up for good (its bound on
+        // consecutive failures): then the process fails with the writer's error.
+        const stopped = yield* Effect.promise(() => durable.writerStopped);
+        return yield* Effect.fail(new Error(`the catalog writer stopped: ${stopped.message}`));
       }),
     );
   },

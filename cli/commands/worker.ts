@@ -6,6 +6,7 @@ import { loadEngine } from "../../worker/runtime/engine-load.ts";
 import { WorkerRuntime } from "../../worker/runtime/runtime.ts";
 import type { Command } from "../command.ts";
 import { durableReuseAllowed, ensureModel } from "../embedded/model.ts";
+import { explainStartupError, lockDirs, requireFreeSpace } from "../embedded/startup.ts";
 import {
   durableTiers,
   fleetSnapshots,
@@ -52,7 +53,26 @@ const command: Command = {
     const log = createLogger({ fields: { role: "worker", workerId } });
     return runScoped(
       Effect.gen(function* () {
-        const { model, id: modelId } = yield* Effect.promise(() => ensureModel(config, log));
+        const cacheConfig = workerCacheConfig(config, workerId);
+        const explain = (err: unknown) => {
+          throw explainStartupError(err, cacheConfig.store.dir.path);
+        };
+        // One owner per worker directory (its chunk files), before anything is written there.
+        yield* resource(
+          () => {
+            try {
+              const locks = lockDirs([cacheConfig.store.dir.path]);
+              requireFreeSpace(cacheConfig.store.dir.path);
+              return locks;
+            } catch (err) {
+              return explain(err);
+            }
+          },
+          (locks) => {
+            for (const l of locks.reverse()) l.release();
+          },
+        );
+        const { model, id: modelId } = yield* Effect.promise(() => ensureModel(config, log).catch(explain));
         const engine = yield* resource(
           () =>
             loadEngine(model, config.pages, {
@@ -70,7 +90,6 @@ const command: Command = {
           () => openCatalogLog(config, workerId),
           (l) => l.close(),
         );
-        const cacheConfig = workerCacheConfig(config, workerId);
         // The catalog log's end, polled (not asked per heartbeat), for the replica's lag in the status.
         const logEnd = yield* resource(
           () => pollLogEnd(catalogLog, 2_000),

@@ -18,6 +18,7 @@
 #include "backend.h"
 #include "cpu.h"
 #include "engine.h"
+#include "file_lock.h"
 #include "kernels.h"
 #include "thread_pool.h"
 
@@ -719,6 +720,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("cudaProbe", Napi::Function::New(env, CudaProbeJs));
   exports.Set("features", Features(env));
   exports.Set("defaultThreads", Napi::Number::New(env, default_threads()));
+  exports.Set("lockFileExclusive", Napi::Function::New(env, LockFileExclusiveJs));
   Napi::Object k = Napi::Object::New(env);
   k.Set("setThreads", Napi::Function::New(env, SetThreads));
   k.Set("threads", Napi::Function::New(env, GetThreads));

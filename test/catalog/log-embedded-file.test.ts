@@ -1,4 +1,4 @@
-import { mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promises";
+import { mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
@@ -144,7 +144,10 @@ describe("embedded log: a full disk", () => {
       await until(async () => (await log.endOffset()) === 1);
       small.fill();
       // Large enough not to fit in what the filler left.
-      const big = encodeMessage(ProposalMsg, { ...leaseProposal("big", "k-big"), clientId: "x".repeat(64 << 10) });
+      const big = encodeMessage(ProposalMsg, {
+        ...leaseProposal("big", "k-big"),
+        clientId: "x".repeat(64 << 10),
+      });
       await expect(log.propose(big)).rejects.toThrow(/embedded log write failed: ENOSPC/);
       await expect(log.propose(big)).rejects.toThrow(/ENOSPC/);
       small.free();

@@ -22,8 +22,9 @@ interface Attempt {
 }
 
 /** A log whose leases decide `succeedFirst` batches committed, then fail every commit. */
-function failingLog(succeedFirst: number): TxLogReader &
-  WriterLog & { readonly attempts: Attempt[]; readonly inner: Promise<EmbeddedLog> } {
+function failingLog(
+  succeedFirst: number,
+): TxLogReader & WriterLog & { readonly attempts: Attempt[]; readonly inner: Promise<EmbeddedLog> } {
   const inner = EmbeddedLog.open();
   const attempts: Attempt[] = [];
   let committedSoFar = 0;
@@ -33,7 +34,10 @@ function failingLog(succeedFirst: number): TxLogReader &
     subscribe: async (from, onBatch) => (await inner).subscribe(from, onBatch),
     endOffset: async () => (await inner).endOffset(),
     async acquireWriter(signal?: AbortSignal): Promise<WriterLease> {
-      attempts.push({ at: performance.now(), listeners: signal ? getEventListeners(signal, "abort").length : 0 });
+      attempts.push({
+        at: performance.now(),
+        listeners: signal ? getEventListeners(signal, "abort").length : 0,
+      });
       let commits = 0;
       return {
         txEnd: 0,
@@ -81,7 +85,7 @@ describe("catalog writer retries", () => {
     expect(log.attempts.length).toBe(5);
     // Backoff 100 ms · 2^(n−1) between tries: 100, 200, 400, 800.
     const gaps = log.attempts.slice(1).map((a, i) => a.at - log.attempts[i]!.at);
-    [100, 200, 400, 800].forEach((min, i) => expect(gaps[i]).toBeGreaterThanOrEqual(min - 5));
+    for (const [i, min] of [100, 200, 400, 800].entries()) expect(gaps[i]).toBeGreaterThanOrEqual(min - 5);
     expect(log.attempts.map((a) => a.listeners)).toEqual([0, 0, 0, 0, 0]);
     const failures = lines.map((l) => JSON.parse(l)).filter((l) => l.event === "writer.lease_lost");
     expect(failures.map((l) => l.failures)).toEqual([1, 2, 3, 4, 5]);
