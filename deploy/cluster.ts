@@ -34,7 +34,7 @@ const BIN = join(ROOT, "bin", "continuum.mjs");
 const KAFKA_SH = join(ROOT, "deploy", "kafka.sh");
 const S3_SH = join(ROOT, "deploy", "s3proxy.sh");
 
-export type Role = "writer" | "controller" | "worker";
+export type Role = "writer" | "controller" | "worker" | "serve";
 
 export interface ClusterProcess {
   readonly name: string;
@@ -77,6 +77,8 @@ export interface UpOptions {
    * with its own catalog topics and bucket from the config.
    */
   readonly services?: RunningServices;
+  /** Extra environment of every role's process (e.g. CONTINUUM_LOG_LEVEL). */
+  readonly env?: Readonly<Record<string, string>>;
 }
 
 export interface RunningServices {
@@ -316,7 +318,7 @@ export async function clusterUp(o: UpOptions): Promise<ClusterState> {
       await script(S3_SH, ["start", "--port", String(o.s3Port), "--data", s3Data], 600_000);
     }
     const add = (name: string, role: Role, env: Record<string, string> = {}) => {
-      const p = spawnRole(name, role, configPath, logs, env);
+      const p = spawnRole(name, role, configPath, logs, { ...o.env, ...env });
       processes.push(p);
       return p;
     };

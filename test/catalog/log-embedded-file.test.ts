@@ -6,9 +6,9 @@ import { encodeCommit, frame, TYPE_COMMIT, TYPE_PROPOSAL } from "../../catalog/e
 import { CatalogLogError } from "../../catalog/log.ts";
 import { EmbeddedLog } from "../../catalog/log-embedded.ts";
 import { repairLog } from "../../catalog/log-repair.ts";
+import { type SmallFs, smallFs } from "../../deploy/small-fs.ts";
 import { ProposalMsg } from "../../schema/catalog.ts";
 import { encodeMessage } from "../../schema/wire.ts";
-import { type SmallFs, smallFs } from "../small-fs.ts";
 import { bytes, leaseProposal, startWriter, until } from "./log-helpers.ts";
 
 /**

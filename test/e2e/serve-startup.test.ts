@@ -3,8 +3,8 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { crc32 } from "node:zlib";
 import { afterAll, describe, expect, it } from "vitest";
+import { type SmallFs, smallFs } from "../../deploy/small-fs.ts";
 import { freePort } from "../ports.ts";
-import { type SmallFs, smallFs } from "../small-fs.ts";
 import { continuum, type ServeProcess, serveExpectingExit, startServe } from "./serve-process.ts";
 
 /**

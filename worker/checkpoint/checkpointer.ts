@@ -347,6 +347,7 @@ export class Checkpointer implements RouteCheckpointer {
       this.counters.chunksPublished++;
       this.opts.logger.log("debug", "checkpoint.published", {
         route: job.route,
+        node: descriptor.node,
         start: descriptor.start,
         storeMs,
         confirmMs: confirmed - storedAt,

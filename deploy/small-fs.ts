@@ -4,9 +4,10 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 
 /**
- * A real, small file system for full-disk tests: a tmpfs of `bytes`
- * mounted on a fresh directory (the tests run as root here and in CI; where
- * mounting is not allowed, `smallFs` says why and the test is skipped).
+ * A real, small file system for full-disk tests and chaos runs: a tmpfs of
+ * `bytes` mounted on a fresh directory (or on `at`, which must exist and be
+ * empty). Mounting needs root (the tests run as root here and in CI); where
+ * it is not allowed, `smallFs` says why and the caller skips its disk cases.
  * `fill()` writes a filler file until the file system answers ENOSPC;
  * `free()` removes it.
  */
@@ -17,12 +18,12 @@ export interface SmallFs {
   unmount(): void;
 }
 
-export function smallFs(bytes: number): SmallFs | { readonly unavailable: string } {
-  const dir = mkdtempSync(join(tmpdir(), "continuum-smallfs-"));
+export function smallFs(bytes: number, at?: string): SmallFs | { readonly unavailable: string } {
+  const dir = at ?? mkdtempSync(join(tmpdir(), "continuum-smallfs-"));
   try {
     execFileSync("mount", ["-t", "tmpfs", "-o", `size=${bytes}`, "tmpfs", dir], { stdio: "pipe" });
   } catch (err) {
-    rmdirSync(dir);
+    if (at === undefined) rmdirSync(dir);
     const msg = (err as { stderr?: Buffer }).stderr?.toString().trim() || (err as Error).message;
     return { unavailable: `cannot mount a tmpfs here (${msg})` };
   }
@@ -52,7 +53,7 @@ export function smallFs(bytes: number): SmallFs | { readonly unavailable: string
     },
     unmount() {
       execFileSync("umount", ["-l", dir], { stdio: "pipe" });
-      rmdirSync(dir);
+      if (at === undefined) rmdirSync(dir);
     },
   };
 }
