@@ -10,6 +10,7 @@ import { call } from "./client.ts";
 import {
   acknowledgedNodes,
   catalogVerdicts,
+  fullPoolRequest,
   readCatalog,
   replicaVerdicts,
   type Verdict,
@@ -169,24 +170,7 @@ export class EmbeddedTarget implements ChaosTarget {
   }
 
   async pagesVerdicts(): Promise<Verdict[]> {
-    const prompt = Array.from({ length: 2040 }, (_, i) => ((i * 13) % 500) + 1);
-    const r = await call({
-      url: this.url,
-      method: "POST",
-      path: "/v1/completions",
-      body: JSON.stringify({ model: this.model, prompt, max_tokens: 4, temperature: 0 }),
-      deadlineMs: 120_000,
-    });
-    return [
-      {
-        name: "pages back to baseline",
-        ok: r.kind === "ok",
-        detail:
-          r.kind === "ok"
-            ? `a request needing 128 of ${PAGES} pages was admitted and completed`
-            : `a request needing 128 of ${PAGES} pages: ${r.kind === "failed" ? r.reason : "hung"}`,
-      },
-    ];
+    return [{ name: "pages back to baseline", ...(await fullPoolRequest(this.url, this.model, PAGES)) }];
   }
 
   /** Stops the server (SIGINT), then reads its log at rest and checks its chunk files and S3 objects. */

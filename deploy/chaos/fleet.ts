@@ -21,6 +21,7 @@ import { call } from "./client.ts";
 import {
   acknowledgedNodes,
   catalogVerdicts,
+  fullPoolRequest,
   readCatalog,
   replicaVerdicts,
   type Verdict,
@@ -240,14 +241,7 @@ export class FleetTarget implements ChaosTarget {
   }
 
   async pagesVerdicts(): Promise<Verdict[]> {
-    const prompt = Array.from({ length: 2040 }, (_, i) => ((i * 13) % 500) + 1);
-    const big = await call({
-      url: this.url,
-      method: "POST",
-      path: "/v1/completions",
-      body: JSON.stringify({ model: this.model, prompt, max_tokens: 4, temperature: 0 }),
-      deadlineMs: 120_000,
-    });
+    const big = await fullPoolRequest(this.url, this.model, PAGES);
     // Idle, every page of a worker is free or held only by its prefix cache (the agent's evictable pages).
     const deadline = Date.now() + 20_000;
     let detail = "";
@@ -272,8 +266,8 @@ export class FleetTarget implements ChaosTarget {
     return [
       {
         name: "pages back to baseline",
-        ok: big.kind === "ok" && balanced,
-        detail: `${big.kind === "ok" ? `a request needing 128 of ${PAGES} pages completed` : `a request needing 128 of ${PAGES} pages: ${big.kind === "failed" ? big.reason : "hung"}`}; idle: ${detail}`,
+        ok: big.ok && balanced,
+        detail: `${big.detail}; idle: ${detail}`,
       },
     ];
   }

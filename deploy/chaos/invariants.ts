@@ -8,6 +8,7 @@ import { decodeMessage } from "../../schema/wire.ts";
 import { FileTier } from "../../worker/store/file.ts";
 import { S3Tier } from "../../worker/store/s3.ts";
 import { logEvents } from "../cluster.ts";
+import { call } from "./client.ts";
 import type { WorkloadFigures } from "./workload.ts";
 
 /**
@@ -178,6 +179,31 @@ export async function replicaVerdicts(
       `${by("ssd")} SSD and ${by("s3")} S3 replicas checked${bad.length ? `; bad: ${bad.slice(0, 3).join("; ")}` : ""}`,
     ),
   ];
+}
+
+/**
+ * A request of 2,040 prompt tokens (128 pages of 16, the tiny model's
+ * context nearly full) through the front door: admitted and completed only
+ * if no page leaked from a pool sized a little above it.
+ */
+export async function fullPoolRequest(
+  url: string,
+  model: string,
+  pages: number,
+): Promise<{ ok: boolean; detail: string }> {
+  const prompt = Array.from({ length: 2040 }, (_, i) => ((i * 13) % 500) + 1);
+  const r = await call({
+    url,
+    method: "POST",
+    path: "/v1/completions",
+    body: JSON.stringify({ model, prompt, max_tokens: 4, temperature: 0 }),
+    deadlineMs: 120_000,
+  });
+  const what = `a request needing 128 of ${pages} pages`;
+  return {
+    ok: r.kind === "ok",
+    detail: r.kind === "ok" ? `${what} completed` : `${what}: ${r.kind === "failed" ? r.reason : "hung"}`,
+  };
 }
 
 /** Greedy output of the probe set equals the clean run's. */

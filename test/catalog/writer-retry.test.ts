@@ -68,19 +68,25 @@ function writerOn(log: ReturnType<typeof failingLog>, maxConsecutiveFailures: nu
   });
 }
 
+/** How run() ends: its error's message, "resolved", or that it still runs after 20 s (the failure bound here is ≤ 1.5 s). */
+async function outcomeOf(writer: CatalogWriter<CatalogDb>): Promise<string> {
+  const outcome = await Promise.race([
+    writer.run().then(
+      () => "resolved",
+      (err: Error) => err.message,
+    ),
+    sleep(20_000).then(() => "still retrying after 20 s"),
+  ]);
+  await writer.stop();
+  return outcome;
+}
+
 describe("catalog writer retries", () => {
   it("counts a decided but uncommitted batch as a failure: backs off, leaks no listener, gives up at the bound", async () => {
     const log = failingLog(0);
     const lines: string[] = [];
     const writer = writerOn(log, 5, lines);
-    const outcome = await Promise.race([
-      writer.run().then(
-        () => "resolved",
-        (err: Error) => err.message,
-      ),
-      sleep(20_000).then(() => "still retrying after 20 s"),
-    ]);
-    await writer.stop();
+    const outcome = await outcomeOf(writer);
     expect(outcome).toBe("embedded log write failed: ENOSPC");
     expect(log.attempts.length).toBe(5);
     // Backoff 100 ms · 2^(n−1) between tries: 100, 200, 400, 800.
@@ -96,14 +102,7 @@ describe("catalog writer retries", () => {
     const log = failingLog(3);
     const lines: string[] = [];
     const writer = writerOn(log, 3, lines);
-    const outcome = await Promise.race([
-      writer.run().then(
-        () => "resolved",
-        (err: Error) => err.message,
-      ),
-      sleep(20_000).then(() => "still retrying after 20 s"),
-    ]);
-    await writer.stop();
+    const outcome = await outcomeOf(writer);
     expect(outcome).toBe("embedded log write failed: ENOSPC");
     // The first lease committed three batches before its loss (count 1), then two more losses reach the bound.
     const failures = lines.map((l) => JSON.parse(l)).filter((l) => l.event === "writer.lease_lost");
