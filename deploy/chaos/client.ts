@@ -84,11 +84,17 @@ function describe(err: unknown): string {
   return e.code ?? e.message ?? String(err);
 }
 
-/** The OpenAI-style error type of an error body; "no error body" when it has none (itself a finding). */
+/**
+ * The OpenAI-style error type of an error body, marked "(internal error)"
+ * when the server answered an exception it did not handle ("internal
+ * error: …"), and "(no error body)" when it named no error at all: both
+ * findings, unlike a failure the server explains (a worker lost mid-request).
+ */
 function errorType(body: string): string {
   try {
     const e = (JSON.parse(body) as { error?: { type?: unknown; message?: unknown } }).error;
-    if (typeof e?.message === "string" && e.message !== "") return String(e.type ?? "error");
+    if (typeof e?.message === "string" && e.message !== "")
+      return `${String(e.type ?? "error")}${e.message.startsWith("internal error") ? " (internal error)" : ""}`;
   } catch {
     // not JSON
   }
@@ -161,12 +167,13 @@ export function slowCall(
 }
 
 /**
- * Idle connections: `n` sockets that connect and send nothing. `closedByServer`
- * counts those the server closed; close() ends the rest.
+ * Idle connections: `n` sockets that connect and send nothing. `endedByServer`
+ * counts those the server ended: closed (an idle timeout, a process killed)
+ * or refused (while it was down); close() ends the rest.
  */
 export class IdleConnections {
   private readonly sockets = new Set<Socket>();
-  closedByServer = 0;
+  endedByServer = 0;
   private closing = false;
 
   open(url: string, n: number): void {
@@ -177,7 +184,7 @@ export class IdleConnections {
       s.on("error", () => undefined);
       s.on("close", () => {
         this.sockets.delete(s);
-        if (!this.closing) this.closedByServer++;
+        if (!this.closing) this.endedByServer++;
       });
     }
   }

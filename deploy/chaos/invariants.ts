@@ -23,11 +23,14 @@ export interface Verdict {
 
 const verdict = (name: string, ok: boolean, detail: string): Verdict => ({ name, ok, detail });
 
-/** Every request completed or failed with a reason; none hung; no HTTP 500; malformed input got a clear 4xx. */
+/**
+ * Every request completed or failed with a reason (none hung, none an
+ * unhandled exception or a bare status); malformed input got a clear 4xx.
+ */
 export function requestVerdicts(f: WorkloadFigures): Verdict[] {
   const internal = (failed: Record<string, number>) =>
     Object.entries(failed)
-      .filter(([r]) => r.startsWith("HTTP 500") || r.includes("no error body"))
+      .filter(([r]) => r.includes("(internal error)") || r.includes("(no error body)"))
       .reduce((n, [, c]) => n + c, 0);
   return [
     verdict(
@@ -36,7 +39,7 @@ export function requestVerdicts(f: WorkloadFigures): Verdict[] {
       `hung: ${f.good.hung} good, ${f.malformed.hung} malformed, ${f.slow.hung} slow`,
     ),
     verdict(
-      "every failure has a reason, none an internal error",
+      "every failure has a reason, none an unhandled exception",
       internal(f.good.failed) + internal(f.slow.failed) === 0,
       `failures by reason: ${JSON.stringify({ ...f.good.failed })}; slow: ${JSON.stringify(f.slow.failed)}`,
     ),

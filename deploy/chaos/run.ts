@@ -139,7 +139,12 @@ async function apply(
   }
 }
 
-export async function runChaos(t: ChaosTarget, o: ChaosOptions): Promise<ChaosReport> {
+export async function runChaos(t: ChaosTarget, opts: ChaosOptions): Promise<ChaosReport> {
+  const began = performance.now();
+  const o = {
+    ...opts,
+    progress: (l: string) => opts.progress(`[${((performance.now() - began) / 1000).toFixed(1)} s] ${l}`),
+  };
   const rng = new Prng(o.seed);
   const planRng = rng.fork();
   const workRng = rng.fork();
@@ -195,10 +200,15 @@ export async function runChaos(t: ChaosTarget, o: ChaosOptions): Promise<ChaosRe
   o.progress("faults over; settling");
   await t.settle();
   verdicts.push(...requestVerdicts(figures));
+  o.progress("probes");
   verdicts.push(probeVerdict(clean, await runProbes(t)));
+  o.progress("file descriptors");
   verdicts.push(await fdVerdict(t, base));
+  o.progress("pages");
   verdicts.push(...(await t.pagesVerdicts()));
+  o.progress("catalog and replicas");
   verdicts.push(...(await t.stateVerdicts()));
+  o.progress("done");
   return {
     target: t.name,
     seed: o.seed,
@@ -219,7 +229,7 @@ export function formatReport(r: ChaosReport): string {
     `chaos ${r.target}, seed ${r.seed}, ${Math.round(r.durationMs / 1000)} s of faults: ${r.ok ? "all invariants hold" : "INVARIANTS VIOLATED"}`,
     `  requests: ${g.count} good (${g.ok} ok, ${Object.values(g.failed).reduce((a, b) => a + b, 0)} failed with a reason, ${g.hung} hung); ` +
       `${r.requests.malformed.count} malformed (${r.requests.malformed.rejected} refused clearly); ` +
-      `${r.requests.slow.count} slow (${r.requests.slow.ok} answered); ${r.requests.idle.opened} idle connections (${r.requests.idle.closedByServer} closed by the server)`,
+      `${r.requests.slow.count} slow (${r.requests.slow.ok} answered); ${r.requests.idle.opened} idle connections (${r.requests.idle.endedByServer} closed or refused by the server)`,
     `  failures by reason: ${JSON.stringify(g.failed)}`,
     `  kills: ${JSON.stringify(r.kills)}; faults: ${JSON.stringify(r.faults)}${Object.keys(r.skipped).length ? `; skipped: ${JSON.stringify(r.skipped)}` : ""}`,
     ...r.verdicts.map((v) => `  ${v.ok ? "ok  " : "FAIL"} ${v.name}: ${v.detail}`),

@@ -66,7 +66,7 @@ export interface WorkloadFigures {
   /** Malformed requests: answered 4xx with an error body (`rejected`), or otherwise (`wrong`: reason → count). */
   readonly malformed: { count: number; rejected: number; wrong: Record<string, number>; hung: number };
   readonly slow: Tally;
-  readonly idle: { opened: number; closedByServer: number };
+  readonly idle: { opened: number; endedByServer: number };
 }
 
 /** A 4xx with an error body, or a connection the server refused while it was down: a reason either way. */
@@ -104,7 +104,7 @@ export class Workload {
     good: newTally(),
     malformed: { count: 0, rejected: 0, wrong: {}, hung: 0 },
     slow: newTally(),
-    idle: { opened: 0, closedByServer: 0 },
+    idle: { opened: 0, endedByServer: 0 },
   };
   /** Long shared prefixes: prompts reuse them, so the durable cache is exercised. */
   private readonly prefixes: number[][];
@@ -128,7 +128,7 @@ export class Workload {
     await Promise.all(this.loops);
     this.idle.close();
     this.figures.idle.opened = this.idleOpened;
-    this.figures.idle.closedByServer = this.idle.closedByServer;
+    this.figures.idle.endedByServer = this.idle.endedByServer;
     return this.figures;
   }
 
