@@ -171,7 +171,12 @@ describe("catalog writer faults (real Kafka, real processes)", () => {
     // Started together: both race for the lease, as two `continuum writer` started by mistake would.
     const writers = [spawnWriter(configPath), spawnWriter(configPath)];
     const count = (w: WriterProcess, ev: string) => w.events.filter((e) => e === ev).length;
-    await until(() => writers.some((w) => count(w, "writer.active") === 1));
+    // Active: its last role event is writer.active (a loss logs lease_lost, then standby).
+    const isActive = (w: WriterProcess) =>
+      w.events
+        .filter((e) => e === "writer.active" || e === "writer.standby" || e === "writer.lease_lost")
+        .at(-1) === "writer.active";
+    await until(() => writers.some(isActive));
     await until(() => writers.every((w) => w.events.includes("writer.standby")));
     const client = await KafkaLog.open({ brokers: kafkaBrokers(), clientId: "zombie-client", topics });
     cleanups.push(() => client.close());
@@ -188,7 +193,8 @@ describe("catalog writer faults (real Kafka, real processes)", () => {
     };
     for (let round = 0; round < 2; round++) {
       await wave();
-      const active = writers.find((w) => count(w, "writer.active") > count(w, "writer.lease_lost"))!;
+      await until(() => writers.some(isActive));
+      const active = writers.find(isActive)!;
       const other = writers.find((w) => w !== active)!;
       const activations = count(other, "writer.active");
       // Frozen mid-stream: its session expires, the other takes over and fences it.
