@@ -6,6 +6,7 @@ import { chooseEngine, loadEngine } from "../../worker/runtime/engine-load.ts";
 import { WorkerRuntime } from "../../worker/runtime/runtime.ts";
 import type { Command } from "../command.ts";
 import { ensureModel } from "../embedded/model.ts";
+import { explainStartupError, lockDirs, requireFreeSpace } from "../embedded/startup.ts";
 import {
   durableTiers,
   fleetSnapshots,
@@ -57,11 +58,32 @@ const command: Command = {
     const log = createLogger({ fields: { role: "worker", workerId } });
     return runScoped(
       Effect.gen(function* () {
+        const cacheConfig = workerCacheConfig(config, workerId);
+        const explain = (err: unknown) => {
+          throw explainStartupError(err, cacheConfig.store.dir.path);
+        };
+        // One owner per worker directory (its chunk files), before anything is written there.
+        yield* resource(
+          () => {
+            try {
+              const locks = lockDirs([cacheConfig.store.dir.path]);
+              requireFreeSpace(cacheConfig.store.dir.path);
+              return locks;
+            } catch (err) {
+              return explain(err);
+            }
+          },
+          (locks) => {
+            for (const l of locks.reverse()) l.release();
+          },
+        );
         // The engine's execution variant names the model's fingerprint: this
         // worker's chunks are restored as exact only by workers of its variant,
         // and the controller routes to it only if it routes that variant.
         const choice = chooseEngine(config.worker.backend, config.model.variant);
-        const { model, id: modelId } = yield* Effect.promise(() => ensureModel(config, log, choice.variant));
+        const { model, id: modelId } = yield* Effect.promise(() =>
+          ensureModel(config, log, choice.variant).catch(explain),
+        );
         const engine = yield* resource(
           () =>
             loadEngine(model, config.pages, {
@@ -79,7 +101,6 @@ const command: Command = {
           () => openCatalogLog(config, workerId),
           (l) => l.close(),
         );
-        const cacheConfig = workerCacheConfig(config, workerId);
         // The catalog log's end, polled (not asked per heartbeat), for the replica's lag in the status.
         const logEnd = yield* resource(
           () => pollLogEnd(catalogLog, 2_000),

@@ -148,14 +148,16 @@ export class Checkpointer implements RouteCheckpointer {
     }
     const fp = catalog.id.fingerprint;
     const chain = prefixChain(o.tokens, C, o.salt);
-    // Published nodes are skipped; capture the unpublished rest (their parents are published or precede them here).
+    // Nodes a restore can read (published, with a ready replica somewhere) are skipped; the rest is
+    // captured: unpublished ones (their parents are published or precede them here), and published
+    // ones whose every replica went bad or was removed — so a damaged durable prefix heals on the next
+    // request over it instead of ending every later restore at the damage.
+    const servable = (n: ChainNode) => this.servable(catalogNodeId(fp, n.hash));
     let first = 0;
-    while (
-      first < chain.length &&
-      catalog.db.eidOf("chunk/node", catalogNodeId(fp, chain[first]!.hash)) !== undefined
-    )
-      first++;
-    const nodes = chain.slice(first).filter((n) => !this.pending.has(catalogNodeId(fp, n.hash)));
+    while (first < chain.length && servable(chain[first]!)) first++;
+    const nodes = chain
+      .slice(first)
+      .filter((n) => !this.pending.has(catalogNodeId(fp, n.hash)) && !servable(n));
     if (nodes.length === 0 || nodes[0]!.start !== (chain[first]?.start ?? -1)) return "skipped";
     const c = o.calibration;
     const decision = captureDecision(
@@ -202,6 +204,15 @@ export class Checkpointer implements RouteCheckpointer {
     this.counters.queued++;
     this.running ??= this.pump();
     return "queued";
+  }
+
+  /** Whether the catalog has `node` published with at least one ready replica (any worker, any tier). */
+  private servable(node: NodeId): boolean {
+    const db = this.opts.catalog.db;
+    const c = db.eidOf("chunk/node", node);
+    if (c === undefined) return false;
+    for (const r of db.replicasOf(c)) if (db.get(r, "replica/state") === "ready") return true;
+    return false;
   }
 
   /** Resolves when every queued capture has finished (stored and published, or given up). */
@@ -336,6 +347,7 @@ export class Checkpointer implements RouteCheckpointer {
       this.counters.chunksPublished++;
       this.opts.logger.log("debug", "checkpoint.published", {
         route: job.route,
+        node: descriptor.node,
         start: descriptor.start,
         storeMs,
         confirmMs: confirmed - storedAt,
