@@ -12,12 +12,12 @@ import { type Calibration, initialCalibration, type RestoreTier } from "../worke
 import { KvGeometry } from "../worker/checkpoint/chunk-format.ts";
 import { generateModel } from "../worker/model/generate.ts";
 import { type LoadedModel, loadModelDir } from "../worker/model/model-dir.ts";
+import { PageHashChain } from "../worker/pages/page-hashes.ts";
 import { PageManager } from "../worker/pages/page-manager.ts";
 import { DurableCache } from "../worker/restore/durable-cache.ts";
 import { Restorer } from "../worker/restore/restorer.ts";
 import { buildBatch } from "../worker/runtime/batch.ts";
 import { loadEngine } from "../worker/runtime/engine-load.ts";
-import { PageHashChain } from "../worker/runtime/page-hashes.ts";
 import { type Bench, round } from "./contract.ts";
 
 /**

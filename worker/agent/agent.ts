@@ -36,7 +36,7 @@ import {
 } from "../../schema/ids.ts";
 import type { Logger } from "../../schema/log.ts";
 import { encodeMessage, MAX_MESSAGE_BYTES, type MessageKind, WireError } from "../../schema/wire.ts";
-import { PageHashChain } from "../runtime/page-hashes.ts";
+import { PageHashChain } from "../pages/page-hashes.ts";
 import { type RuntimeGeneration, SubmitError, type WorkerRuntime } from "../runtime/runtime.ts";
 import { ResidentLedger } from "./resident-ledger.ts";
 

@@ -1,6 +1,6 @@
 import { catalogNodeId, prefixChain } from "../../schema/identity.ts";
 import type { ModelFingerprint, NodeId, PrefixHash, TokenCount } from "../../schema/ids.ts";
-import { PageHashChain } from "../runtime/page-hashes.ts";
+import { PageHashChain } from "../pages/page-hashes.ts";
 
 /**
  * Maps the runtime's page-granular residency onto chunk boundaries, the unit

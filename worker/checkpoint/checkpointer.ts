@@ -4,9 +4,9 @@ import { type ChainNode, catalogNodeId, prefixChain } from "../../schema/identit
 import type { ContentId, ContinuationId, NodeId, PageId } from "../../schema/ids.ts";
 import type { Logger } from "../../schema/log.ts";
 import { type Estimate, smooth } from "../calibration/calibration.ts";
+import type { CheckpointOffer, RouteCheckpointer } from "../pages/durable-hooks.ts";
 import type { PageManager } from "../pages/page-manager.ts";
-import type { CheckpointOffer, RouteCheckpointer } from "../restore/hooks.ts";
-import type { ChunkTiers } from "../restore/tiers.ts";
+import type { ChunkTiers } from "../store/chunk-tiers.ts";
 import type { PutResult } from "../store/tiered.ts";
 import { captureDecision } from "./admission.ts";
 import type { CatalogLink } from "./catalog-link.ts";

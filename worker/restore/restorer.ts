@@ -14,14 +14,14 @@ import {
   metaMismatch,
   unpackChunk,
 } from "../checkpoint/chunk-format.ts";
+import type { PrefixRestorer, RestoreRequest, RestoreTicket } from "../pages/durable-hooks.ts";
+import { PageHashChain } from "../pages/page-hashes.ts";
 import type { LoadTicket, PageManager } from "../pages/page-manager.ts";
 import { fetchPeerChunk } from "../peer/client.ts";
-import { PageHashChain } from "../runtime/page-hashes.ts";
 import type { VerifiedChunk } from "../store/chunk.ts";
+import type { ChunkTiers } from "../store/chunk-tiers.ts";
 import { CorruptChunkError } from "../store/errors.ts";
-import type { PrefixRestorer, RestoreRequest, RestoreTicket } from "./hooks.ts";
 import { type PlannedChunk, planRestore, type RestorePlan, type SourceOption } from "./plan.ts";
-import type { ChunkTiers } from "./tiers.ts";
 
 export interface RestorerOptions {
   readonly engine: Pick<Engine, "uploadPages">;

@@ -14,6 +14,7 @@ import {
 import type { Logger } from "../../schema/log.ts";
 import { type Calibration, type ConfiguredCosts, CostCalibrator } from "../calibration/calibration.ts";
 import { initialSamplerState, nextToken, samplingParams } from "../model/sampling.ts";
+import type { PrefixRestorer, RouteCheckpointer } from "../pages/durable-hooks.ts";
 import { PageManager, type PagePoolSnapshot } from "../pages/page-manager.ts";
 import { PageError } from "../pages/page-state.ts";
 import {
@@ -22,7 +23,6 @@ import {
   type ResidencyInputs,
   type RoutePolicy,
 } from "../residency/residency.ts";
-import type { PrefixRestorer, RouteCheckpointer } from "../restore/hooks.ts";
 import { type Admission, type Preemption, planIteration } from "../scheduler/plan-iteration.ts";
 import { type Budgets, phaseOf, type RequestRecord } from "../scheduler/request.ts";
 import { buildBatch, type Lane, stepShape } from "./batch.ts";

@@ -1,6 +1,6 @@
 import type { ContinuationId } from "../../schema/ids.ts";
 import type { Calibration, Sample } from "../calibration/calibration.ts";
-import type { PageManager } from "../pages/page-manager.ts";
+import type { PageManager } from "./page-manager.ts";
 
 /**
  * What the runtime loop hands its optional durable cache. Both calls are
