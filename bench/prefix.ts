@@ -175,7 +175,7 @@ const bench: Bench = {
       const whole = Math.floor((N - 1) / CHUNK) * CHUNK;
       const t1 = performance.now();
       a.checkpointer.offer({
-        route: cold,
+        prefix: new PageHashChain(PAGE, undefined).extend(prompt, whole),
         tokens: prompt.slice(0, whole),
         salt: undefined,
         hits: 0,

@@ -1,4 +1,4 @@
-import type { ContinuationId } from "../../schema/ids.ts";
+import type { ContinuationId, PrefixHash } from "../../schema/ids.ts";
 import type { Calibration, Sample } from "../calibration/calibration.ts";
 import type { PageManager } from "./page-manager.ts";
 
@@ -39,9 +39,12 @@ export interface PrefixRestorer {
 }
 
 export interface CheckpointOffer {
-  /** A route whose pages are sealed and immutable (a retired request's cache route). */
-  readonly route: ContinuationId;
-  /** The route's rows: tokens[i] is row i; only whole chunks of them are captured. */
+  /**
+   * The page-hash chain of a sealed, immutable prefix (a retired request's
+   * pages): captured wherever the pool holds them, by a route or cached.
+   */
+  readonly prefix: readonly PrefixHash[];
+  /** The prefix's rows: tokens[i] is row i; only whole chunks of them are captured. */
   readonly tokens: readonly number[];
   readonly salt: string | undefined;
   /** Times this prefix was reused (expected-reuse input). */

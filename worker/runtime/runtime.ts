@@ -3,10 +3,8 @@ import { Effect, Fiber, type Scope } from "effect";
 import type { Engine } from "../../native/index.ts";
 import { StreamQueue } from "../../schema/channel.ts";
 import {
-  ContinuationId,
   type ModelFingerprint,
   type PageCount,
-  type PrefixHash,
   pagesFor,
   type RequestId,
   TokenCount,
@@ -15,14 +13,9 @@ import type { Logger } from "../../schema/log.ts";
 import { type Calibration, type ConfiguredCosts, CostCalibrator } from "../calibration/calibration.ts";
 import { initialSamplerState, nextToken, samplingParams } from "../model/sampling.ts";
 import type { PrefixRestorer, RouteCheckpointer } from "../pages/durable-hooks.ts";
-import { PageManager, type PagePoolSnapshot } from "../pages/page-manager.ts";
+import { PageManager } from "../pages/page-manager.ts";
 import { PageError } from "../pages/page-state.ts";
-import {
-  applyEviction,
-  planEviction,
-  type ResidencyInputs,
-  type RoutePolicy,
-} from "../residency/residency.ts";
+import { type ResidencyCosts, residencyCosts } from "../residency/residency.ts";
 import { type Admission, type Preemption, planIteration } from "../scheduler/plan-iteration.ts";
 import { type Budgets, phaseOf, type RequestRecord } from "../scheduler/request.ts";
 import { buildBatch, type Lane, stepShape } from "./batch.ts";
@@ -100,7 +93,8 @@ export interface RuntimeStats {
   readonly generatedTokens: number;
   readonly steps: number;
   readonly preemptions: number;
-  readonly evictedRoutes: number;
+  /** Cached pages evicted to make room (their prefixes are computed or restored again when next asked for). */
+  readonly evictedPages: number;
   /** Prompt tokens adopted from pages another running request computed (a subset of cachedPromptTokens). */
   readonly sharedInFlightTokens: number;
   readonly calibration: Calibration;
@@ -116,32 +110,26 @@ function emit(seq: Sequence, ev: RuntimeEvent): void {
     throw new Error(`request ${seq.id}: event channel refused ${ev.type} (full or closed)`);
 }
 
-/** A finished request's full pages, kept as a recomputable prefix cache until evicted. */
-interface CacheRoute {
-  readonly pages: number;
-  hits: number;
-}
-
 /**
  * The device loop of one worker: continuous batching over a fixed page pool.
  *
  * Each iteration: fence cancellations; ask the pure scheduler for a plan;
- * preempt and admit as it says (evicting cached prefixes when admission needs
- * their pages); reserve slots for every scheduled row; build one ragged batch;
+ * preempt and admit as it says; reserve slots for every scheduled row (the
+ * pool evicts cached prefixes when it needs their pages); build one ragged batch;
  * run one native step off the JS thread; commit the rows (sealing full pages
  * with their prefix hash so later requests can share them); sample the decode
  * lanes and stream their tokens. Requests join and leave between steps.
  *
  * Prefix reuse: a request's prompt pages are hashed as a chain; admission
  * adopts the longest run of resident pages with those hashes, so it computes
- * only the rest. When a request ends, its full pages live on in a cache route
- * (recomputable, evicted lowest value first) for the next request that shares
- * its prefix.
+ * only the rest. When a request ends (or is cancelled or preempted), its
+ * full pages stay in the pool as cached pages, findable by their hashes and
+ * evicted lowest residency value first, for the next request that shares its
+ * prefix.
  */
 export class WorkerRuntime {
   readonly pages: PageManager;
   private readonly seqs = new Map<RequestId, Sequence>();
-  private readonly cache = new Map<ContinuationId, CacheRoute>();
   /** Requests whose restore is loading pages: not runnable, not preemptible, until it settles. */
   private readonly restoring = new Set<RequestId>();
   private readonly calibrator: CostCalibrator;
@@ -158,7 +146,6 @@ export class WorkerRuntime {
     generatedTokens: 0,
     steps: 0,
     preemptions: 0,
-    evictedRoutes: 0,
     sharedInFlightTokens: 0,
   };
 
@@ -293,13 +280,9 @@ export class WorkerRuntime {
       waiting,
       running: this.seqs.size - waiting,
       ...this.counters,
+      evictedPages: this.pages.evictions,
       calibration: this.calibrator.value,
     };
-  }
-
-  /** Page-prefix boundaries resident here (for heartbeats): the cached routes' hashes and token counts. */
-  residentPrefixes(): PagePoolSnapshot["prefixes"] {
-    return this.pages.snapshot().prefixes;
   }
 
   // ---- the loop ------------------------------------------------------------
@@ -364,7 +347,6 @@ export class WorkerRuntime {
     this.adoptInFlightPrefixes();
     this.fenceCancelled();
     if (this.seqs.size === 0) return false;
-    const now = this.counters.steps;
     const records = [...this.seqs.values()].map((s) => this.record(s));
     // The pacer's inputs: the decode lanes' rows and keys (a decode row at
     // position p attends p + 1 keys), and the furthest prefill's next row.
@@ -378,9 +360,9 @@ export class WorkerRuntime {
       } else if (phase !== "decode") prefillAt = Math.max(prefillAt, r.processed);
     }
     const plan = planIteration(records, this.budgets(decodes, prefillAt));
-    for (const p of plan.preempt) this.preempt(p, now);
+    for (const p of plan.preempt) this.preempt(p);
     let admitted = 0;
-    for (const a of plan.admit) if (this.admit(a, now)) admitted++;
+    for (const a of plan.admit) if (this.admit(a)) admitted++;
 
     // A lane whose rows moved since planning (its admission adopted a
     // different resident prefix than the plan assumed), or whose admission
@@ -456,7 +438,7 @@ export class WorkerRuntime {
           queueMs: seq.admittedAt - seq.submittedAt,
         });
       }
-      if (next.finish) this.finish(seq, next.finish, now);
+      if (next.finish) this.finish(seq, next.finish);
     }
     return true;
   }
@@ -508,8 +490,8 @@ export class WorkerRuntime {
       minPrefillTokens: o.minPrefillTokens,
       prefillTile: tile,
       repairTile: tile,
-      // Cached prefixes give their pages back on demand, so they count as available.
-      availablePages: (this.pages.availablePages + this.evictableCachePages()) as PageCount,
+      // Cached pages are evicted on demand, so the pool counts them as available.
+      availablePages: this.pages.availablePages as PageCount,
       repair: { optIn: false, minQuality: null },
       costs: {
         prefillPerTokenMs: c.prefillPerTokenMs.value,
@@ -534,13 +516,14 @@ export class WorkerRuntime {
           this.pages.reservationNeed(s.route, TokenCount(s.totalRows)) - route.reservedPages,
         );
       } else {
-        const matched = this.pages.matchPrefix(s.chain.extend(s.tokens, s.tokens.length - 1));
-        admitPages = Math.max(0, pagesFor(TokenCount(s.totalRows), this.opts.pageTokens) - matched);
-        processed = matched * this.opts.pageTokens;
+        // Adopting an evictable cached page takes it out of what others may use.
+        const hit = this.pages.prefixHit(s.chain.extend(s.tokens, s.tokens.length - 1));
+        admitPages =
+          Math.max(0, pagesFor(TokenCount(s.totalRows), this.opts.pageTokens) - hit.pages) + hit.evictable;
+        processed = hit.pages * this.opts.pageTokens;
       }
     }
-    let releasable = 0;
-    if (route) for (const p of route.pages) if (this.refcount(p) === 1) releasable++;
+    const releasable = route ? this.pages.releasablePages(s.route) : 0;
     return {
       id: s.id,
       model: this.opts.fingerprint,
@@ -567,42 +550,27 @@ export class WorkerRuntime {
     };
   }
 
-  private refcount(page: number): number {
-    const st = this.pages.pageState(page as never);
-    return st.kind === "resident" ? st.refcount : 0;
-  }
-
   // ---- admission, preemption, retirement -----------------------------------
 
-  private admit(a: Admission, now: number): boolean {
+  private admit(a: Admission): boolean {
     const seq = this.seqs.get(a.id);
     if (seq?.state !== "waiting" || seq.cancelled) return false;
-    const tryOnce = (): void => {
+    try {
       if (this.pages.hasRoute(seq.route)) {
         this.pages.reserve(seq.route, TokenCount(seq.totalRows));
-        return;
+      } else {
+        const hashes = seq.chain.extend(seq.tokens, seq.tokens.length - 1);
+        const matched = this.pages.matchPrefix(hashes);
+        this.pages.openRoute(seq.route, {
+          prefix: hashes.slice(0, matched),
+          reserveTokens: TokenCount(seq.totalRows),
+        });
+        seq.processed = matched * this.opts.pageTokens;
       }
-      const hashes = seq.chain.extend(seq.tokens, seq.tokens.length - 1);
-      const matched = this.pages.matchPrefix(hashes);
-      this.pages.openRoute(seq.route, {
-        prefix: hashes.slice(0, matched),
-        reserveTokens: TokenCount(seq.totalRows),
-        now,
-      });
-      seq.processed = matched * this.opts.pageTokens;
-      if (matched > 0) this.noteHit(hashes[matched - 1]!, now);
-    };
-    try {
-      tryOnce();
     } catch (err) {
-      if (!(err instanceof PageError) || err.code !== "over-capacity") throw err;
-      if (!this.evict(a.pages, now)) return false;
-      try {
-        tryOnce();
-      } catch (err2) {
-        if (err2 instanceof PageError && err2.code === "over-capacity") return false;
-        throw err2;
-      }
+      // The plan read the same counts, so this only happens when a plan went stale: admit it next time.
+      if (err instanceof PageError && err.code === "over-capacity") return false;
+      throw err;
     }
     if (seq.cachedTokens < 0) {
       seq.cachedTokens = seq.processed;
@@ -616,7 +584,7 @@ export class WorkerRuntime {
     return true;
   }
 
-  private preempt(p: Preemption, now: number): void {
+  private preempt(p: Preemption): void {
     const seq = this.seqs.get(p.id);
     if (seq?.state !== "running" || this.restoring.has(seq.id)) return;
     this.counters.preemptions++;
@@ -624,9 +592,9 @@ export class WorkerRuntime {
       this.pages.reserve(seq.route, TokenCount(seq.processed));
     } else {
       // "checkpoint" needs a chunk store, which the loop itself does not hold:
-      // its pages become a recomputable cache route, which a resumption
-      // re-adopts if they are still resident, exactly like a drop.
-      this.retire(seq, now);
+      // its pages stay cached, which a resumption re-adopts if they are still
+      // resident, exactly like a drop.
+      this.retire(seq);
       seq.processed = 0;
     }
     seq.state = "waiting";
@@ -638,36 +606,35 @@ export class WorkerRuntime {
     });
   }
 
-  private finish(seq: Sequence, reason: "stop" | "length", now: number): void {
-    this.retire(seq, now);
+  private finish(seq: Sequence, reason: "stop" | "length"): void {
+    this.retire(seq);
     this.seqs.delete(seq.id);
     emit(seq, { type: "end", reason, cachedTokens: Math.max(0, seq.cachedTokens) });
     seq.events.close();
   }
 
-  /** Keeps the route's full pages as a cache route, then releases the route. */
-  private retire(seq: Sequence, now: number): void {
+  /** Offers the route's full pages to the checkpoint, then releases the route keeping them cached. */
+  private retire(seq: Sequence): void {
     if (!this.pages.hasRoute(seq.route)) return;
+    const P = this.opts.pageTokens;
     const hashes = seq.chain.extend(seq.tokens, seq.processed);
     const shareable = hashes.slice(0, this.pages.matchPrefix(hashes));
     if (shareable.length > 0) {
-      const id = ContinuationId(`cache:${shareable[shareable.length - 1]}`);
-      if (this.pages.hasRoute(id)) {
-        this.pages.touch(id, now);
-      } else {
-        this.pages.openRoute(id, { prefix: shareable, now });
-        this.cache.set(id, { pages: shareable.length, hits: 0 });
-      }
       this.opts.checkpoint?.offer({
-        route: id,
-        tokens: seq.tokens.slice(0, shareable.length * this.opts.pageTokens),
+        prefix: shareable,
+        tokens: seq.tokens.slice(0, shareable.length * P),
         salt: seq.salt,
-        hits: this.cache.get(id)?.hits ?? 0,
+        hits: this.pages.hitsOf(shareable[shareable.length - 1]!, shareable.length * P),
         pages: this.pages,
         calibration: this.calibrator.value,
       });
     }
-    this.pages.releaseRoute(seq.route);
+    this.pages.releaseRoute(seq.route, { cache: this.residencyCosts() });
+  }
+
+  /** What a cached page is priced with now: its recompute, and its reload from the local store. */
+  private residencyCosts(): ResidencyCosts {
+    return residencyCosts(this.calibrator.value, this.opts.pageTokens, this.engine.pageBytes);
   }
 
   /**
@@ -727,18 +694,11 @@ export class WorkerRuntime {
     }
   }
 
-  private noteHit(lastHash: PrefixHash, now: number): void {
-    const id = ContinuationId(`cache:${lastHash}`);
-    const c = this.cache.get(id);
-    if (!c) return;
-    c.hits++;
-    this.pages.touch(id, now);
-  }
-
   private fenceCancelled(): void {
     for (const seq of [...this.seqs.values()]) {
       if (!seq.cancelled) continue;
-      if (this.pages.hasRoute(seq.route)) this.pages.cancelRoute(seq.route);
+      // What it computed stays cached: a client that gave up may well ask again.
+      if (this.pages.hasRoute(seq.route)) this.pages.cancelRoute(seq.route, { cache: this.residencyCosts() });
       this.seqs.delete(seq.id);
       emit(seq, { type: "end", reason: "cancelled", cachedTokens: Math.max(0, seq.cachedTokens) });
       seq.events.close();
@@ -753,51 +713,5 @@ export class WorkerRuntime {
       seq.events.close();
     }
     this.opts.logger.log("warn", "request.failed", { requestId: seq.id, message });
-  }
-
-  // ---- the prefix cache ----------------------------------------------------
-
-  /** Pages that evicting every cache route would free (those no live route shares). */
-  private evictableCachePages(): number {
-    if (this.cache.size === 0) return 0;
-    const refs = new Map<number, number>();
-    for (const id of this.cache.keys()) {
-      for (const p of this.pages.route(id).pages) refs.set(p, (refs.get(p) ?? 0) + 1);
-    }
-    let n = 0;
-    for (const [p, r] of refs) if (this.refcount(p) === r) n++;
-    return n;
-  }
-
-  /** Evicts cache routes, lowest value first, until `pagesNeeded` pages are available. */
-  private evict(pagesNeeded: number, now: number): boolean {
-    if (this.cache.size === 0) return false;
-    const prefillMs = this.calibrator.value.prefillPerTokenMs.value;
-    const policies = new Map<ContinuationId, RoutePolicy>();
-    for (const [id, c] of this.cache) {
-      policies.set(id, {
-        reuseProbability: c.hits / (c.hits + 1),
-        recomputeMs: c.pages * this.opts.pageTokens * prefillMs,
-        reloadMs: 0,
-        sharingBonus: 0,
-        sloBonus: 0,
-      });
-    }
-    const inputs: ResidencyInputs = {
-      policies,
-      protected: new Set([...this.seqs.values()].map((s) => s.route)),
-      recomputable: new Set(this.cache.keys()),
-    };
-    const plan = planEviction(this.pages.snapshot(), pagesNeeded, inputs);
-    if (!plan.admissible) return false;
-    const report = applyEviction(this.pages, plan, inputs);
-    for (const id of report.evicted) this.cache.delete(id);
-    this.counters.evictedRoutes += report.evicted.length;
-    this.opts.logger.log("debug", "cache.evicted", {
-      routes: report.evicted.length,
-      freed: report.freedPages,
-      at: now,
-    });
-    return report.availableAfter >= pagesNeeded;
   }
 }
