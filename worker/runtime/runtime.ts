@@ -473,7 +473,6 @@ export class WorkerRuntime {
    */
   private budgets(decodes: { rows: number; keys: number }, prefillAt: number): Budgets {
     const o = this.opts;
-    const c = this.calibrator.value;
     const decodeLanes = decodes.rows;
     // (Only prefill beside decodes is paced; prefillAt < 0: no prompt to prefill, no tile to size.)
     const paced = decodeLanes > 0 && prefillAt >= 0;
@@ -489,16 +488,8 @@ export class WorkerRuntime {
       maxBatchSeqs: o.maxBatchSeqs,
       minPrefillTokens: o.minPrefillTokens,
       prefillTile: tile,
-      repairTile: tile,
       // Cached pages are evicted on demand, so the pool counts them as available.
       availablePages: this.pages.availablePages as PageCount,
-      repair: { optIn: false, minQuality: null },
-      costs: {
-        prefillPerTokenMs: c.prefillPerTokenMs.value,
-        // No store is attached to the runtime loop itself: a checkpoint costs as much as a recompute.
-        capturePerTokenMs: c.prefillPerTokenMs.value,
-        restorePerTokenMs: c.prefillPerTokenMs.value,
-      },
     };
   }
 
@@ -531,12 +522,7 @@ export class WorkerRuntime {
       processed: TokenCount(processed),
       pendingToken: s.tokens[s.tokens.length - 1]!,
       priority: s.priority,
-      deadline: null,
       arrival: s.arrival,
-      pageTable: route?.pages ?? [],
-      source:
-        s.cachedTokens > 0 ? { kind: "resident", tokens: TokenCount(s.cachedTokens) } : { kind: "recompute" },
-      repairTokens: TokenCount(0),
       state: s.state,
       nextPageHash:
         processed < s.tokens.length - 1
@@ -591,9 +577,7 @@ export class WorkerRuntime {
     if (p.disposition === "keep-resident") {
       this.pages.reserve(seq.route, TokenCount(seq.processed));
     } else {
-      // "checkpoint" needs a chunk store, which the loop itself does not hold:
-      // its pages stay cached, which a resumption re-adopts if they are still
-      // resident, exactly like a drop.
+      // Its pages stay cached: the resumption adopts those still there.
       this.retire(seq);
       seq.processed = 0;
     }
