@@ -173,9 +173,10 @@ const bench: Bench = {
       const prefillPerTokenMs = coldMs / N;
       log(`cold ttft ${round(coldMs)} ms; checkpointing`);
       const whole = Math.floor((N - 1) / CHUNK) * CHUNK;
+      const chain = new PageHashChain(PAGE, undefined).extend(prompt, N);
       const t1 = performance.now();
       a.checkpointer.offer({
-        prefix: new PageHashChain(PAGE, undefined).extend(prompt, whole),
+        prefix: chain.slice(0, whole / PAGE),
         tokens: prompt.slice(0, whole),
         salt: undefined,
         hits: 0,
@@ -238,6 +239,7 @@ const bench: Bench = {
           const ticket = restorer.begin({
             route,
             tokens: prompt.slice(0, cached),
+            pageHashes: chain.slice(0, Math.floor(cached / PAGE)),
             salt: undefined,
             residentTokens: 0,
             pages,

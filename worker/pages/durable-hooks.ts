@@ -11,6 +11,8 @@ export interface RestoreRequest {
   readonly route: ContinuationId;
   /** Processed tokens: the prompt without its pending last token. */
   readonly tokens: readonly number[];
+  /** The page-hash chain of `tokens`' full pages (the runtime holds it already): the restored pages' identities. */
+  readonly pageHashes: readonly PrefixHash[];
   readonly salt: string | undefined;
   /** Rows already in the route's pages (adopted resident pages; page-aligned). */
   readonly residentTokens: number;

@@ -634,6 +634,7 @@ export class WorkerRuntime {
     const ticket = restore.begin({
       route: seq.route,
       tokens: seq.tokens.slice(0, seq.tokens.length - 1),
+      pageHashes: seq.chain.extend(seq.tokens, seq.tokens.length - 1),
       salt: seq.salt,
       residentTokens: seq.processed,
       pages: this.pages,

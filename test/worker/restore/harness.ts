@@ -324,6 +324,7 @@ export async function restoreInto(
   const ticket = restorer.begin({
     route,
     tokens: prompt.slice(0, -1),
+    pageHashes: new PageHashChain(PAGE, undefined).extend(prompt, prompt.length - 1),
     salt: undefined,
     residentTokens: dev.pages.route(route).tokens,
     pages: dev.pages,
