@@ -14,13 +14,12 @@ import { type Calibration, type ConfiguredCosts, CostCalibrator } from "../calib
 import { initialSamplerState, nextToken, samplingParams } from "../model/sampling.ts";
 import type { PrefixRestorer, RouteCheckpointer } from "../pages/durable-hooks.ts";
 import { PageManager } from "../pages/page-manager.ts";
-import { PageError } from "../pages/page-state.ts";
-import { type ResidencyCosts, residencyCosts } from "../residency/residency.ts";
 import { type Admission, type Preemption, planIteration } from "../scheduler/plan-iteration.ts";
-import { type Budgets, phaseOf, type RequestRecord } from "../scheduler/request.ts";
+import { type Budgets, phaseOf } from "../scheduler/request.ts";
 import { buildBatch, type Lane, stepShape } from "./batch.ts";
 import { PrefillPacer } from "./prefill-pacer.ts";
 import { type RuntimeEvent, Sequence } from "./sequence.ts";
+import { SequencePages } from "./sequence-pages.ts";
 
 export interface RuntimeOptions {
   readonly fingerprint: ModelFingerprint;
@@ -130,9 +129,9 @@ function emit(seq: Sequence, ev: RuntimeEvent): void {
 export class WorkerRuntime {
   readonly pages: PageManager;
   private readonly seqs = new Map<RequestId, Sequence>();
-  /** Requests whose restore is loading pages: not runnable, not preemptible, until it settles. */
-  private readonly restoring = new Set<RequestId>();
   private readonly calibrator: CostCalibrator;
+  /** The sequences' pages: admission, restore, in-flight adoption, preemption, release into the cache. */
+  private readonly held: SequencePages;
   private readonly pacer: PrefillPacer | null;
   private wake: (() => void) | null = null;
   /** A signal arrived since the current iteration began: the loop must not sleep. */
@@ -145,8 +144,6 @@ export class WorkerRuntime {
     computedPromptTokens: 0,
     generatedTokens: 0,
     steps: 0,
-    preemptions: 0,
-    sharedInFlightTokens: 0,
   };
 
   constructor(
@@ -155,6 +152,16 @@ export class WorkerRuntime {
   ) {
     this.pages = new PageManager({ pageTokens: opts.pageTokens, physicalPages: opts.physicalPages });
     this.calibrator = new CostCalibrator(opts.costs);
+    this.held = new SequencePages(this.pages, this.calibrator, {
+      fingerprint: opts.fingerprint,
+      pageTokens: opts.pageTokens,
+      pageBytes: engine.pageBytes,
+      logger: opts.logger,
+      ...(opts.restore && { restore: opts.restore }),
+      ...(opts.checkpoint && { checkpoint: opts.checkpoint }),
+      live: (seq) => this.seqs.get(seq.id) === seq && !seq.cancelled,
+      signal: () => this.signal(),
+    });
     this.pacer =
       opts.decodePace === undefined
         ? null
@@ -280,6 +287,7 @@ export class WorkerRuntime {
       waiting,
       running: this.seqs.size - waiting,
       ...this.counters,
+      ...this.held.counters,
       evictedPages: this.pages.evictions,
       calibration: this.calibrator.value,
     };
@@ -344,10 +352,10 @@ export class WorkerRuntime {
   private async iterate(): Promise<boolean> {
     // Before cancelled routes release their pages: a waiter adopts the pages
     // a cancelled producer sealed in its last step.
-    this.adoptInFlightPrefixes();
+    this.held.adoptInFlight(this.seqs.values());
     this.fenceCancelled();
     if (this.seqs.size === 0) return false;
-    const records = [...this.seqs.values()].map((s) => this.record(s));
+    const records = [...this.seqs.values()].map((s) => this.held.record(s));
     // The pacer's inputs: the decode lanes' rows and keys (a decode row at
     // position p attends p + 1 keys), and the furthest prefill's next row.
     const decodes = { rows: 0, keys: 0 };
@@ -370,7 +378,7 @@ export class WorkerRuntime {
     const scheduled = plan.scheduled.filter((w) => {
       const s = this.seqs.get(w.id);
       return (
-        s?.state === "running" && !s.cancelled && w.firstRow === s.processed && !this.restoring.has(w.id)
+        s?.state === "running" && !s.cancelled && w.firstRow === s.processed && !this.held.isRestoring(w.id)
       );
     });
     if (scheduled.length === 0) return admitted > 0;
@@ -493,96 +501,17 @@ export class WorkerRuntime {
     };
   }
 
-  private record(s: Sequence): RequestRecord {
-    const hasRoute = this.pages.hasRoute(s.route);
-    const route = hasRoute ? this.pages.route(s.route) : undefined;
-    let admitPages = 0;
-    // A waiting request without a route is planned as admission will leave
-    // it: with the resident prefix it is about to adopt already processed.
-    let processed = s.processed;
-    if (s.state === "waiting") {
-      if (route) {
-        admitPages = Math.max(
-          0,
-          this.pages.reservationNeed(s.route, TokenCount(s.totalRows)) - route.reservedPages,
-        );
-      } else {
-        // Adopting an evictable cached page takes it out of what others may use.
-        const hit = this.pages.prefixHit(s.chain.extend(s.tokens, s.tokens.length - 1));
-        admitPages =
-          Math.max(0, pagesFor(TokenCount(s.totalRows), this.opts.pageTokens) - hit.pages) + hit.evictable;
-        processed = hit.pages * this.opts.pageTokens;
-      }
-    }
-    const releasable = route ? this.pages.releasablePages(s.route) : 0;
-    return {
-      id: s.id,
-      model: this.opts.fingerprint,
-      tokens: s.tokens,
-      processed: TokenCount(processed),
-      pendingToken: s.tokens[s.tokens.length - 1]!,
-      priority: s.priority,
-      arrival: s.arrival,
-      state: s.state,
-      nextPageHash:
-        processed < s.tokens.length - 1
-          ? s.chain.at(s.tokens, s.tokens.length - 1, Math.floor(processed / this.opts.pageTokens))
-          : null,
-      runnable: !this.restoring.has(s.id),
-      admitPages: admitPages as PageCount,
-      reservedPages: (route?.reservedPages ?? 0) as PageCount,
-      releasablePages: releasable as PageCount,
-      preempted: s.preempted,
-    };
-  }
-
   // ---- admission, preemption, retirement -----------------------------------
 
   private admit(a: Admission): boolean {
     const seq = this.seqs.get(a.id);
     if (seq?.state !== "waiting" || seq.cancelled) return false;
-    try {
-      if (this.pages.hasRoute(seq.route)) {
-        this.pages.reserve(seq.route, TokenCount(seq.totalRows));
-      } else {
-        const hashes = seq.chain.extend(seq.tokens, seq.tokens.length - 1);
-        const matched = this.pages.matchPrefix(hashes);
-        this.pages.openRoute(seq.route, {
-          prefix: hashes.slice(0, matched),
-          reserveTokens: TokenCount(seq.totalRows),
-        });
-        seq.processed = matched * this.opts.pageTokens;
-      }
-    } catch (err) {
-      // The plan read the same counts, so this only happens when a plan went stale: admit it next time.
-      if (err instanceof PageError && err.code === "over-capacity") return false;
-      throw err;
-    }
-    if (seq.cachedTokens < 0) {
-      seq.cachedTokens = seq.processed;
-      seq.admittedAt = performance.now();
-      this.counters.cachedPromptTokens += seq.processed;
-      this.beginRestore(seq);
-    }
-    seq.state = "running";
-    seq.preempted = null;
-    this.opts.logger.log("debug", "request.admitted", { requestId: seq.id, reusedTokens: seq.processed });
-    return true;
+    return this.held.admit(seq);
   }
 
   private preempt(p: Preemption): void {
     const seq = this.seqs.get(p.id);
-    if (seq?.state !== "running" || this.restoring.has(seq.id)) return;
-    this.counters.preemptions++;
-    if (p.disposition === "keep-resident") {
-      this.pages.reserve(seq.route, TokenCount(seq.processed));
-    } else {
-      // Its pages stay cached: the resumption adopts those still there.
-      this.retire(seq);
-      seq.processed = 0;
-    }
-    seq.state = "waiting";
-    seq.preempted = p.disposition;
+    if (!seq || !this.held.preempt(seq, p.disposition)) return;
     this.opts.logger.log("info", "request.preempted", {
       requestId: seq.id,
       disposition: p.disposition,
@@ -591,99 +520,16 @@ export class WorkerRuntime {
   }
 
   private finish(seq: Sequence, reason: "stop" | "length"): void {
-    this.retire(seq);
+    this.held.retire(seq);
     this.seqs.delete(seq.id);
     emit(seq, { type: "end", reason, cachedTokens: Math.max(0, seq.cachedTokens) });
     seq.events.close();
   }
 
-  /** Offers the route's full pages to the checkpoint, then releases the route keeping them cached. */
-  private retire(seq: Sequence): void {
-    if (!this.pages.hasRoute(seq.route)) return;
-    const P = this.opts.pageTokens;
-    const hashes = seq.chain.extend(seq.tokens, seq.processed);
-    const shareable = hashes.slice(0, this.pages.matchPrefix(hashes));
-    if (shareable.length > 0) {
-      this.opts.checkpoint?.offer({
-        prefix: shareable,
-        tokens: seq.tokens.slice(0, shareable.length * P),
-        salt: seq.salt,
-        hits: this.pages.hitsOf(shareable[shareable.length - 1]!, shareable.length * P),
-        pages: this.pages,
-        calibration: this.calibrator.value,
-      });
-    }
-    this.pages.releaseRoute(seq.route, { cache: this.residencyCosts() });
-  }
-
-  /** What a cached page is priced with now: its recompute, and its reload from the local store. */
-  private residencyCosts(): ResidencyCosts {
-    return residencyCosts(this.calibrator.value, this.opts.pageTokens, this.engine.pageBytes);
-  }
-
-  /**
-   * At first admission, after resident pages were adopted: lets the durable
-   * cache restore more of the prompt's prefix into the route. While its load is
-   * in flight the request is admitted but not runnable; when it settles the
-   * request continues from the restored rows, or (the restore gave up, the
-   * load abandoned) from its resident rows, recomputing the rest.
-   */
-  private beginRestore(seq: Sequence): void {
-    const restore = this.opts.restore;
-    if (!restore) return;
-    const ticket = restore.begin({
-      route: seq.route,
-      tokens: seq.tokens.slice(0, seq.tokens.length - 1),
-      pageHashes: seq.chain.extend(seq.tokens, seq.tokens.length - 1),
-      salt: seq.salt,
-      residentTokens: seq.processed,
-      pages: this.pages,
-      availablePages: this.pages.route(seq.route).reservedPages,
-      calibration: this.calibrator.value,
-      record: (sample) => this.calibrator.record(sample),
-    });
-    if (!ticket) return;
-    this.restoring.add(seq.id);
-    void ticket.done.then((ok) => {
-      this.restoring.delete(seq.id);
-      if (ok && this.seqs.get(seq.id) === seq && !seq.cancelled) {
-        this.counters.cachedPromptTokens += ticket.restoreTo - seq.processed;
-        seq.processed = ticket.restoreTo;
-        seq.cachedTokens = ticket.restoreTo;
-      }
-      this.signal();
-    });
-  }
-
-  /**
-   * In-flight prefix sharing, the runtime's half (the scheduler decides who
-   * waits): a running prompt standing at a page boundary adopts the pages
-   * that another request sealed since, continuing its own hash chain, so it
-   * computes only what nobody has. Cheap when nothing is new: one index
-   * lookup per prefilling request.
-   */
-  private adoptInFlightPrefixes(): void {
-    const P = this.opts.pageTokens;
-    for (const seq of this.seqs.values()) {
-      if (seq.state !== "running" || seq.cancelled || this.restoring.has(seq.id)) continue;
-      const rows = seq.tokens.length - 1;
-      if (seq.processed >= rows || seq.processed % P !== 0) continue;
-      const page = seq.processed / P;
-      const next = seq.chain.at(seq.tokens, rows, page);
-      if (next === null || !this.pages.hasSealed(next, (page + 1) * P)) continue;
-      const adopted = this.pages.adoptPrefix(seq.route, seq.chain.extend(seq.tokens, rows));
-      seq.processed += adopted * P;
-      seq.cachedTokens += adopted * P;
-      this.counters.cachedPromptTokens += adopted * P;
-      this.counters.sharedInFlightTokens += adopted * P;
-    }
-  }
-
   private fenceCancelled(): void {
     for (const seq of [...this.seqs.values()]) {
       if (!seq.cancelled) continue;
-      // What it computed stays cached: a client that gave up may well ask again.
-      if (this.pages.hasRoute(seq.route)) this.pages.cancelRoute(seq.route, { cache: this.residencyCosts() });
+      this.held.cancel(seq, true);
       this.seqs.delete(seq.id);
       emit(seq, { type: "end", reason: "cancelled", cachedTokens: Math.max(0, seq.cachedTokens) });
       seq.events.close();
@@ -691,7 +537,7 @@ export class WorkerRuntime {
   }
 
   private fail(seq: Sequence, message: string): void {
-    if (this.pages.hasRoute(seq.route)) this.pages.cancelRoute(seq.route);
+    this.held.cancel(seq, false);
     this.seqs.delete(seq.id);
     if (!seq.events.isClosed) {
       emit(seq, { type: "error", message });
