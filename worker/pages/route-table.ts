@@ -18,6 +18,7 @@ import {
 } from "./page-state.ts";
 import {
   expectedUse,
+  newRoute,
   type Route,
   type RouteSnapshot,
   snapshotOf,
@@ -162,19 +163,7 @@ export class RouteTable {
       );
     this.pool.tick();
     for (const p of pages) this.pool.reference(p, true);
-    const route: Route = {
-      id,
-      pages,
-      tokens,
-      startPosition,
-      reserved: need,
-      pins: 0,
-      leases: 0,
-      fenced: false,
-      keep: null,
-      pending: null,
-      load: null,
-    };
+    const route = newRoute(id, pages, tokens, startPosition, need);
     this.pool.reserved += need;
     this.routes.set(route.id, route);
     this.afterMutation();
@@ -278,19 +267,7 @@ export class RouteTable {
       );
     for (const p of s.pages) this.pool.reference(p, false);
     s.reserved += srcExtra;
-    const route: Route = {
-      id: dst,
-      pages: [...s.pages],
-      tokens: s.tokens,
-      startPosition: s.startPosition,
-      reserved: dstNeed,
-      pins: 0,
-      leases: 0,
-      fenced: false,
-      keep: null,
-      pending: null,
-      load: null,
-    };
+    const route = newRoute(dst, [...s.pages], s.tokens, s.startPosition, dstNeed);
     this.pool.reserved += srcExtra + dstNeed;
     this.routes.set(route.id, route);
     this.afterMutation();

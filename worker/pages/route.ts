@@ -58,6 +58,29 @@ export interface Route {
   load: PendingLoad | null;
 }
 
+/** A route idle and unfenced, holding `pages` (already referenced) and `reserved` pages of reservation. */
+export function newRoute(
+  id: ContinuationId,
+  pages: PageId[],
+  tokens: number,
+  startPosition: number,
+  reserved: number,
+): Route {
+  return {
+    id,
+    pages,
+    tokens,
+    startPosition,
+    reserved,
+    pins: 0,
+    leases: 0,
+    fenced: false,
+    keep: null,
+    pending: null,
+    load: null,
+  };
+}
+
 export interface RouteSnapshot {
   readonly id: ContinuationId;
   readonly pages: readonly PageId[];
