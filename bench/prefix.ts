@@ -181,6 +181,7 @@ const bench: Bench = {
         salt: undefined,
         hits: 0,
         pages,
+        released: () => undefined,
         // Admission weighs the measured prefill against configured restore and capture costs.
         calibration: initialCalibration({
           prefillPerTokenMs,

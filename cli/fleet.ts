@@ -118,7 +118,7 @@ export function pollLogEnd(
 export interface WorkerStatusSources {
   readonly runtime: Pick<
     RuntimeStats,
-    "pagesTotal" | "pagesAvailable" | "cachedPromptTokens" | "computedPromptTokens"
+    "pagesTotal" | "pagesFree" | "cachedPromptTokens" | "computedPromptTokens"
   >;
   readonly restore: Pick<RestoreStats, "chunks" | "bytes" | "tokens">;
   readonly checkpoint: Pick<CheckpointStats, "chunksPublished">;
@@ -141,10 +141,8 @@ export function workerStatus(s: WorkerStatusSources): WorkerStatus {
   const restoredTokens = r.tokens.ram + r.tokens.ssd + r.tokens.peer + r.tokens.s3;
   return {
     totalPages: s.runtime.pagesTotal as WorkerStatus["totalPages"],
-    residentPages: Math.max(
-      0,
-      s.runtime.pagesTotal - s.runtime.pagesAvailable,
-    ) as WorkerStatus["residentPages"],
+    // Cached prefixes hold attention state too, though they are evicted on demand.
+    residentPages: Math.max(0, s.runtime.pagesTotal - s.runtime.pagesFree) as WorkerStatus["residentPages"],
     residentHitTokens: Math.max(
       0,
       s.runtime.cachedPromptTokens - restoredTokens,

@@ -76,6 +76,7 @@ interface CaptureJob {
   readonly pages: PageManager;
   readonly nodes: readonly ChainNode[];
   readonly calibration: Calibration;
+  readonly released: () => void;
 }
 
 /**
@@ -204,7 +205,13 @@ export class Checkpointer implements RouteCheckpointer {
       this.declinedSinceSample = 0;
     }
     for (const n of nodes) this.pending.add(catalogNodeId(fp, n.hash));
-    this.queue.push({ prefix: o.prefix, pages: o.pages, nodes, calibration: o.calibration });
+    this.queue.push({
+      prefix: o.prefix,
+      pages: o.pages,
+      nodes,
+      calibration: o.calibration,
+      released: o.released,
+    });
     this.counters.queued++;
     this.running ??= this.pump();
     return "queued";
@@ -278,6 +285,7 @@ export class Checkpointer implements RouteCheckpointer {
         pageBytes = await this.opts.engine.downloadPages(capture.pages.map((t) => t.page as PageId));
       } finally {
         job.pages.endCapture(capture.id);
+        job.released();
       }
       const payload = packChunk(
         geometry,

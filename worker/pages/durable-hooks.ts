@@ -53,6 +53,11 @@ export interface CheckpointOffer {
   readonly hits: number;
   readonly pages: PageManager;
   readonly calibration: Calibration;
+  /**
+   * Called each time a capture of these pages ends: cached pages it read are
+   * evictable again, so a request that waited for pages can be admitted now.
+   */
+  readonly released: () => void;
 }
 
 export interface RouteCheckpointer {

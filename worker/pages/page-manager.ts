@@ -73,6 +73,11 @@ export class PageManager extends RouteTable {
     return this.pool.states.view(this.checkPageId(page));
   }
 
+  /** Pages holding nothing (some may be promised to reservations). */
+  get freePages(): number {
+    return this.pool.freePages;
+  }
+
   /** Cached pages an allocation may evict (counted in availablePages). */
   get evictablePages(): number {
     return this.pool.evictablePages;

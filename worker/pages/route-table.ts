@@ -247,7 +247,11 @@ export class RouteTable {
    * partial and `src` holds a reservation (it will append), `src` reserves one
    * more page for its possible copy-on-write.
    */
-  fork(src: ContinuationId, dst: ContinuationId, options: { readonly reserveTokens?: TokenCount } = {}) {
+  fork(
+    src: ContinuationId,
+    dst: ContinuationId,
+    options: { readonly reserveTokens?: TokenCount } = {},
+  ): RouteSnapshot {
     const s = this.getRoute(src);
     this.checkAcceptsWork(s);
     if (s.pending || s.load)

@@ -84,7 +84,12 @@ export class SubmitError extends Error {
 
 export interface RuntimeStats {
   readonly pagesTotal: number;
+  /** Pages a request may be given: free or evictable, net of reservations. */
   readonly pagesAvailable: number;
+  /** Pages holding nothing (some promised to reservations). */
+  readonly pagesFree: number;
+  /** Pages holding a cached prefix nobody references, evicted on demand (counted in pagesAvailable). */
+  readonly pagesEvictable: number;
   readonly waiting: number;
   readonly running: number;
   readonly cachedPromptTokens: number;
@@ -284,6 +289,8 @@ export class WorkerRuntime {
     return {
       pagesTotal: this.opts.physicalPages,
       pagesAvailable: this.pages.availablePages,
+      pagesFree: this.pages.freePages,
+      pagesEvictable: this.pages.evictablePages,
       waiting,
       running: this.seqs.size - waiting,
       ...this.counters,

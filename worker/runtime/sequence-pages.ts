@@ -24,7 +24,7 @@ export interface SequencePagesOptions {
   readonly checkpoint?: RouteCheckpointer;
   /** The sequence is still the runtime's and not cancelled (a settled restore applies only then). */
   readonly live: (seq: Sequence) => boolean;
-  /** Wakes the loop: a restore settled. */
+  /** Wakes the loop: a restore settled, or a capture gave back the cached pages it read. */
   readonly signal: () => void;
 }
 
@@ -154,6 +154,7 @@ export class SequencePages {
         hits: this.pages.hitsOf(shareable[shareable.length - 1]!, shareable.length * P),
         pages: this.pages,
         calibration: this.calibrator.value,
+        released: this.opts.signal,
       });
     }
     this.pages.releaseRoute(seq.route, { cache: this.residencyCosts() });
