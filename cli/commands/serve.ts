@@ -1,6 +1,7 @@
 import { Effect } from "effect";
 import { registerRestoreMetrics } from "../../controller/api/restore-metrics.ts";
 import { createLogger } from "../../schema/log.ts";
+import { KvGeometry } from "../../worker/checkpoint/chunk-format.ts";
 import { openEmbeddedCache } from "../../worker/restore/embedded.ts";
 import { chooseEngine, loadEngine } from "../../worker/runtime/engine-load.ts";
 import { WorkerRuntime } from "../../worker/runtime/runtime.ts";
@@ -15,7 +16,7 @@ import {
   requireFreeSpace,
   serveDirs,
 } from "../embedded/startup.ts";
-import { kvBytesPerToken, workerStatus } from "../fleet.ts";
+import { workerStatus } from "../fleet.ts";
 import { parseRoleArgs } from "../options.ts";
 import { resource, runScoped } from "../run-scoped.ts";
 import { runtimeOptions } from "../runtime-options.ts";
@@ -121,7 +122,7 @@ const command: Command = {
                   catalogOffset: offset,
                   logEnd: offset,
                   chunkTokens: config.pages.chunkTokens,
-                  kvBytesPerToken: kvBytesPerToken(model),
+                  kvBytesPerToken: KvGeometry.of(model.config.spec).tokenBytes,
                 }),
               ),
             ];

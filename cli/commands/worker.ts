@@ -1,6 +1,7 @@
 import { Effect } from "effect";
 import { createLogger } from "../../schema/log.ts";
 import { WorkerAgent } from "../../worker/agent/agent.ts";
+import { KvGeometry } from "../../worker/checkpoint/chunk-format.ts";
 import { DurableCache } from "../../worker/restore/durable-cache.ts";
 import { chooseEngine, loadEngine } from "../../worker/runtime/engine-load.ts";
 import { WorkerRuntime } from "../../worker/runtime/runtime.ts";
@@ -10,7 +11,6 @@ import { explainStartupError, lockDirs, requireFreeSpace } from "../embedded/sta
 import {
   durableTiers,
   fleetSnapshots,
-  kvBytesPerToken,
   openCatalogLog,
   pollLogEnd,
   requireKafka,
@@ -141,6 +141,7 @@ const command: Command = {
           },
           (rt) => rt.stop(),
         );
+        const kvBytesPerToken = KvGeometry.of(model.config.spec).tokenBytes;
         const agent = yield* resource(
           () => {
             const a = new WorkerAgent(runtime, {
@@ -153,7 +154,7 @@ const command: Command = {
               maxContext: model.config.spec.maxPosition,
               pageTokens: config.pages.pageTokens,
               chunkTokens: config.pages.chunkTokens,
-              kvBytesPerToken: kvBytesPerToken(model),
+              kvBytesPerToken,
               durableTiers: reuse ? durableTiers(cacheConfig.store) : [],
               stopTokenIds: model.eosTokenIds,
               heartbeatIntervalMs: config.worker.heartbeatIntervalMs,
@@ -170,7 +171,7 @@ const command: Command = {
                   catalogOffset: durable.replica.offset(),
                   logEnd: logEnd.value,
                   chunkTokens: config.pages.chunkTokens,
-                  kvBytesPerToken: kvBytesPerToken(model),
+                  kvBytesPerToken,
                 }),
             });
             a.start();

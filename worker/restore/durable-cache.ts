@@ -9,11 +9,11 @@ import type { Logger } from "../../schema/log.ts";
 import { CatalogLink } from "../checkpoint/catalog-link.ts";
 import { Checkpointer } from "../checkpoint/checkpointer.ts";
 import { KvGeometry } from "../checkpoint/chunk-format.ts";
+import type { PrefixRestorer, RouteCheckpointer } from "../pages/durable-hooks.ts";
 import { PeerServer } from "../peer/server.ts";
 import type { StoreReporter } from "../store/chunk.ts";
-import type { PrefixRestorer, RouteCheckpointer } from "./hooks.ts";
+import { ChunkTiers } from "../store/chunk-tiers.ts";
 import { Restorer } from "./restorer.ts";
-import { ChunkTiers } from "./tiers.ts";
 
 export interface DurableCacheOptions {
   readonly engine: Engine;

@@ -9,9 +9,9 @@ import type { Engine } from "../../native/index.ts";
 import type { Config } from "../../schema/config.ts";
 import type { Logger } from "../../schema/log.ts";
 import type { LoadedModel } from "../model/model-dir.ts";
+import type { PrefixRestorer, RouteCheckpointer } from "../pages/durable-hooks.ts";
 import { type FileLock, lockFile } from "../store/dir-lock.ts";
 import { DurableCache } from "./durable-cache.ts";
-import type { PrefixRestorer, RouteCheckpointer } from "./hooks.ts";
 
 /**
  * The durable prefix cache of the embedded default (one process): the

@@ -264,10 +264,10 @@ describe("restore failures fall back and change nothing", () => {
         await new Promise((r) => setTimeout(r, 20));
       }
       expect(w.cache.checkpointer.stats().chunksPublished).toBe(0);
-      // The next prompt needs the pages the first one's cache route holds.
-      const evicted = w.runtime.stats().evictedRoutes;
+      // The next prompt needs the pages the first one left cached.
+      const evicted = w.runtime.stats().evictedPages;
       await generate(w.runtime, promptOf(300, 27), 2);
-      expect(w.runtime.stats().evictedRoutes).toBeGreaterThan(evicted);
+      expect(w.runtime.stats().evictedPages).toBeGreaterThan(evicted);
       s3.resume();
       await w.cache.idle();
       await log.endOffset().then((end) => w.cache.replica.waitFor(end, 10_000));
