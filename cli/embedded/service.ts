@@ -1,4 +1,4 @@
-import { ApiError } from "../../controller/api/errors.ts";
+import { ApiError, unavailable } from "../../controller/api/errors.ts";
 import { RESTORE_TIERS, type RestoreTierName } from "../../controller/api/restore-metrics.ts";
 import {
   type Generation,
@@ -31,7 +31,6 @@ export class EmbeddedService implements InferenceService {
     private readonly runtime: WorkerRuntime,
     model: LoadedModel,
     readonly modelId: string,
-    catalog?: InferenceService["catalogQuery"],
     /** Prompt tokens restored from each durable tier so far (the restorer's count); absent: no durable cache. */
     private readonly restoredTokens?: () => Readonly<Record<RestoreTierName, number>>,
     /** model.chatTemplate's text (replacing the model's own template) and model.toolCallParser. */
@@ -47,10 +46,7 @@ export class EmbeddedService implements InferenceService {
       maxContext: model.config.spec.maxPosition,
       codec: textCodec(model, text.chatTemplate, this.constraints, text.toolCallParser),
     };
-    if (catalog) this.catalogQuery = catalog;
   }
-
-  catalogQuery?: InferenceService["catalogQuery"];
 
   models(): readonly ModelInfo[] {
     return [this.info];
@@ -77,7 +73,8 @@ export class EmbeddedService implements InferenceService {
         ...(req.constraint === null ? {} : { constraint: this.constraints.machine(req.constraint) }),
       });
     } catch (err) {
-      if (err instanceof SubmitError) throw new ApiError(err.status, err.message);
+      if (err instanceof SubmitError)
+        throw err.status === 503 ? unavailable(err.message) : new ApiError(err.status, err.message);
       throw err;
     }
     return { events: mapEvents(gen.events), cancel: () => gen.cancel() };
@@ -97,7 +94,8 @@ export class EmbeddedService implements InferenceService {
     // only, hence the floor at 0.
     bySource.resident = Math.max(0, s.cachedPromptTokens - restored);
     return {
-      pagesFree: s.pagesAvailable,
+      // Free net of reservations, not counting the cached pages the pool would evict (as the fleet's heartbeats).
+      pagesFree: Math.max(0, s.pagesAvailable - s.pagesEvictable),
       pagesTotal: s.pagesTotal,
       queueDepth: s.waiting + s.running,
       catalogLag: 0,

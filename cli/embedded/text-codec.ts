@@ -8,6 +8,7 @@ import { ChatTemplate, TemplateError, type TemplateMessage } from "../../worker/
 import type { ModelIdentity } from "../../worker/model/model-dir.ts";
 import { ConstraintCompiler } from "../../worker/structured/constraint.ts";
 import { GrammarError } from "../../worker/structured/nfa.ts";
+import { encodeText } from "./codec.ts";
 
 /**
  * The front door's view of a loaded model: its tokenizer and its chat
@@ -52,7 +53,7 @@ export function textCodec(
     return t;
   };
   return {
-    encode: (text, opts) => tok.encode(text, { addSpecialTokens: opts?.addSpecialTokens ?? false }),
+    encode: (text, opts) => encodeText(tok, text, opts),
     decode: (ids, opts) => tok.decode(ids, { skipSpecialTokens: opts?.skipSpecialTokens ?? true }),
     tokenString: (id) => tok.idToToken(id) ?? "",
     renderChat(req) {

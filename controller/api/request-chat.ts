@@ -1,4 +1,5 @@
 import { badRequest } from "./errors.ts";
+import { describeValue } from "./limits.ts";
 import { type Body, optBool, optObject, optString } from "./request-fields.ts";
 import type { ChatMessage, ChatPromptRequest, ToolCall } from "./service.ts";
 
@@ -33,7 +34,7 @@ function messageText(content: unknown, at: string): string {
       const text = type === "text" ? p!.text : type === "refusal" ? p!.refusal : undefined;
       if (type !== "text" && type !== "refusal")
         throw badRequest(
-          `${at}.content[${k}]: only text parts are supported, got ${JSON.stringify(type ?? null)}`,
+          `${at}.content[${k}]: only text parts are supported, got ${describeValue(type ?? null)}`,
           `${at}.content`,
         );
       if (typeof text !== "string")

@@ -1,4 +1,5 @@
 import { badRequest } from "./errors.ts";
+import { describeValue } from "./limits.ts";
 
 /**
  * Typed readers of one request body's fields, each naming the field in its
@@ -35,7 +36,7 @@ export function optNumber(
   if (v === undefined || v === null) return undefined;
   if (typeof v !== "number" || !Number.isFinite(v) || (integer && !Number.isInteger(v))) {
     throw badRequest(
-      `'${param}' must be ${integer ? "an integer" : "a number"}, got ${JSON.stringify(v)}`,
+      `'${param}' must be ${integer ? "an integer" : "a number"}, got ${describeValue(v)}`,
       param,
     );
   }
@@ -47,7 +48,7 @@ export function optBool(b: Body, key: string, param = key): boolean | undefined 
   const v = b[key];
   if (v === undefined || v === null) return undefined;
   if (typeof v !== "boolean")
-    throw badRequest(`'${param}' must be a boolean, got ${JSON.stringify(v)}`, param);
+    throw badRequest(`'${param}' must be a boolean, got ${describeValue(v)}`, param);
   return v;
 }
 

@@ -1,4 +1,5 @@
 import { badRequest } from "./errors.ts";
+import { describeValue } from "./limits.ts";
 import { type Body, optBool, optNumber, optTokenIds } from "./request-fields.ts";
 import type { SamplingParams } from "./service.ts";
 
@@ -60,7 +61,7 @@ function parseLogitBias(b: Body): (readonly [number, number])[] {
   return entries.map(([key, bias]) => {
     const id = Number(key);
     if (!/^\d+$/.test(key) || !Number.isSafeInteger(id))
-      throw badRequest(`'logit_bias' key ${JSON.stringify(key)} is not a token id`, "logit_bias");
+      throw badRequest(`'logit_bias' key ${describeValue(key)} is not a token id`, "logit_bias");
     if (typeof bias !== "number" || !Number.isFinite(bias))
       throw badRequest(`'logit_bias' value for ${key} must be a number`, "logit_bias");
     return [id, Math.max(-100, Math.min(100, bias))] as const;

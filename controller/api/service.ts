@@ -43,9 +43,13 @@ export interface ChatPromptRequest {
 }
 
 /** Tokenizer and chat template of one served model. */
+export interface EncodeOptions {
+  /** The tokenizer's post-processor adds what it adds (a BOS); default false. */
+  readonly addSpecialTokens?: boolean;
+}
+
 export interface TextCodec {
-  /** With addSpecialTokens the tokenizer's post-processor adds what it adds (a BOS). */
-  encode(text: string, opts?: { readonly addSpecialTokens?: boolean }): number[];
+  encode(text: string, opts?: EncodeOptions): number[];
   /** skipSpecialTokens defaults to true. */
   decode(ids: readonly number[], opts?: { readonly skipSpecialTokens?: boolean }): string;
   /** The vocabulary's string for an id (e.g. "Ġthe"), as convert_ids_to_tokens gives it. */
@@ -182,8 +186,6 @@ export interface InferenceService {
   gauges(): ServiceGauges;
   /** Per worker, the newest heartbeat's figures; absent where the service has no workers (embedded). */
   workers?(): readonly FleetWorkerView[];
-  /** Runs a Datalog query against the catalog replica; absent when no catalog is attached. */
-  catalogQuery?(query: string, args: readonly unknown[], rules: string | undefined): Promise<unknown>;
 }
 
 /**

@@ -34,27 +34,40 @@ export function pickModel(models: readonly ModelInfo[], name: unknown): ModelInf
   return m;
 }
 
-export function tokenize(models: readonly ModelInfo[], body: unknown): Record<string, unknown> {
+/** What POST /tokenize asks: the text to encode (a chat rendered by its template) and how. */
+export interface TokenizeInput {
+  readonly model: ModelInfo;
+  readonly text: string;
+  readonly addSpecialTokens: boolean;
+  readonly returnTokenStrs: boolean;
+}
+
+export function tokenizeInput(models: readonly ModelInfo[], body: unknown): TokenizeInput {
   const b = asObject(body);
   const model = pickModel(models, b.model);
-  const codec = model.codec;
-  let tokens: number[];
+  const returnTokenStrs = optBool(b, "return_token_strs") ?? false;
   if (b.messages !== undefined) {
     refuseUnsupported(b, "chat");
     const chat = parseChatFields(b, toolList(b));
-    tokens = codec.encode(codec.renderChat(chat.prompt), { addSpecialTokens: chat.addSpecialTokens });
-  } else {
-    const prompt = b.prompt;
-    if (typeof prompt !== "string")
-      throw badRequest("'prompt' (a string) or 'messages' is required", "prompt");
-    tokens = codec.encode(prompt, { addSpecialTokens: optBool(b, "add_special_tokens") ?? true });
+    return {
+      model,
+      text: model.codec.renderChat(chat.prompt),
+      addSpecialTokens: chat.addSpecialTokens,
+      returnTokenStrs,
+    };
   }
-  const strs = optBool(b, "return_token_strs") ?? false;
+  const prompt = b.prompt;
+  if (typeof prompt !== "string") throw badRequest("'prompt' (a string) or 'messages' is required", "prompt");
+  return { model, text: prompt, addSpecialTokens: optBool(b, "add_special_tokens") ?? true, returnTokenStrs };
+}
+
+/** vLLM's /tokenize answer for `tokens`. */
+export function tokenizeAnswer(input: TokenizeInput, tokens: readonly number[]): Record<string, unknown> {
   return {
     count: tokens.length,
-    max_model_len: model.maxContext,
+    max_model_len: input.model.maxContext,
     tokens,
-    token_strs: strs ? tokens.map((id) => codec.tokenString(id)) : null,
+    token_strs: input.returnTokenStrs ? tokens.map((id) => input.model.codec.tokenString(id)) : null,
   };
 }
 
