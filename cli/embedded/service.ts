@@ -7,11 +7,10 @@ import {
   type InferenceService,
   type ModelInfo,
   prefixSalt,
-  type SamplingParams,
   type ServiceGauges,
 } from "../../controller/api/service.ts";
 import type { Config } from "../../schema/config.ts";
-import type { LogitsRules } from "../../worker/model/logits.ts";
+import { logitsRules } from "../../worker/model/logits.ts";
 import type { LoadedModel } from "../../worker/model/model-dir.ts";
 import { SubmitError, type WorkerRuntime } from "../../worker/runtime/runtime.ts";
 import type { RuntimeEvent } from "../../worker/runtime/sequence.ts";
@@ -110,16 +109,4 @@ async function* mapEvents(events: AsyncIterable<RuntimeEvent>): AsyncIterable<Ge
     else if (ev.type === "end") yield { type: "end", reason: ev.reason, cachedTokens: ev.cachedTokens };
     else yield ev;
   }
-}
-
-/** The request's sampling fields as the runtime's logits rules. */
-export function logitsRules(s: SamplingParams): LogitsRules {
-  return {
-    repetitionPenalty: s.repetitionPenalty,
-    presencePenalty: s.presencePenalty,
-    frequencyPenalty: s.frequencyPenalty,
-    logitBias: new Map(s.logitBias),
-    minTokens: s.minTokens,
-    allowedTokenIds: s.allowedTokenIds === null ? null : new Set(s.allowedTokenIds),
-  };
 }

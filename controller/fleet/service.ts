@@ -1,6 +1,6 @@
 import type { CatalogDb } from "../../catalog/db.ts";
 import { StreamQueue } from "../../schema/channel.ts";
-import type { DecisionRecord } from "../../schema/control.ts";
+import type { DecisionRecord, Offer } from "../../schema/control.ts";
 import type { ModelFingerprint, TokenCount, WorkerId } from "../../schema/ids.ts";
 import type { Logger } from "../../schema/log.ts";
 import { ApiError, unavailable } from "../api/errors.ts";
@@ -161,7 +161,6 @@ export class FleetService implements InferenceService {
 
   generate(req: GenerationRequest): Generation {
     if (req.model !== this.info.id) throw new ApiError(404, `model ${req.model} is not served here`);
-    refuseUnwired(req, this.info.codec.eosTokenIds);
     if (this.active.has(req.requestId))
       throw new ApiError(400, `request ${req.requestId} is already running`);
     if (this.active.size >= this.opts.maxActive)
@@ -306,7 +305,14 @@ export class FleetService implements InferenceService {
               ttftMs: Math.round(f.firstTokenAtMs - f.state.arrivalMs),
             });
           }
-          for (const token of cmd.tokens) f.stream.push({ type: "token", token });
+          for (const [i, token] of cmd.tokens.entries())
+            f.stream.push({
+              type: "token",
+              token,
+              logprob: cmd.logprobs?.[i] ?? null,
+              ...(i === 0 && cmd.promptLogprobs ? { promptLogprobs: cmd.promptLogprobs } : {}),
+            });
+
           break;
         case "finish":
           this.finish(f, cmd);
@@ -355,17 +361,13 @@ export class FleetService implements InferenceService {
       prompt: f.req.prompt,
       maxTokens: f.req.maxTokens as TokenCount,
       cacheSalt: f.salt,
-      sampling: {
-        temperature: s.temperature,
-        topP: s.topP,
-        topK: s.topK,
-        ...(s.seed === undefined ? {} : { seed: s.seed }),
-      },
+      sampling: offerSampling(s),
       plan: {
         source: cmd.choice.source,
         cachedTokens: cmd.choice.cachedTokens,
         predictedTtftMs: cmd.choice.predictedTtftMs,
       },
+      ...offerExtras(f.req, this.info.codec.eosTokenIds),
     });
     this.opts.log.log("info", "assignment.offered", {
       requestId: f.req.requestId,
@@ -477,27 +479,33 @@ export class FleetService implements InferenceService {
 }
 
 /**
- * Request fields the offer does not carry to workers yet: refused in a fleet
- * rather than ignored.
+ * The offer's sampling: only what differs from the neutral value is sent, so
+ * a request that sets none of issue 17's fields is offered as before.
  */
-function refuseUnwired(req: GenerationRequest, eos: readonly number[]): void {
-  const s = req.sampling;
+function offerSampling(s: GenerationRequest["sampling"]): Offer["sampling"] {
+  return {
+    temperature: s.temperature,
+    topP: s.topP,
+    topK: s.topK,
+    ...(s.seed === undefined ? {} : { seed: s.seed }),
+    ...(s.minP === 0 ? {} : { minP: s.minP }),
+    ...(s.repetitionPenalty === 1 ? {} : { repetitionPenalty: s.repetitionPenalty }),
+    ...(s.presencePenalty === 0 ? {} : { presencePenalty: s.presencePenalty }),
+    ...(s.frequencyPenalty === 0 ? {} : { frequencyPenalty: s.frequencyPenalty }),
+    ...(s.logitBias.length === 0 ? {} : { logitBias: s.logitBias.map(([t, b]) => [t, b] as const) }),
+    ...(s.minTokens === 0 ? {} : { minTokens: s.minTokens }),
+    ...(s.allowedTokenIds === null ? {} : { allowedTokenIds: s.allowedTokenIds }),
+  };
+}
+
+/** The offer's other request fields, each only when the request sets it. */
+function offerExtras(req: GenerationRequest, eos: readonly number[]) {
   const set = (xs: readonly number[]) => [...new Set(xs)].sort((a, b) => a - b).join(",");
-  const unwired: [string, boolean][] = [
-    ["min_p", s.minP !== 0],
-    ["repetition_penalty", s.repetitionPenalty !== 1],
-    ["presence_penalty", s.presencePenalty !== 0],
-    ["frequency_penalty", s.frequencyPenalty !== 0],
-    ["logit_bias", s.logitBias.length > 0],
-    ["min_tokens", s.minTokens !== 0],
-    ["allowed_token_ids", s.allowedTokenIds !== null],
-    ["stop_token_ids", set(req.stopTokenIds) !== set(eos)],
-    ["priority", req.priority !== 0],
-    ["logprobs", req.logprobs !== null],
-    ["prompt_logprobs", req.promptLogprobs !== null],
-    ["response_format", req.constraint !== null],
-  ];
-  for (const [field, used] of unwired)
-    if (used)
-      throw new ApiError(400, `'${field}' is not supported by the fleet controller yet`, undefined, field);
+  return {
+    ...(set(req.stopTokenIds) === set(eos) ? {} : { stopTokenIds: req.stopTokenIds }),
+    ...(req.priority === 0 ? {} : { priority: req.priority }),
+    ...(req.logprobs === null ? {} : { logprobs: req.logprobs }),
+    ...(req.promptLogprobs === null ? {} : { promptLogprobs: req.promptLogprobs }),
+    ...(req.constraint === null ? {} : { constraint: req.constraint as Offer["constraint"] & object }),
+  };
 }

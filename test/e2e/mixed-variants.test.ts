@@ -17,6 +17,7 @@ import { WorkerAgent } from "../../worker/agent/agent.ts";
 import { generateModel } from "../../worker/model/generate.ts";
 import { type LoadedModel, loadModelDir } from "../../worker/model/model-dir.ts";
 import { CPU_VARIANT, executionVariant } from "../../worker/model/variant.ts";
+import { ConstraintCompiler } from "../../worker/structured/constraint.ts";
 import {
   CHUNK,
   generate,
@@ -193,6 +194,7 @@ beforeAll(async () => {
       kvBytesPerToken: s.nLayers * s.nKvHeads * (s.headDim + s.vHeadDim) * 2,
       durableTiers: ["ram", "ssd", "s3"],
       stopTokenIds: [],
+      constraints: new ConstraintCompiler(model.tokenizer.tokenBytes()),
       heartbeatIntervalMs: 50,
       reconnectBaseMs: 20,
       reconnectMaxMs: 200,

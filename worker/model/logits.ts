@@ -39,6 +39,25 @@ export const NO_RULES: LogitsRules = {
   allowedTokenIds: null,
 };
 
+/** The logits rules of a request's sampling fields; an absent field is the neutral value. */
+export function logitsRules(s: {
+  readonly repetitionPenalty?: number;
+  readonly presencePenalty?: number;
+  readonly frequencyPenalty?: number;
+  readonly logitBias?: readonly (readonly [number, number])[];
+  readonly minTokens?: number;
+  readonly allowedTokenIds?: readonly number[] | null;
+}): LogitsRules {
+  return {
+    repetitionPenalty: s.repetitionPenalty ?? 1,
+    presencePenalty: s.presencePenalty ?? 0,
+    frequencyPenalty: s.frequencyPenalty ?? 0,
+    logitBias: new Map(s.logitBias ?? []),
+    minTokens: s.minTokens ?? 0,
+    allowedTokenIds: s.allowedTokenIds == null ? null : new Set(s.allowedTokenIds),
+  };
+}
+
 /** True when the rules touch no logit (the common case: nothing to do per token). */
 export function rulesAreNeutral(r: LogitsRules): boolean {
   return (
