@@ -61,8 +61,8 @@ describe("ThreadPool", () => {
     const p = pool(1, 4);
     const running = p.run({ sleepMs: 500 });
     const waiting = p.run({ sleepMs: 0 });
-    // Expect before closing: close rejects both at once, before a later handler could attach.
-    const failed = [running, waiting].map((j) => expect(j).rejects.toBeInstanceOf(ThreadFailedError));
+    // Both expectations are attached before close() rejects the jobs (else: unhandled rejections).
+    const failed = [running, waiting].map((job) => expect(job).rejects.toBeInstanceOf(ThreadFailedError));
     await p.close();
     await Promise.all(failed);
   }, 60_000);
