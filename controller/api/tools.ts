@@ -33,6 +33,8 @@ export interface ToolFields {
 
 export function parseToolFields(b: Body): ToolFields | null {
   const raw = b.tools;
+  // Checked even without tools (where there are no calls for it to limit).
+  const parallel = optBool(b, "parallel_tool_calls") ?? true;
   if (!given(b, "tools")) {
     if (given(b, "tool_choice") && b.tool_choice !== "none")
       throw badRequest("when using 'tool_choice', 'tools' must be set", "tool_choice");
@@ -67,7 +69,7 @@ export function parseToolFields(b: Body): ToolFields | null {
       throw badRequest("the tool named in 'tool_choice' is not among 'tools'", "tool_choice");
     choice = { name: fn.name };
   } else throw badRequest("'tool_choice' must be none, auto, required or a named function", "tool_choice");
-  return { raw, functions, choice, parallel: optBool(b, "parallel_tool_calls") ?? true };
+  return { raw, functions, choice, parallel };
 }
 
 /** The decoding constraint required and named choices impose (null for none and auto). */
