@@ -27,9 +27,8 @@ CK_AVX2 inline __m256 load_bf16x8(const bf16* p) {
 
 template <DType WT>
 CK_AVX2 inline __m256 load_w8(const void* W, int64_t i) {
-  if constexpr (static_cast<int32_t>(WT) >= static_cast<int32_t>(DType::Q8_0)) {
-    return quant_load8<WT>(W, i);
-  } else if constexpr (WT == DType::F32) {
+  static_assert(static_cast<int32_t>(WT) < static_cast<int32_t>(DType::Q8_0), "block formats: quant_simd.h");
+  if constexpr (WT == DType::F32) {
     return _mm256_loadu_ps(static_cast<const float*>(W) + i);
   } else if constexpr (WT == DType::F16) {
     return load_f16x8(static_cast<const f16*>(W) + i);
@@ -108,11 +107,17 @@ CK_AVX2 void tile(const float* x, int32_t K, const void* Wc, const float* bias, 
 // so a tile over `out` computes the same bits as one over W.
 template <int C, DType WT>
 CK_AVX2 void widen_rows(const void* Wc, int32_t K, float* out) {
-  const int32_t K8 = K & ~7;
-  for (int c = 0; c < C; ++c) {
-    const int64_t row = static_cast<int64_t>(c) * K;
-    for (int32_t k = 0; k < K8; k += 8) _mm256_storeu_ps(out + row + k, load_w8<WT>(Wc, row + k));
-    for (int32_t k = K8; k < K; ++k) out[row + k] = load_w1<WT>(Wc, row + k);
+  if constexpr (static_cast<int32_t>(WT) >= static_cast<int32_t>(DType::Q8_0)) {
+    for (int c = 0; c < C; ++c)
+      avx2::dequantize(WT, static_cast<const uint8_t*>(Wc) + c * bytes_of(WT, K), K,
+                       out + static_cast<int64_t>(c) * K);
+  } else {
+    const int32_t K8 = K & ~7;
+    for (int c = 0; c < C; ++c) {
+      const int64_t row = static_cast<int64_t>(c) * K;
+      for (int32_t k = 0; k < K8; k += 8) _mm256_storeu_ps(out + row + k, load_w8<WT>(Wc, row + k));
+      for (int32_t k = K8; k < K; ++k) out[row + k] = load_w1<WT>(Wc, row + k);
+    }
   }
 }
 
@@ -142,16 +147,20 @@ CK_AVX2 void quads(const float* x, int32_t T4, int32_t K, const void* W, int32_t
       widen_rows<3, WT>(Wc, K, tl_wide.data());
       for (int32_t r = 0; r < T4; r += 4)
         tile<4, 3, DType::F32, WT>(x, K, tl_wide.data(), bias, y, N, r, c, r == 0 ? next : nullptr);
-    } else {
+    } else if constexpr (static_cast<int32_t>(WT) < static_cast<int32_t>(DType::Q8_0)) {
       for (int32_t r = 0; r < T4; r += 4) tile<4, 3, WT>(x, K, Wc, bias, y, N, r, c, r == 0 ? next : nullptr);
     }
   }
-  const void* Wc = weight_row<WT>(W, c, K);
-  for (int32_t r = 0; r < T4; r += 4) {
-    switch (n1 - c) {
-      case 2: tile<4, 2, WT>(x, K, Wc, bias, y, N, r, c); break;
-      case 1: tile<4, 1, WT>(x, K, Wc, bias, y, N, r, c); break;
-      default: break;
+  if constexpr (static_cast<int32_t>(WT) >= static_cast<int32_t>(DType::Q8_0)) {
+    quant_quads<WT>(x, T4, K, W, N, bias, y, c, n1);
+  } else {
+    const void* Wc = weight_row<WT>(W, c, K);
+    for (int32_t r = 0; r < T4; r += 4) {
+      switch (n1 - c) {
+        case 2: tile<4, 2, WT>(x, K, Wc, bias, y, N, r, c); break;
+        case 1: tile<4, 1, WT>(x, K, Wc, bias, y, N, r, c); break;
+        default: break;
+      }
     }
   }
 }
@@ -187,8 +196,16 @@ template <DType WT>
 CK_AVX2 void columns(const float* x, int32_t T, int32_t K, const void* W, int32_t N, const float* bias,
                      float* y, int32_t n0, int32_t n1) {
   const int32_t T4 = T & ~3;
-  quads<WT>(x, T4, K, W, N, bias, y, n0, n1);
-  single_rows<WT>(x, T4, T, K, W, N, bias, y, n0, n1);
+  if constexpr (static_cast<int32_t>(WT) >= static_cast<int32_t>(DType::Q8_0)) {
+    // Block formats: 8+ rows widen each column triplet once (quads); fewer
+    // decode in registers (quant_simd.h).
+    if (T4 >= 8) quads<WT>(x, T4, K, W, N, bias, y, n0, n1);
+    else quant_quads<WT>(x, T4, K, W, N, bias, y, n0, n1);
+    quant_single_rows<WT>(x, T4, T, K, W, N, bias, y, n0, n1, T4 == 0);
+  } else {
+    quads<WT>(x, T4, K, W, N, bias, y, n0, n1);
+    single_rows<WT>(x, T4, T, K, W, N, bias, y, n0, n1);
+  }
 }
 
 // ---- 512-bit column pairs (Isa::Avx512) ----------------------------------
