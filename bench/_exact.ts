@@ -13,12 +13,12 @@ import { KvGeometry } from "../worker/checkpoint/chunk-format.ts";
 import { PageAllocator, PagedDecoder } from "../worker/model/decoder-paged.ts";
 import { openEngine } from "../worker/model/engine.ts";
 import type { LoadedModel } from "../worker/model/model-dir.ts";
+import { PageHashChain } from "../worker/pages/page-hashes.ts";
 import { PageManager } from "../worker/pages/page-manager.ts";
 import { openEmbeddedCache } from "../worker/restore/embedded.ts";
 import { Restorer } from "../worker/restore/restorer.ts";
 import { buildBatch } from "../worker/runtime/batch.ts";
 import { loadEngine } from "../worker/runtime/engine-load.ts";
-import { PageHashChain } from "../worker/runtime/page-hashes.ts";
 import { WorkerRuntime } from "../worker/runtime/runtime.ts";
 
 /**
@@ -232,6 +232,7 @@ async function checkRestore(model: LoadedModel, backend: BackendName, promptToke
     const ticket = restorer.begin({
       route,
       tokens: prompt.slice(0, -1),
+      pageHashes: new PageHashChain(PAGE, undefined).extend(prompt, prompt.length - 1),
       salt: undefined,
       residentTokens: 0,
       pages: b.pages,

@@ -7,6 +7,7 @@ import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import type { FleetWorkerView } from "../controller/api/service.ts";
+import { sleep } from "../schema/abort.ts";
 import type { Config } from "../schema/config.ts";
 import { NODE_HEAP_FLAGS } from "./node-flags.ts";
 
@@ -33,7 +34,7 @@ const BIN = join(ROOT, "bin", "continuum.mjs");
 const KAFKA_SH = join(ROOT, "deploy", "kafka.sh");
 const S3_SH = join(ROOT, "deploy", "s3proxy.sh");
 
-export type Role = "writer" | "controller" | "worker";
+export type Role = "writer" | "controller" | "worker" | "serve";
 
 export interface ClusterProcess {
   readonly name: string;
@@ -76,6 +77,8 @@ export interface UpOptions {
    * with its own catalog topics and bucket from the config.
    */
   readonly services?: RunningServices;
+  /** Extra environment of every role's process (e.g. CONTINUUM_LOG_LEVEL). */
+  readonly env?: Readonly<Record<string, string>>;
 }
 
 export interface RunningServices {
@@ -247,7 +250,7 @@ export async function waitForLog(
       if (!alive(q.pid)) throw new Error(`${q.name} exited before ${what}; see ${q.log}:\n${tail(q.log)}`);
     if (Date.now() > deadline)
       throw new Error(`${p.name}: no ${what} within ${timeoutMs} ms; see ${p.log}:\n${tail(p.log)}`);
-    await new Promise((r) => setTimeout(r, 200));
+    await sleep(200);
   }
 }
 
@@ -315,7 +318,7 @@ export async function clusterUp(o: UpOptions): Promise<ClusterState> {
       await script(S3_SH, ["start", "--port", String(o.s3Port), "--data", s3Data], 600_000);
     }
     const add = (name: string, role: Role, env: Record<string, string> = {}) => {
-      const p = spawnRole(name, role, configPath, logs, env);
+      const p = spawnRole(name, role, configPath, logs, { ...o.env, ...env });
       processes.push(p);
       return p;
     };
@@ -372,7 +375,7 @@ export async function stopProcess(pid: number, graceMs: number): Promise<"stoppe
   const deadline = Date.now() + graceMs;
   while (Date.now() < deadline) {
     if (!alive(pid)) return "stopped";
-    await new Promise((r) => setTimeout(r, 100));
+    await sleep(100);
   }
   try {
     process.kill(pid, "SIGKILL");

@@ -28,6 +28,7 @@
         "src/backend.cc",
         "src/engine.cc",
         "src/async_queue.cc",
+        "src/file_lock.cc",
         "src/binding.cc"
       ],
       "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],

@@ -56,9 +56,11 @@ t0=$(date +%s)
 objs=()
 pids=()
 # The harness links the CUDA engine and the CPU engine (backend.cc, engine.cc)
-# directly, to compare their step() logits without Node.
-for src in native/cuda/*.cu native/cuda/harness/*.cu native/src/kernels_cpu.cc native/src/kernels_avx2.cc \
-  native/src/attention_simd.cc native/src/thread_pool.cc native/src/backend.cc native/src/engine.cc; do
+# directly, to compare their step() logits without Node. The CPU sources are the
+# addon's own list in binding.gyp, less the N-API glue, so a new kernel file is
+# never left out here.
+cpu_srcs=$(grep -o '"src/[a-z0-9_]*\.cc"' native/binding.gyp | tr -d '"' | grep -v -e binding.cc -e async_queue.cc | sed 's|^|native/|')
+for src in native/cuda/*.cu native/cuda/harness/*.cu $cpu_srcs; do
   obj="$BUILD/$(basename "${src%.*}").o"
   objs+=("$obj")
   nvcc "${NVFLAGS[@]}" -c "$src" -o "$obj" &

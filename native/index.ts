@@ -384,6 +384,7 @@ interface Addon {
   readonly features: CpuFeatures;
   readonly defaultThreads: number;
   readonly kernels: Kernels;
+  lockFileExclusive(fd: number): boolean;
 }
 
 const addonPath = new URL("./build/Release/continuum_native.node", import.meta.url).pathname;
@@ -452,6 +453,16 @@ export function nativeBackends(): NativeBackends {
  */
 export function cudaCopyGbPerS(bytes: number = 2 ** 31): number {
   return addon.cudaCopyGbPerS(bytes);
+}
+
+/**
+ * flock(fd, LOCK_EX | LOCK_NB): true when this open file (the descriptor's
+ * open file description) now holds the exclusive lock, false when another
+ * holds it; never waits. The kernel drops the lock when the descriptor
+ * closes or the process dies, kill -9 included.
+ */
+export function lockFileExclusive(fd: number): boolean {
+  return addon.lockFileExclusive(fd);
 }
 
 export class BackendUnavailableError extends Error {

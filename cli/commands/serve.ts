@@ -1,6 +1,7 @@
 import { Effect } from "effect";
 import { registerRestoreMetrics } from "../../controller/api/restore-metrics.ts";
 import { createLogger } from "../../schema/log.ts";
+import { KvGeometry } from "../../worker/checkpoint/chunk-format.ts";
 import { openEmbeddedCache } from "../../worker/restore/embedded.ts";
 import { chooseEngine, loadEngine } from "../../worker/runtime/engine-load.ts";
 import { WorkerRuntime } from "../../worker/runtime/runtime.ts";
@@ -8,7 +9,14 @@ import { openFrontDoor } from "../api-server.ts";
 import { type Command, UsageError } from "../command.ts";
 import { ensureModel } from "../embedded/model.ts";
 import { EmbeddedService } from "../embedded/service.ts";
-import { kvBytesPerToken, workerStatus } from "../fleet.ts";
+import {
+  explainStartupError,
+  lockDirs,
+  registerDegradedMetric,
+  requireFreeSpace,
+  serveDirs,
+} from "../embedded/startup.ts";
+import { workerStatus } from "../fleet.ts";
 import { parseRoleArgs } from "../options.ts";
 import { resource, runScoped } from "../run-scoped.ts";
 import { runtimeOptions } from "../runtime-options.ts";
@@ -40,10 +48,30 @@ const command: Command = {
     const log = createLogger({ fields: { role: "embedded" } });
     return runScoped(
       Effect.gen(function* () {
+        const explain = (err: unknown) => {
+          throw explainStartupError(err, config.store.dataDir);
+        };
+        // One owner per data dir, before anything is written to it (the generated model included).
+        yield* resource(
+          () => {
+            try {
+              const locks = lockDirs(serveDirs(config));
+              requireFreeSpace(config.store.dataDir);
+              return locks;
+            } catch (err) {
+              return explain(err);
+            }
+          },
+          (locks) => {
+            for (const l of locks.reverse()) l.release();
+          },
+        );
         // The engine's execution variant names the model's fingerprint, so its
         // chunks are restored as exact only by engines computing the same bits.
         const choice = chooseEngine(config.worker.backend, config.model.variant);
-        const { model, id } = yield* Effect.promise(() => ensureModel(config, log, choice.variant));
+        const { model, id } = yield* Effect.promise(() =>
+          ensureModel(config, log, choice.variant).catch(explain),
+        );
         const engine = yield* resource(
           () =>
             loadEngine(model, config.pages, {
@@ -54,7 +82,7 @@ const command: Command = {
         );
         // Durable prefixes (embedded catalog log + local chunk files): released after the runtime stops.
         const durable = yield* resource(
-          () => openEmbeddedCache({ engine, model, modelName: id, config, logger: log }),
+          () => openEmbeddedCache({ engine, model, modelName: id, config, logger: log }).catch(explain),
           (c) => c.close(),
         );
         const runtime = yield* resource(
@@ -94,7 +122,7 @@ const command: Command = {
                   catalogOffset: offset,
                   logEnd: offset,
                   chunkTokens: config.pages.chunkTokens,
-                  kvBytesPerToken: kvBytesPerToken(model),
+                  kvBytesPerToken: KvGeometry.of(model.config.spec).tokenBytes,
                 }),
               ),
             ];
@@ -102,6 +130,7 @@ const command: Command = {
           catalog: () => ({ offset: durable.cache.replica.offset(), lag: 0 }),
           decisions: null,
         });
+        registerDegradedMetric(frontDoor.server.metrics, config.store.dataDir, durable.cache.tiers.s3);
         const port = yield* resource(
           () => frontDoor.server.start(),
           () => frontDoor.close(),
@@ -116,7 +145,10 @@ const command: Command = {
         process.stderr.write(
           `continuum: serving model '${id}' on http://${config.controller.host}:${port}/v1 (Ctrl-C to stop)\n`,
         );
-        yield* Effect.never;
+        // Serves until stopped, or until the catalog writer gives up for good (its bound on
+        // consecutive failures): then the process fails with the writer's error.
+        const stopped = yield* Effect.promise(() => durable.writerStopped);
+        return yield* Effect.fail(new Error(`the catalog writer stopped: ${stopped.message}`));
       }),
     );
   },

@@ -1,15 +1,16 @@
 import { Effect } from "effect";
 import { createLogger } from "../../schema/log.ts";
 import { WorkerAgent } from "../../worker/agent/agent.ts";
+import { KvGeometry } from "../../worker/checkpoint/chunk-format.ts";
 import { DurableCache } from "../../worker/restore/durable-cache.ts";
 import { chooseEngine, loadEngine } from "../../worker/runtime/engine-load.ts";
 import { WorkerRuntime } from "../../worker/runtime/runtime.ts";
 import type { Command } from "../command.ts";
 import { ensureModel } from "../embedded/model.ts";
+import { explainStartupError, lockDirs, requireFreeSpace } from "../embedded/startup.ts";
 import {
   durableTiers,
   fleetSnapshots,
-  kvBytesPerToken,
   openCatalogLog,
   pollLogEnd,
   requireKafka,
@@ -57,11 +58,32 @@ const command: Command = {
     const log = createLogger({ fields: { role: "worker", workerId } });
     return runScoped(
       Effect.gen(function* () {
+        const cacheConfig = workerCacheConfig(config, workerId);
+        const explain = (err: unknown) => {
+          throw explainStartupError(err, cacheConfig.store.dir.path);
+        };
+        // One owner per worker directory (its chunk files), before anything is written there.
+        yield* resource(
+          () => {
+            try {
+              const locks = lockDirs([cacheConfig.store.dir.path]);
+              requireFreeSpace(cacheConfig.store.dir.path);
+              return locks;
+            } catch (err) {
+              return explain(err);
+            }
+          },
+          (locks) => {
+            for (const l of locks.reverse()) l.release();
+          },
+        );
         // The engine's execution variant names the model's fingerprint: this
         // worker's chunks are restored as exact only by workers of its variant,
         // and the controller routes to it only if it routes that variant.
         const choice = chooseEngine(config.worker.backend, config.model.variant);
-        const { model, id: modelId } = yield* Effect.promise(() => ensureModel(config, log, choice.variant));
+        const { model, id: modelId } = yield* Effect.promise(() =>
+          ensureModel(config, log, choice.variant).catch(explain),
+        );
         const engine = yield* resource(
           () =>
             loadEngine(model, config.pages, {
@@ -79,7 +101,6 @@ const command: Command = {
           () => openCatalogLog(config, workerId),
           (l) => l.close(),
         );
-        const cacheConfig = workerCacheConfig(config, workerId);
         // The catalog log's end, polled (not asked per heartbeat), for the replica's lag in the status.
         const logEnd = yield* resource(
           () => pollLogEnd(catalogLog, 2_000),
@@ -120,6 +141,7 @@ const command: Command = {
           },
           (rt) => rt.stop(),
         );
+        const kvBytesPerToken = KvGeometry.of(model.config.spec).tokenBytes;
         const agent = yield* resource(
           () => {
             const a = new WorkerAgent(runtime, {
@@ -132,7 +154,7 @@ const command: Command = {
               maxContext: model.config.spec.maxPosition,
               pageTokens: config.pages.pageTokens,
               chunkTokens: config.pages.chunkTokens,
-              kvBytesPerToken: kvBytesPerToken(model),
+              kvBytesPerToken,
               durableTiers: reuse ? durableTiers(cacheConfig.store) : [],
               stopTokenIds: model.eosTokenIds,
               heartbeatIntervalMs: config.worker.heartbeatIntervalMs,
@@ -149,7 +171,7 @@ const command: Command = {
                   catalogOffset: durable.replica.offset(),
                   logEnd: logEnd.value,
                   chunkTokens: config.pages.chunkTokens,
-                  kvBytesPerToken: kvBytesPerToken(model),
+                  kvBytesPerToken,
                 }),
             });
             a.start();

@@ -82,7 +82,8 @@ export class EmbeddedService implements InferenceService {
     // only, hence the floor at 0.
     bySource.resident = Math.max(0, s.cachedPromptTokens - restored);
     return {
-      pagesFree: s.pagesAvailable,
+      // Free net of reservations, not counting the cached pages the pool would evict (as the fleet's heartbeats).
+      pagesFree: Math.max(0, s.pagesAvailable - s.pagesEvictable),
       pagesTotal: s.pagesTotal,
       queueDepth: s.waiting + s.running,
       catalogLag: 0,

@@ -19,6 +19,7 @@
 #include "backend.h"
 #include "cpu.h"
 #include "engine.h"
+#include "file_lock.h"
 #include "fma_peak.h"
 #include "kernels.h"
 #include "quant.h"
@@ -869,6 +870,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("cudaCopyGbPerS", Napi::Function::New(env, CudaCopyGbPerSJs));
   exports.Set("features", Features(env));
   exports.Set("defaultThreads", Napi::Number::New(env, default_threads()));
+  exports.Set("lockFileExclusive", Napi::Function::New(env, LockFileExclusiveJs));
   Napi::Object k = Napi::Object::New(env);
   k.Set("setThreads", Napi::Function::New(env, SetThreads));
   k.Set("threads", Napi::Function::New(env, GetThreads));
