@@ -32,6 +32,15 @@ CK_AVX2 inline __m256 half8(const uint8_t* p) {
   return _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(h)));
 }
 
+// The f16 at p as f32 (exact), through F16C: quant.h's half_at is an
+// out-of-line portable conversion, too slow for once per sub-block.
+CK_AVX2 inline float half1(const uint8_t* p) { return _mm256_cvtss_f32(half8(p)); }
+
+// 8 bytes at p as 8 int32 lanes, zero-extended (one load-and-extend).
+CK_AVX2 inline __m256i bytes8_u32(const uint8_t* p) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+
 // Bytes [8g, 8g + 8) of a 32-byte register as 8 int32 lanes (signed or
 // unsigned widening; every quant here fits either).
 template <bool Signed>
@@ -59,40 +68,43 @@ struct QSub<DType::Q8_0> {
   }
 };
 
-// x_j = d·((q[j] & 15) − 8), x_{j+16} = d·((q[j] >> 4) − 8).
+// x_j = d·((q[j] & 15) − 8), x_{j+16} = d·((q[j] >> 4) − 8): group g < 2
+// is the low nibbles of q[8g, 8g + 8), group g ≥ 2 the high nibbles of
+// q[8(g − 2), ...), each read with one load-and-extend (no shuffles of a
+// 32-value register).
 template <>
 struct QSub<DType::Q4_0> {
   static constexpr int kElems = 32, kBytes = 18;
-  __m256i q;  // the 32 values q − 8 as int8, in element order
+  const uint8_t* q;
   __m256 d;
-  CK_AVX2 QSub(const uint8_t* b, int) : d(half8(b)) {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2));
-    const __m128i m = _mm_set1_epi8(0xF), eight = _mm_set1_epi8(8);
-    const __m128i lo = _mm_sub_epi8(_mm_and_si128(v, m), eight);
-    const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), m), eight);
-    q = _mm256_set_m128i(hi, lo);
+  CK_AVX2 QSub(const uint8_t* b, int) : q(b + 2), d(half8(b)) {}
+  CK_AVX2 __m256 group(int g) const {
+    const __m256i v = bytes8_u32(q + 8 * (g & 1));
+    const __m256i n = g < 2 ? _mm256_and_si256(v, _mm256_set1_epi32(15)) : _mm256_srli_epi32(v, 4);
+    return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(n, _mm256_set1_epi32(8))));
   }
-  CK_AVX2 __m256 group(int g) const { return _mm256_mul_ps(d, _mm256_cvtepi32_ps(widen8<true>(q, g))); }
 };
 
 // Sub-block s = group 2c + h of chunk c: the low (h = 0) or high nibbles of
 // q[32c, 32c + 32); x = (d·sc)·q − dmin·m.
+// (d·sc)·q is exact (quant.h), so one fused multiply-subtract rounds the
+// difference once, as the multiply-then-subtract does.
 template <>
 struct QSub<DType::Q4_K> {
   static constexpr int kElems = 256, kBytes = 144;
-  __m256i q;
+  const uint8_t* q;  // the 32 bytes whose low (s even) or high nibbles are sub-block s
+  bool high;
   __m256 d1, m1;
-  CK_AVX2 QSub(const uint8_t* b, int s) {
+  CK_AVX2 QSub(const uint8_t* b, int s) : q(b + 16 + 32 * (s >> 1)), high((s & 1) != 0) {
     int sc, m;
     q4k_scale_min(s, b + 4, &sc, &m);
-    d1 = _mm256_set1_ps(half_at(b) * static_cast<float>(sc));
-    m1 = _mm256_set1_ps(half_at(b + 2) * static_cast<float>(m));
-    __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * (s >> 1)));
-    if ((s & 1) != 0) v = _mm256_srli_epi16(v, 4);
-    q = _mm256_and_si256(v, _mm256_set1_epi8(0xF));
+    d1 = _mm256_set1_ps(half1(b) * static_cast<float>(sc));
+    m1 = _mm256_set1_ps(half1(b + 2) * static_cast<float>(m));
   }
   CK_AVX2 __m256 group(int g) const {
-    return _mm256_sub_ps(_mm256_mul_ps(d1, _mm256_cvtepi32_ps(widen8<false>(q, g))), m1);
+    const __m256i v = bytes8_u32(q + 8 * g);
+    const __m256i n = high ? _mm256_srli_epi32(v, 4) : _mm256_and_si256(v, _mm256_set1_epi32(15));
+    return _mm256_fmsub_ps(d1, _mm256_cvtepi32_ps(n), m1);
   }
 };
 
@@ -103,25 +115,49 @@ struct QSub<DType::Q4_K> {
 template <>
 struct QSub<DType::Q6_K> {
   static constexpr int kElems = 256, kBytes = 210;
+  // ds: d·sc_i for the block's 16 scales (q6k_scales), computed once per
+  // block and column.
   __m256i q;  // q − 32 as int8
   __m256 d_lo, d_hi;
-  CK_AVX2 QSub(const uint8_t* b, int s) {
+  CK_AVX2 QSub(const uint8_t* b, int s, const float* ds) {
     const int h = s >> 2, u = s & 3;
-    const auto* sc = reinterpret_cast<const int8_t*>(b + 192 + 8 * h + 2 * u);
-    const float d = half_at(b + 208);
-    d_lo = _mm256_set1_ps(d * static_cast<float>(sc[0]));
-    d_hi = _mm256_set1_ps(d * static_cast<float>(sc[1]));
+    d_lo = _mm256_broadcast_ss(ds + 8 * h + 2 * u);
+    d_hi = _mm256_broadcast_ss(ds + 8 * h + 2 * u + 1);
     __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32 * (u & 1)));
     if (u >= 2) lo = _mm256_srli_epi16(lo, 4);
     lo = _mm256_and_si256(lo, _mm256_set1_epi8(0xF));
     __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
-    hb = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * u)), _mm256_set1_epi8(3));
-    q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hb, 4)), _mm256_set1_epi8(32));
+    // Bits 2u, 2u + 1 of each byte moved to bits 4, 5 (s is a constant once qtile unrolls its loop).
+    if (u == 0) hb = _mm256_slli_epi16(hb, 4);
+    else if (u == 1) hb = _mm256_slli_epi16(hb, 2);
+    else if (u == 3) hb = _mm256_srli_epi16(hb, 2);
+    hb = _mm256_and_si256(hb, _mm256_set1_epi8(0x30));
+    q = _mm256_sub_epi8(_mm256_or_si256(lo, hb), _mm256_set1_epi8(32));
   }
   CK_AVX2 __m256 group(int g) const {
     return _mm256_mul_ps(g < 2 ? d_lo : d_hi, _mm256_cvtepi32_ps(widen8<true>(q, g)));
   }
 };
+
+// Q6_K's 16 products d·sc_i of the block at b into ds (the same IEEE
+// product as the portable dequantizer's).
+CK_AVX2 inline void q6k_scales(const uint8_t* b, float* ds) {
+  const __m256 d = half8(b + 208);
+  const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192));
+  _mm256_storeu_ps(ds, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
+  _mm256_storeu_ps(ds + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)))));
+}
+
+// Sub-block s of the block at b (ds: its Q6_K scale products, else unused).
+template <DType WT>
+CK_AVX2 inline QSub<WT> sub_block(const uint8_t* b, int s, const float* ds) {
+  if constexpr (WT == DType::Q6_K) {
+    return QSub<WT>(b, s, ds);
+  } else {
+    (void)ds;
+    return QSub<WT>(b, s);
+  }
+}
 
 // One register tile over quantized weights: rows [r0, r0 + R) × columns
 // [c0, c0 + C); Wc points at weight row c0 (row c0 + c at c · rb bytes).
@@ -148,10 +184,15 @@ CK_AVX2 void qtile(const float* x, int32_t K, const uint8_t* Wc, int64_t rb, con
       for (int64_t l = b == 0 ? 0 : ((static_cast<int64_t>(b) * kB - 1) >> 6) + 1; l <= last; ++l)
         for (int c = 0; c < C; ++c) _mm_prefetch(reinterpret_cast<const char*>(pf + c * rb + l * 64), _MM_HINT_T0);
     }
+    const uint8_t* Wb = Wc + static_cast<int64_t>(b) * kB;
+    float ds[WT == DType::Q6_K ? C : 1][16];
+    if constexpr (WT == DType::Q6_K)
+      for (int c = 0; c < C; ++c) q6k_scales(Wb + c * rb, ds[c]);
+#pragma GCC unroll 8
     for (int s = 0; s < kE / 32; ++s) {
       const float* xk = xr + static_cast<int64_t>(b) * kE + 32 * s;
       for (int c = 0; c < C; ++c) {
-        const QSub<WT> q(Wc + c * rb + static_cast<int64_t>(b) * kB, s);
+        const QSub<WT> q = sub_block<WT>(Wb + c * rb, s, ds[WT == DType::Q6_K ? c : 0]);
         for (int g = 0; g < 4; ++g) {
           const __m256 w = q.group(g);
           for (int r = 0; r < R; ++r)
