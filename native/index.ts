@@ -424,13 +424,16 @@ export function cpuIsaFromEnv(value: string | undefined, cpu: CpuFeatures): CpuI
   const isa = value as CpuIsa;
   const avx2 = cpu.avx2 && cpu.fma && cpu.f16c;
   if ((isa === "avx2" && !avx2) || (isa === "avx512" && !(avx2 && cpu.avx512)))
-    throw new Error(`CONTINUUM_CPU_ISA=${isa}, but this CPU lacks ${isa === "avx2" ? "AVX2, FMA or F16C" : "AVX-512 F/DQ/BW"}`);
+    throw new Error(
+      `CONTINUUM_CPU_ISA=${isa}, but this CPU lacks ${isa === "avx2" ? "AVX2, FMA or F16C" : "AVX-512 F/DQ/BW"}`,
+    );
   return isa;
 }
 
 {
   const isa = cpuIsaFromEnv(process.env.CONTINUUM_CPU_ISA, features);
-  if (isa !== null && !kernels.setIsa(isa)) throw new Error(`CONTINUUM_CPU_ISA=${isa}: the native addon refused it`);
+  if (isa !== null && !kernels.setIsa(isa))
+    throw new Error(`CONTINUUM_CPU_ISA=${isa}: the native addon refused it`);
 }
 
 /**
