@@ -2,23 +2,25 @@ import { mkdir, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { parseModelConfig } from "../../../worker/model/config.ts";
 import { generatedTensors, presetFiles } from "../../../worker/model/generate.ts";
+import type { Arch } from "../../../worker/model/generate-arch.ts";
 import { writeSafetensors } from "../../../worker/model/safetensors.ts";
 
 /**
  * A small Hugging Face model directory whose rows are whole 256-element
  * super-blocks, so every GGUF type (the K-quants too) can hold it: the tiny
  * preset's tokenizer, Llama-3 rope scaling and GQA (4 heads / 2 kv), with
- * hidden 256 and ffn 512, bf16 weights from the generator's seeded streams.
+ * hidden 256 and ffn 512, bf16 weights from the generator's seeded streams
+ * (`arch`: the generator's config for that family instead of Llama's).
  */
 export async function writeBlockModel(
   dir: string,
-  opts: { qwen2?: boolean; tied?: boolean } = {},
+  opts: { arch?: Arch; tied?: boolean } = {},
 ): Promise<string> {
   const files = presetFiles({
     preset: "tiny",
     out: dir,
     dtype: "BF16",
-    arch: opts.qwen2 ? "qwen2" : "llama",
+    arch: opts.arch ?? "llama",
     tiedEmbeddings: opts.tied ?? false,
   });
   const config = {
