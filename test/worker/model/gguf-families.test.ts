@@ -5,16 +5,13 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { Engine } from "../../../native/index.ts";
 import { generate } from "../../../worker/model/decoder.ts";
 import { ContiguousDecoder } from "../../../worker/model/decoder-contiguous.ts";
-import { decodeValues, encodeValues } from "../../../worker/model/dtype.ts";
+import { decodeValues } from "../../../worker/model/dtype.ts";
 import { openEngine } from "../../../worker/model/engine.ts";
 import { quantizeModelDir } from "../../../worker/model/gguf-quantize.ts";
 import { type LoadedModel, loadModelDir } from "../../../worker/model/model-dir.ts";
 import { Rng, seedRng } from "../../../worker/model/prng.ts";
-import { referenceForward } from "../../../worker/model/reference.ts";
-import type { LoadedTensor } from "../../../worker/model/safetensors.ts";
 import { initialSamplerState, samplingParams } from "../../../worker/model/sampling.ts";
-import { assemble } from "../../../worker/model/weights.ts";
-import { writeBlockModel } from "./gguf-fixture.ts";
+import { dequantized, expectReferenceGreedy, writeBlockModel } from "./gguf-fixture.ts";
 
 /**
  * GGUF rows of the families beyond llama/qwen2: a Qwen3 model (per-head q/k
@@ -44,13 +41,6 @@ afterAll(async () => {
   for (const e of engines) e.free();
   await rm(root, { recursive: true, force: true });
 });
-
-function dequantized(m: LoadedModel) {
-  const tensors = new Map<string, LoadedTensor>();
-  for (const [name, t] of m.weights.tensors)
-    tensors.set(name, { ...t, dtype: "F32", data: encodeValues(decodeValues(t.data, t.dtype), "F32") });
-  return assemble(tensors, m.config.spec);
-}
 
 describe("GGUF qwen3", () => {
   it("loads with the config and q/k norms of the Hugging Face model", () => {
@@ -82,17 +72,6 @@ describe("GGUF qwen3", () => {
     expect(a!.tokens).toEqual(b!.tokens);
     for (let i = 0; i < a!.logits.length; i++)
       expect(Buffer.from(a!.logits[i]!.buffer).equals(Buffer.from(b!.logits[i]!.buffer))).toBe(true);
-    const ref = referenceForward(spec, gguf.weights, [...p, ...a!.tokens.slice(0, -1)], {
-      roundKvToF16: true,
-    });
-    let worst = 0;
-    for (let i = 0; i < a!.tokens.length; i++) {
-      const row = ref[p.length - 1 + i]!;
-      let best = 0;
-      for (let v = 1; v < row.length; v++) if (row[v]! > row[best]!) best = v;
-      expect(a!.tokens[i]).toBe(best);
-      for (let v = 0; v < row.length; v++) worst = Math.max(worst, Math.abs(row[v]! - a!.logits[i]![v]!));
-    }
-    expect(worst).toBeLessThan(REF_BOUND);
+    expectReferenceGreedy(spec, gguf.weights, p, a!, REF_BOUND);
   }, 120_000);
 });
