@@ -172,8 +172,13 @@ template <int R, int C, DType WT>
 CK_AVX2 void qtile(const float* x, int32_t K, const uint8_t* Wc, int64_t rb, const float* bias, float* y,
                    int32_t N, int32_t r0, int32_t c0, const uint8_t* pf) {
   constexpr int kE = QSub<WT>::kElems, kB = QSub<WT>::kBytes;
+  // Every loop over r, c and g is unrolled: the accumulators must be
+  // registers (a loop GCC leaves rolled keeps acc[r][c] on the stack, one
+  // store and reload per FMA chain step).
   __m256 acc[R][C];
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
     for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   const float* xr = x + static_cast<int64_t>(r0) * K;
   const int32_t blocks = K / kE;
@@ -187,14 +192,18 @@ CK_AVX2 void qtile(const float* x, int32_t K, const uint8_t* Wc, int64_t rb, con
     const uint8_t* Wb = Wc + static_cast<int64_t>(b) * kB;
     float ds[WT == DType::Q6_K ? C : 1][16];
     if constexpr (WT == DType::Q6_K)
+#pragma GCC unroll 8
       for (int c = 0; c < C; ++c) q6k_scales(Wb + c * rb, ds[c]);
 #pragma GCC unroll 8
     for (int s = 0; s < kE / 32; ++s) {
       const float* xk = xr + static_cast<int64_t>(b) * kE + 32 * s;
+#pragma GCC unroll 8
       for (int c = 0; c < C; ++c) {
         const QSub<WT> q = sub_block<WT>(Wb + c * rb, s, ds[WT == DType::Q6_K ? c : 0]);
+#pragma GCC unroll 4
         for (int g = 0; g < 4; ++g) {
           const __m256 w = q.group(g);
+#pragma GCC unroll 4
           for (int r = 0; r < R; ++r)
             acc[r][c] = _mm256_fmadd_ps(_mm256_loadu_ps(xk + static_cast<int64_t>(r) * K + 8 * g), w, acc[r][c]);
         }
