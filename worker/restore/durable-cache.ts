@@ -127,15 +127,19 @@ export class DurableCache {
           },
           catch: (e) => e,
         });
+        // What the restorer and the checkpointer both work on.
+        const pages = {
+          engine,
+          geometry,
+          tiers,
+          catalog,
+          pageTokens: config.pages.pageTokens,
+          chunkTokens: config.pages.chunkTokens,
+        };
         const restorer = yield* resource(
           () =>
             new Restorer({
-              engine,
-              geometry,
-              tiers,
-              catalog,
-              pageTokens: config.pages.pageTokens,
-              chunkTokens: config.pages.chunkTokens,
+              ...pages,
               peerSecret: config.auth.clusterSecret,
               fetchTimeoutMs: o.fetchTimeoutMs ?? 5_000,
               logger: o.logger,
@@ -146,12 +150,7 @@ export class DurableCache {
         const checkpointer = yield* resource(
           () =>
             new Checkpointer({
-              engine,
-              geometry,
-              tiers,
-              catalog,
-              pageTokens: config.pages.pageTokens,
-              chunkTokens: config.pages.chunkTokens,
+              ...pages,
               maxQueued: cp.maxQueued ?? 64,
               maxStagingBytes: cp.maxStagingBytes ?? 64 << 20,
               capturePerByteMs: cp.capturePerByteMs ?? 1e-5,
