@@ -1,6 +1,7 @@
 import { Effect } from "effect";
 import { registerRestoreMetrics } from "../../controller/api/restore-metrics.ts";
 import { createLogger } from "../../schema/log.ts";
+import { resource } from "../../schema/scope.ts";
 import { KvGeometry } from "../../worker/checkpoint/chunk-format.ts";
 import { openEmbeddedCache } from "../../worker/restore/embedded.ts";
 import { chooseEngine, loadEngine } from "../../worker/runtime/engine-load.ts";
@@ -19,7 +20,7 @@ import {
 import { configuredChatTemplate } from "../embedded/text-codec.ts";
 import { workerStatus } from "../fleet.ts";
 import { parseRoleArgs } from "../options.ts";
-import { resource, runScoped } from "../run-scoped.ts";
+import { runScoped } from "../run-scoped.ts";
 import { runtimeOptions } from "../runtime-options.ts";
 import { embeddedWorkerView, webViewResource } from "../web-view.ts";
 

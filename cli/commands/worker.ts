@@ -1,5 +1,6 @@
 import { Effect } from "effect";
 import { createLogger } from "../../schema/log.ts";
+import { resource } from "../../schema/scope.ts";
 import { WorkerAgent } from "../../worker/agent/agent.ts";
 import { KvGeometry } from "../../worker/checkpoint/chunk-format.ts";
 import { DurableCache } from "../../worker/restore/durable-cache.ts";
@@ -20,7 +21,7 @@ import {
   workerStatus,
 } from "../fleet.ts";
 import { parseRoleArgs } from "../options.ts";
-import { resource, runScoped } from "../run-scoped.ts";
+import { runScoped } from "../run-scoped.ts";
 import { runtimeOptions } from "../runtime-options.ts";
 
 const usage = [

@@ -35,6 +35,7 @@ import {
   type WorkerId,
 } from "../../schema/ids.ts";
 import type { Logger } from "../../schema/log.ts";
+import { backoffMs } from "../../schema/retry.ts";
 import { encodeMessage, MAX_MESSAGE_BYTES, type MessageKind, WireError } from "../../schema/wire.ts";
 import { logitsRules, type TokenLogprob } from "../model/logits.ts";
 import { PageHashChain } from "../pages/page-hashes.ts";
@@ -254,7 +255,10 @@ export class WorkerAgent {
       this.fenceAll(`connection closed (${code})`);
       if (this.stopped) return;
       // Bounded exponential backoff: base × 2^failures, at most max.
-      const delay = Math.min(this.opts.reconnectMaxMs, this.opts.reconnectBaseMs * 2 ** this.failures);
+      const delay = backoffMs(
+        { baseMs: this.opts.reconnectBaseMs, capMs: this.opts.reconnectMaxMs },
+        this.failures + 1,
+      );
       this.failures = Math.min(this.failures + 1, 30);
       this.opts.log.log("warn", "agent.disconnected", { code, reason: reason.toString(), retryInMs: delay });
       this.reconnectTimer = setTimeout(() => this.connect(), delay);

@@ -1,5 +1,5 @@
 import { randomInt } from "node:crypto";
-import { Effect, Fiber, type Scope } from "effect";
+import { Effect, Fiber } from "effect";
 import type { Engine } from "../../native/index.ts";
 import { StreamQueue } from "../../schema/channel.ts";
 import {
@@ -193,40 +193,21 @@ export class WorkerRuntime {
           );
   }
 
-  /**
-   * The runtime as a scoped resource: its device loop is a fiber forked in
-   * the scope. Closing the scope interrupts the loop (after the step in
-   * flight: an iteration is uninterruptible, the wait for work is not), then
-   * ends every open request with an error and refuses new ones. The engine is
-   * the caller's resource, acquired before (scopedEngine) so it is released
-   * after the loop stops.
-   */
-  static scoped(engine: Engine, opts: RuntimeOptions): Effect.Effect<WorkerRuntime, never, Scope.Scope> {
-    return Effect.gen(function* () {
-      const rt = new WorkerRuntime(engine, opts);
-      // Finalizers run in reverse: the loop's interruption (forked below) first, then this.
-      yield* Effect.addFinalizer(() => Effect.sync(() => rt.closeOpen()));
-      rt.loopFiber = yield* Effect.forkScoped(rt.loop());
-      return rt;
-    });
-  }
-
-  /** Starts the device loop as a detached fiber (stop() interrupts it); or use scoped(). */
+  /** Starts the device loop as a detached fiber (stop() interrupts it). */
   start(): void {
     if (this.loopFiber) throw new Error("runtime already started");
     this.loopFiber = Effect.runFork(this.loop());
   }
 
-  /** Stops the loop after the step in flight; every open request ends with an error. */
+  /**
+   * Stops the loop after the step in flight (an iteration is uninterruptible,
+   * the wait for work is not); every open request ends with an error and new
+   * ones are refused. The engine is the caller's: free it after this.
+   */
   async stop(): Promise<void> {
     this.stopping = true;
     this.signal();
     if (this.loopFiber) await Effect.runPromise(Fiber.interrupt(this.loopFiber));
-    this.closeOpen();
-  }
-
-  private closeOpen(): void {
-    this.stopping = true;
     for (const seq of [...this.seqs.values()]) this.fail(seq, "the worker is stopping");
   }
 
