@@ -4,10 +4,12 @@ import { readFileSync } from "node:fs";
 import { loadavg } from "node:os";
 import { fileURLToPath } from "node:url";
 import { CatalogDb } from "../catalog/db.ts";
-import { TX_BATCH } from "../catalog/kafka-records.ts";
+import { DEFAULT_WRITER_TX } from "../catalog/kafka/lease.ts";
+import { KafkaLog } from "../catalog/kafka/log.ts";
+import { DEFAULT_PROPOSAL_SEND } from "../catalog/kafka/proposer.ts";
+import { TX_BATCH } from "../catalog/kafka/records.ts";
 import type { FullCatalogLog } from "../catalog/log.ts";
 import { EmbeddedLog } from "../catalog/log-embedded.ts";
-import { DEFAULT_PROPOSAL_SEND, DEFAULT_WRITER_TX, KafkaLog } from "../catalog/log-kafka.ts";
 import {
   chainNodeIds,
   longestPublishedPrefix,

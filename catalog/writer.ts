@@ -9,7 +9,7 @@ import {
 import type { Logger } from "../schema/log.ts";
 import { decodeMessage, encodeMessage, WireError } from "../schema/wire.ts";
 import type { ResolveResult } from "./db.ts";
-import { mayBePacked, PackedRecordError, PROPOSAL_BATCH, unpack } from "./kafka-records.ts";
+import { mayBePacked, PackedRecordError, PROPOSAL_BATCH, unpack } from "./kafka/records.ts";
 import {
   CatalogLogError,
   type LogRecord,
@@ -54,7 +54,7 @@ import {
  *  - Bad input never stops the writer: bytes over `maxProposalBytes`, bytes
  *    that do not decode as a proposal, and proposals that fail validation
  *    each become a rejection with a reason. A proposal batch
- *    (`catalog.proposal.batch`, catalog/kafka-records.ts) is decided
+ *    (`catalog.proposal.batch`, catalog/kafka/records.ts) is decided
  *    proposal by proposal; one that does not unpack, or is over its bounds,
  *    is one rejection.
  */
@@ -139,7 +139,7 @@ export function decideBatch(
     tx.push(encoded);
   };
   for (const rec of proposals) {
-    // A proposal batch (catalog/kafka-records.ts) that the transport handed over whole — the embedded
+    // A proposal batch (catalog/kafka/records.ts) that the transport handed over whole — the embedded
     // log never unpacks, and the Kafka log hands over one it could not unpack — is decided item by item,
     // or refused as a whole with the reason; its items are never unpacked again.
     if (mayBePacked(PROPOSAL_BATCH, rec.bytes)) {

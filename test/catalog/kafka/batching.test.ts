@@ -1,16 +1,16 @@
 import { randomUUID } from "node:crypto";
 import { Kafka, logLevel } from "kafkajs";
 import { afterAll, describe, expect, it } from "vitest";
-import { mayBePacked, PROPOSAL_BATCH, TX_BATCH, unpack } from "../../../catalog/kafka-records.ts";
-import type { LogRecord, WriterCommit } from "../../../catalog/log.ts";
+import type { KafkaTopics } from "../../../catalog/kafka/admin.ts";
 import {
   type BatchLimits,
   checkBatchLimits,
   groupUnits,
-  KafkaLog,
-  type KafkaTopics,
   nextGroupSize,
-} from "../../../catalog/log-kafka.ts";
+} from "../../../catalog/kafka/grouping.ts";
+import { KafkaLog } from "../../../catalog/kafka/log.ts";
+import { mayBePacked, PROPOSAL_BATCH, TX_BATCH, unpack } from "../../../catalog/kafka/records.ts";
+import type { LogRecord, WriterCommit } from "../../../catalog/log.ts";
 import { bytes, collect, kafkaBrokers, text, uniqueTopics, until } from "../log-helpers.ts";
 
 /**

@@ -1,5 +1,7 @@
 import { Packr } from "msgpackr";
-import { openEnvelope, WIRE_VERSION, WireError } from "../schema/wire.ts";
+import { openEnvelope, WIRE_VERSION, WireError } from "../../schema/wire.ts";
+import { CatalogLogError } from "../log.ts";
+import { nextGroupSize } from "./grouping.ts";
 
 /**
  * Packed Kafka records: several catalog messages in one Kafka record value
@@ -145,4 +147,78 @@ export function unpack(k: PackedKind, bytes: Uint8Array): Uint8Array[] | undefin
     }
   }
   return items as Uint8Array[];
+}
+
+/**
+ * Header of every record the writer appends: the logical offset (decimal)
+ * of its first message. catalog.tx is written only inside Kafka
+ * transactions, so its partition offsets have holes (commit/abort markers,
+ * aborted records); the n-th committed tx is logical offset n, in Kafka as
+ * in the embedded log.
+ */
+export const OFFSET_HEADER = "continuum-offset";
+
+/** The logical offset a record's header carries; throws naming the record when it has none. */
+export function logicalOffset(
+  headers: Record<string, unknown> | undefined,
+  topic: string,
+  kafkaOffset: string,
+): number {
+  const h = headers?.[OFFSET_HEADER];
+  const n = h === undefined ? Number.NaN : Number(Buffer.isBuffer(h) ? h.toString("utf8") : String(h));
+  if (!Number.isSafeInteger(n) || n < 0) {
+    throw new CatalogLogError(`${topic}@${kafkaOffset}: record has no valid ${OFFSET_HEADER} header`);
+  }
+  return n;
+}
+
+/**
+ * Packs consecutive txs into `catalog.tx.batch` records (at most
+ * TX_BATCH.maxItems txs and TX_RECORD_TARGET_BYTES each, or one larger tx
+ * alone), each stamped with the logical offset of its first tx.
+ */
+export function packTxs(
+  txs: readonly Uint8Array[],
+  from: number,
+): Array<{ value: Buffer; headers: Record<string, string> }> {
+  const sizes = txs.map((t) => t.byteLength);
+  const out: Array<{ value: Buffer; headers: Record<string, string> }> = [];
+  const limits = { maxRecords: TX_BATCH.maxItems, maxBytes: TX_RECORD_TARGET_BYTES };
+  for (let at = 0; at < txs.length; ) {
+    const n = nextGroupSize(sizes, at, limits);
+    out.push({
+      value: pack(TX_BATCH, txs.slice(at, at + n)),
+      headers: { [OFFSET_HEADER]: String(from + at) },
+    });
+    at += n;
+  }
+  return out;
+}
+
+/** The proposals in one record of the proposals topic: a batch's items, or the record itself (a single proposal, or bytes the writer will reject). */
+export function proposalItems(value: Uint8Array): Uint8Array[] {
+  if (!mayBePacked(PROPOSAL_BATCH, value)) return [value];
+  try {
+    return unpack(PROPOSAL_BATCH, value) ?? [value];
+  } catch {
+    // Malformed or over the bounds: handed over whole, and decideBatch turns it into one rejection naming why.
+    return [value];
+  }
+}
+
+/** The txs of one catalog.tx record (a packed record, or one tx as a writer before packing wrote it). */
+export function txItems(value: Uint8Array, topic: string, kafkaOffset: string): Uint8Array[] {
+  if (!mayBePacked(TX_BATCH, value)) return [value];
+  try {
+    return unpack(TX_BATCH, value) ?? [value];
+  } catch (err) {
+    throw new CatalogLogError(`${topic}@${kafkaOffset}: ${(err as Error).message}`);
+  }
+}
+
+/** A record's bytes without a copy (kafkajs values are views of the fetch response, which they keep alive). */
+export function view(value: Buffer | null): Uint8Array {
+  return value === null
+    ? new Uint8Array(0)
+    : new Uint8Array(value.buffer, value.byteOffset, value.byteLength);
 }

@@ -1,5 +1,5 @@
 import type { Kafka, Producer, ProducerConfig } from "kafkajs";
-import { CatalogLogError } from "./log.ts";
+import { CatalogLogError } from "../log.ts";
 
 /**
  * A transactional kafkajs producer that remembers its coordinators.

@@ -1,0 +1,71 @@
+import * as net from "node:net";
+import { Kafka, type LogEntry, logLevel } from "kafkajs";
+
+/**
+ * The kafkajs client every part of the Kafka log builds on (kafkajs 2.2.4;
+ * broker pinned in deploy/kafka/pom.xml): TCP_NODELAY sockets, bounded
+ * reconnects, and kafkajs's log lines as JSON on stderr with the one
+ * expected error filtered out.
+ */
+
+export type KafkaLogLevel = "nothing" | "error" | "warn" | "info";
+
+/** kafkajs's message for the CONCURRENT_TRANSACTIONS error code (51). */
+const CONCURRENT_TRANSACTIONS_TEXT =
+  "The producer attempted to update a transaction while another concurrent operation";
+
+export function kafkaClient(
+  brokers: readonly string[],
+  clientId: string,
+  level: KafkaLogLevel | undefined,
+): Kafka {
+  const levels = {
+    nothing: logLevel.NOTHING,
+    error: logLevel.ERROR,
+    warn: logLevel.WARN,
+    info: logLevel.INFO,
+  };
+  return new Kafka({
+    clientId,
+    brokers: [...brokers],
+    logLevel: levels[level ?? "error"],
+    // TCP_NODELAY, as the Java client sets it: Nagle's algorithm holds a small
+    // request written while an earlier one is unacknowledged until the ACK,
+    // which the broker's kernel may delay by up to 40 ms.
+    socketFactory: ({ host, port, onConnect }) => {
+      const socket = net.connect({ host, port, noDelay: true }, onConnect);
+      socket.setKeepAlive(true, 60_000);
+      return socket;
+    },
+    // Bounded reconnects: about a minute of retries before an operation fails.
+    retry: { initialRetryTime: 100, maxRetryTime: 5_000, retries: 15 },
+    logCreator:
+      () =>
+      ({ namespace, level: lvl, log }: LogEntry) => {
+        const { message, timestamp: _t, logger: _l, ...rest } = log;
+        // kafkajs logs each CONCURRENT_TRANSACTIONS answer as an error before retrying it; a writer meets one
+        // on nearly every back-to-back transaction (the previous commit's markers are still being written).
+        // A retry that finally fails fails the commit, which the writer reports (writer.lease_lost).
+        if (`${message} ${String(rest.error)}`.includes(CONCURRENT_TRANSACTIONS_TEXT)) return;
+        process.stderr.write(
+          `${JSON.stringify({ t: new Date().toISOString(), src: "kafkajs", level: lvl, ns: namespace, msg: message, ...rest })}\n`,
+        );
+      },
+  });
+}
+
+/** Retries an operation while Kafka answers CONCURRENT_TRANSACTIONS: 2 ms doubling to 500 ms, 40 attempts (≥ 16 s). */
+export async function retryConcurrent<T>(op: () => Promise<T>): Promise<T> {
+  const attempts = 40;
+  let delay = 2;
+  for (let i = 1; ; i++) {
+    try {
+      return await op();
+    } catch (err) {
+      const type = (err as { type?: string }).type;
+      if (type !== "CONCURRENT_TRANSACTIONS" || i >= attempts) throw err;
+      await new Promise((r) => setTimeout(r, delay));
+      delay = Math.min(500, delay * 2);
+    }
+  }
+}
