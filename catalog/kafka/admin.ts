@@ -21,12 +21,20 @@ export const MAX_SEND_BYTES = 1 << 20;
 /** Topic-level record batch limit (room for one wire message of 16 MiB plus framing). */
 const TOPIC_MAX_MESSAGE_BYTES = 20 * 1024 * 1024;
 
-/** Polls the admin client until the cluster answers (bounded by `timeoutMs`). */
+/**
+ * Polls the admin client until the cluster answers, within `timeoutMs`: each
+ * probe makes one attempt (no client retries) bounded by the time left.
+ */
 export async function waitForKafka(brokers: readonly string[], timeoutMs: number): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   let last: unknown;
   while (Date.now() < deadline) {
-    const admin = kafkaClient(brokers, "continuum-ready", "nothing").admin();
+    const left = Math.max(1, deadline - Date.now());
+    const admin = kafkaClient(brokers, "continuum-ready", "nothing", {
+      retries: 0,
+      connectionTimeoutMs: Math.min(1_000, left),
+      requestTimeoutMs: left,
+    }).admin();
     try {
       await admin.connect();
       const cluster = await admin.describeCluster();

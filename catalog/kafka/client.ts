@@ -14,10 +14,21 @@ export type KafkaLogLevel = "nothing" | "error" | "warn" | "info";
 const CONCURRENT_TRANSACTIONS_TEXT =
   "The producer attempted to update a transaction while another concurrent operation";
 
+/** Per-client overrides of the defaults below (a probe that must answer within its own bound). */
+export interface ClientBounds {
+  /** Reconnect attempts after the first (default 15: about a minute). */
+  readonly retries?: number;
+  /** Milliseconds to wait for a TCP connection (kafkajs default 1,000). */
+  readonly connectionTimeoutMs?: number;
+  /** Milliseconds to wait for one request's answer (kafkajs default 30,000). */
+  readonly requestTimeoutMs?: number;
+}
+
 export function kafkaClient(
   brokers: readonly string[],
   clientId: string,
   level: KafkaLogLevel | undefined,
+  bounds: ClientBounds = {},
 ): Kafka {
   const levels = {
     nothing: logLevel.NOTHING,
@@ -38,20 +49,28 @@ export function kafkaClient(
       return socket;
     },
     // Bounded reconnects: about a minute of retries before an operation fails.
-    retry: { initialRetryTime: 100, maxRetryTime: 5_000, retries: 15 },
-    logCreator:
-      () =>
-      ({ namespace, level: lvl, log }: LogEntry) => {
-        const { message, timestamp: _t, logger: _l, ...rest } = log;
-        // kafkajs logs each CONCURRENT_TRANSACTIONS answer as an error before retrying it; a writer meets one
-        // on nearly every back-to-back transaction (the previous commit's markers are still being written).
-        // A retry that finally fails fails the commit, which the writer reports (writer.lease_lost).
-        if (`${message} ${String(rest.error)}`.includes(CONCURRENT_TRANSACTIONS_TEXT)) return;
-        process.stderr.write(
-          `${JSON.stringify({ t: new Date().toISOString(), src: "kafkajs", level: lvl, ns: namespace, msg: message, ...rest })}\n`,
-        );
-      },
+    retry: { initialRetryTime: 100, maxRetryTime: 5_000, retries: bounds.retries ?? 15 },
+    ...(bounds.connectionTimeoutMs === undefined ? {} : { connectionTimeout: bounds.connectionTimeoutMs }),
+    ...(bounds.requestTimeoutMs === undefined ? {} : { requestTimeout: bounds.requestTimeoutMs }),
+    logCreator: () => (entry: LogEntry) => {
+      const line = kafkajsLogLine(entry, new Date());
+      if (line !== undefined) process.stderr.write(line);
+    },
   });
+}
+
+/**
+ * One kafkajs log entry as a JSON line for stderr, or undefined for the one
+ * expected error: kafkajs logs each CONCURRENT_TRANSACTIONS answer as an
+ * error before retrying it, and a writer meets one on nearly every
+ * back-to-back transaction (the previous commit's markers are still being
+ * written). A retry that finally fails fails the commit, which the writer
+ * reports (writer.lease_lost).
+ */
+export function kafkajsLogLine({ namespace, level, log }: LogEntry, now: Date): string | undefined {
+  const { message, timestamp: _t, logger: _l, ...rest } = log;
+  if (`${message} ${String(rest.error)}`.includes(CONCURRENT_TRANSACTIONS_TEXT)) return undefined;
+  return `${JSON.stringify({ t: now.toISOString(), src: "kafkajs", level, ns: namespace, msg: message, ...rest })}\n`;
 }
 
 /** Retries an operation while Kafka answers CONCURRENT_TRANSACTIONS: 2 ms doubling to 500 ms, 40 attempts (≥ 16 s). */

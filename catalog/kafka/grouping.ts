@@ -1,5 +1,4 @@
 import { CatalogLogError } from "../log.ts";
-import { MAX_SEND_BYTES } from "./admin.ts";
 
 /**
  * Bounds of one group of records: the proposals in one produce request, or
@@ -22,65 +21,48 @@ export function checkBatchLimits(what: string, l: BatchLimits): BatchLimits {
 }
 
 /**
- * How many of `sizes` (record byte sizes, in order) form the next group:
- * at least one, at most `maxRecords`, and no more than `maxBytes` in total
- * unless the first record alone exceeds it. Pure.
+ * The one greedy grouping rule: the end (exclusive) of the group of items
+ * that starts at `from`, of the `n` items in order. A group takes items while
+ * its records (`recordsAt`, 1 per item unless given) stay within
+ * `maxRecords` and its bytes (`bytesAt`) within `maxBytes`; it holds at least
+ * one item, so an item over a bound alone forms a group of its own. Returns
+ * `from` only when `from >= n`. Pure; O(group size).
  */
-export function nextGroupSize(sizes: ArrayLike<number>, from: number, limits: BatchLimits): number {
-  let n = 0;
-  let bytes = 0;
-  while (from + n < sizes.length && n < limits.maxRecords) {
-    const size = sizes[from + n]!;
-    if (n > 0 && bytes + size > limits.maxBytes) break;
-    bytes += size;
-    n++;
-  }
-  return n;
-}
-
-/**
- * Splits consecutive records into groups by the proposals they carry: each
- * group holds 1..maxRecords proposals and at most maxBytes bytes, unless its
- * single record alone exceeds a bound. Pure.
- */
-export function groupUnits<T extends { readonly items: readonly Uint8Array[] }>(
-  units: readonly T[],
+export function groupEnd(
+  n: number,
+  from: number,
   limits: BatchLimits,
-): T[][] {
-  const out: T[][] = [];
-  let cur: T[] = [];
-  let count = 0;
+  bytesAt: (i: number) => number,
+  recordsAt?: (i: number) => number,
+): number {
+  let end = from;
+  let records = 0;
   let bytes = 0;
-  for (const u of units) {
-    const size = u.items.reduce((s, b) => s + b.byteLength, 0);
-    if (cur.length > 0 && (count + u.items.length > limits.maxRecords || bytes + size > limits.maxBytes)) {
-      out.push(cur);
-      cur = [];
-      count = 0;
-      bytes = 0;
-    }
-    cur.push(u);
-    count += u.items.length;
-    bytes += size;
+  while (end < n) {
+    const r = recordsAt === undefined ? 1 : recordsAt(end);
+    const b = bytesAt(end);
+    if (end > from && (records + r > limits.maxRecords || bytes + b > limits.maxBytes)) break;
+    records += r;
+    bytes += b;
+    end++;
   }
-  if (cur.length > 0) out.push(cur);
-  return out;
+  return end;
 }
 
-/** Splits records into produce requests of at most MAX_SEND_BYTES each. */
-export function chunksBySize<T extends { value: Buffer }>(messages: readonly T[]): T[][] {
+/** `items` cut into consecutive groups by groupEnd (each non-empty; concatenated, they are `items`). */
+export function groups<T>(
+  items: readonly T[],
+  limits: BatchLimits,
+  bytesOf: (item: T) => number,
+  recordsOf?: (item: T) => number,
+): T[][] {
+  const bytesAt = (i: number) => bytesOf(items[i]!);
+  const recordsAt = recordsOf === undefined ? undefined : (i: number) => recordsOf(items[i]!);
   const out: T[][] = [];
-  let cur: T[] = [];
-  let bytes = 0;
-  for (const m of messages) {
-    if (cur.length > 0 && bytes + m.value.length > MAX_SEND_BYTES) {
-      out.push(cur);
-      cur = [];
-      bytes = 0;
-    }
-    cur.push(m);
-    bytes += m.value.length;
+  for (let at = 0; at < items.length; ) {
+    const end = groupEnd(items.length, at, limits, bytesAt, recordsAt);
+    out.push(items.slice(at, end));
+    at = end;
   }
-  if (cur.length > 0) out.push(cur);
   return out;
 }

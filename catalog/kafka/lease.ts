@@ -7,26 +7,22 @@ import {
   type Transaction,
 } from "kafkajs";
 import { CatalogLogError, type LogRecord, type WriterCommit, type WriterLease } from "../log.ts";
-import { type KafkaTopics, writerGroupId, writerTransactionalId } from "./admin.ts";
+import { type KafkaTopics, MAX_SEND_BYTES, writerGroupId, writerTransactionalId } from "./admin.ts";
 import { stickyWriterAssigner } from "./assignor.ts";
 import { retryConcurrent } from "./client.ts";
 import { producerWithCachedCoordinators } from "./coordinators.ts";
-import { type BatchLimits, chunksBySize, groupUnits } from "./grouping.ts";
+import { type BatchLimits, groups } from "./grouping.ts";
 import { OFFSET_HEADER, packTxs, proposalItems, view } from "./records.ts";
 import { type WriterState, writerStateMetadata } from "./writer-state.ts";
 
 /**
  * Proposals per writer transaction. A transaction costs five broker round
- * trips (AddPartitionsToTxn, Produce, AddOffsetsToTxn, TxnOffsetCommit,
- * EndTxn) whatever its size: measured here at 15-30 ms for one record and
- * 40-100 ms for 1,250 under load, against ~45 µs per proposal to decide. So
- * large groups amortize the round trips, and a backlog larger than one group
- * is pipelined (group k+1 decided while k commits). Smaller caps (500) were
- * tried: a 1,250-proposal burst then paid three commits in sequence instead
- * of one, no faster end to end.
+ * trips whatever its size, against tens of µs per proposal to decide, so
+ * large groups amortize them; a larger backlog is pipelined (group k+1
+ * decided while k commits). Measurements: bench/catalog.md.
  */
 export const DEFAULT_WRITER_TX: BatchLimits = { maxRecords: 2_000, maxBytes: 4 << 20 };
-/** Proposals decided between two event-loop yields, so an in-flight commit's responses are read promptly (~64 × 45 µs ≈ 3 ms). */
+/** Proposals decided between two event-loop yields, so an in-flight commit's responses are read promptly (a few ms of deciding). */
 const DECIDE_SLICE = 64;
 
 /** How long the writer's producer trusts a coordinator lookup (catalog/kafka/coordinators.ts): a moved coordinator costs at most this much retrying. */
@@ -34,32 +30,21 @@ const COORDINATOR_TTL_MS = 1_000;
 
 /**
  * The writer's proposal fetches return once 32 KiB are there or 10 ms have
- * passed. Proposals fetched while a commit is in flight (15–25 ms at 5,000/s
- * here) wait for it anyway, so fetching on every byte only cost requests:
- * one per proposer send, ~200/s, each ~0.1–0.25 ms of CPU in the writer and
- * in the broker on this machine. Measured side by side (full catalog bench,
- * two rounds): publications/s 12.0k/12.9k against 10.5k/9.9k, writer CPU per
- * publication 50–54 µs against 63–68, lag unchanged within noise. A lone
- * proposal waits up to 10 ms longer to be fetched.
+ * passed: proposals fetched while a commit is in flight wait for it anyway,
+ * so fetching on every byte costs requests (CPU in the writer and the
+ * broker) for no lag. A lone proposal waits up to 10 ms longer. Measurements:
+ * bench/catalog.md.
  */
 const WRITER_FETCH_WAIT_MS = 10;
 const WRITER_FETCH_MIN_BYTES = 32 << 10;
 
 /**
  * A writer transaction starts at least 20 ms after the previous one started
- * (group commit with a floor on the interval). Back to back, commits ran
- * every ~14 ms at 5,000 proposals/s: ~70 transactions/s of six requests each
- * (a quarter of them with a seventh, the CONCURRENT_TRANSACTIONS retry of a
- * transaction begun while the coordinator still wrote the previous one's
- * markers), plus a replica fetch per commit — on a machine where each
- * request costs ~0.2 ms of CPU in a socket write alone and three processes
- * already share two cores. With the floor: ~48 transactions/s, retries 9 in
- * 970 against 389 in 1,522, writer requests −30 % over a lag run, and writer
- * CPU per publication ~10–20 % lower. The cost is latency when commits would
- * have run closer: a proposal waits at most 20 ms − (the previous commit's
- * duration) longer, ~5 ms at p50 here; lag p99 at 5,000/s measured lower
- * (interleaved lag runs, catalog bench). A commit that would start later
- * anyway (load below ~50 commits/s' worth) waits for nothing.
+ * (group commit with a floor on the interval): fewer transactions per second
+ * at a steady rate, so fewer requests and CONCURRENT_TRANSACTIONS retries,
+ * for at most 20 ms − (the previous commit's duration) more wait. A commit
+ * that would start later anyway waits for nothing. Measurements:
+ * bench/catalog.md.
  */
 const MIN_COMMIT_INTERVAL_MS = 20;
 
@@ -94,6 +79,9 @@ interface PendingGroup {
   bytes: number;
 }
 
+/** One produce request of a commit: records up to MAX_SEND_BYTES (any count). */
+const PRODUCE_REQUEST: BatchLimits = { maxRecords: Number.MAX_SAFE_INTEGER, maxBytes: MAX_SEND_BYTES };
+
 type LeaseState = "joining" | "ready" | "running" | "stopped" | "lost";
 
 export interface LeaseOptions {
@@ -106,6 +94,31 @@ export interface LeaseOptions {
   readonly readState: () => Promise<WriterState>;
 }
 
+/**
+ * The exactly-once writer lease (the loop around it is catalog/writer.ts):
+ *   - one consumer group `<proposals>.writer` on the single-partition
+ *     proposals topic; the member that owns partition 0 is the active writer,
+ *     the others are standbys (catalog/kafka/assignor.ts keeps the partition
+ *     with its owner when a standby joins, so a join causes no takeover);
+ *   - a transactional producer with a fixed transactional id (`<tx>.writer`),
+ *     idempotent, one request in flight. Acquiring the lease initializes it,
+ *     which bumps the producer epoch: the previous holder (a zombie that lost
+ *     its group membership but still runs) is fenced, and its open
+ *     transaction is aborted before any state is read;
+ *   - per group of proposals (at most `txLimits`, ending on a record
+ *     boundary): begin → sendOffsets (proposals consumed, with the writer
+ *     state as metadata, catalog/kafka/writer-state.ts) → send packed tx
+ *     records and rejections → commit. Groups are pipelined: the next group
+ *     is decided (even fetched) while this one commits, and its commit starts
+ *     only after this one succeeded; a failure loses the lease, and the
+ *     writer discards its db (which may hold decided, uncommitted groups).
+ *     The committed offset and its metadata change atomically with the
+ *     records, so a new holder resumes exactly where the last committed
+ *     transaction ended.
+ *   - CONCURRENT_TRANSACTIONS (the coordinator still finishing the previous
+ *     commit) is retried with bounded backoff where kafkajs hands it up
+ *     (retryConcurrent), and kafkajs's own retry of a send starts at 2 ms.
+ */
 export class KafkaWriterLease implements WriterLease {
   txEnd = 0;
   proposalsOffset = 0;
@@ -161,15 +174,10 @@ export class KafkaWriterLease implements WriterLease {
         maxInFlightRequests: 1,
         transactionTimeout: 30_000,
         createPartitioner: Partitioners.DefaultPartitioner,
-        // Back-to-back transactions: the first send of a transaction begun right
-        // after a commit meets CONCURRENT_TRANSACTIONS while the coordinator
-        // still writes the previous commit's markers (a few ms). kafkajs retries
-        // it itself, after the client's 100 ms initial backoff: a 100 ms stall
-        // per transaction. Start at 2 ms: on one broker the markers take a few
-        // ms, and at 5,000 proposals/s every transaction starts right after the
-        // previous commit, so this wait is on every proposal's lag (the Java
-        // producer uses 20 ms, KAFKA-5477). 25 retries doubling to 5 s still
-        // ride out about a minute of broker outage, like the client default.
+        // A transaction begun right after a commit meets CONCURRENT_TRANSACTIONS while the coordinator
+        // still writes the previous markers (a few ms on one broker); kafkajs's default 100 ms first
+        // backoff would sit on every proposal's lag at a steady rate (the Java producer uses 20 ms,
+        // KAFKA-5477). 25 retries doubling to 5 s ride out about a minute of broker outage.
         retry: { initialRetryTime: 2, maxRetryTime: 5_000, retries: 25 },
       },
       COORDINATOR_TTL_MS,
@@ -277,28 +285,33 @@ export class KafkaWriterLease implements WriterLease {
       // Pipeline: proposals are decided as soon as they are fetched, while a
       // commit is in flight, and wait in `pending`; when that commit ends the
       // next one starts with everything decided meanwhile (kick), at once or
-      // once MIN_COMMIT_INTERVAL_MS have passed since the previous start.
-      // A proposal thus waits for the rest of the commit in flight and its
-      // own: about 1.5 commits (C) of lag. Deciding a whole group at the
-      // start of the previous commit (as before) fetched only what had
-      // arrived by then, so a proposal arriving later missed that group and
-      // waited out two more commits: about 2.5 C. Each commit starts only
-      // after the previous one succeeded (consecutive logical offsets, one
-      // transaction open at a time); a failed commit loses the lease — the
-      // writer then discards its db, which may hold decided, uncommitted
-      // proposals (WriterLease contract). The batch returns once its
-      // proposals are decided and their offsets resolved, so the next fetch
-      // overlaps the commit.
+      // once MIN_COMMIT_INTERVAL_MS have passed since the previous start. A
+      // proposal thus waits for the rest of the commit in flight and its own,
+      // about 1.5 commits of lag. Each commit starts only after the previous
+      // one succeeded (consecutive logical offsets, one transaction open at a
+      // time); a failed commit loses the lease (WriterLease contract). The
+      // batch returns once its proposals are decided and their offsets
+      // resolved, so the next fetch overlaps the commit.
       // A part ends on a record boundary (a packed record is consumed whole) and holds at most
       // txLimits.maxRecords proposals and maxBytes bytes, unless one record alone exceeds them;
       // `pending` takes a part only within the same bounds (or when it is empty).
-      const units = fresh.map((m) => ({ m, items: proposalItems(view(m.value)) }));
-      for (const part of groupUnits(units, this.txLimits)) {
+      const units = fresh.map((m) => {
+        const items = proposalItems(view(m.value));
+        let bytes = 0;
+        for (const b of items) bytes += b.byteLength;
+        return { kafkaOffset: m.offset, items, bytes };
+      });
+      for (const part of groups(
+        units,
+        this.txLimits,
+        (u) => u.bytes,
+        (u) => u.items.length,
+      )) {
         let count = 0;
         let bytes = 0;
         for (const u of part) {
           count += u.items.length;
-          for (const b of u.items) bytes += b.length;
+          bytes += u.bytes;
         }
         while (this.state === "running" && !this.pendingFits(count, bytes)) {
           await new Promise<void>((r) => this.pendingTaken.push(r));
@@ -306,7 +319,7 @@ export class KafkaWriterLease implements WriterLease {
         if (this.state !== "running" || !isRunning() || isStale()) break;
         const records: LogRecord[] = [];
         for (const u of part) {
-          const offset = Number(u.m.offset);
+          const offset = Number(u.kafkaOffset);
           for (const b of u.items) records.push({ offset, bytes: b });
         }
         const result = await decideSliced(handler, records);
@@ -320,7 +333,7 @@ export class KafkaWriterLease implements WriterLease {
         g.proposals += count;
         g.bytes += bytes;
         this.pending = g;
-        resolveOffset(part[part.length - 1]!.m.offset);
+        resolveOffset(part[part.length - 1]!.kafkaOffset);
         this.kick();
       }
       await heartbeat();
@@ -402,7 +415,7 @@ export class KafkaWriterLease implements WriterLease {
         ...packTxs(c.tx, this.txEnd).map((m) => ({ ...m, topic: this.topics.tx })),
         ...stamp(c.rejections, this.rejEnd).map((m) => ({ ...m, topic: this.topics.rejections })),
       ];
-      for (const part of chunksBySize(tagged)) {
+      for (const part of groups(tagged, PRODUCE_REQUEST, (m) => m.value.length)) {
         const topicMessages = [this.topics.tx, this.topics.rejections]
           .map((topic) => ({
             topic,

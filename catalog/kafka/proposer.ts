@@ -1,6 +1,7 @@
+import { type Kafka, Partitioners, type Producer } from "kafkajs";
 import { CatalogLogError } from "../log.ts";
 import { MAX_SEND_BYTES } from "./admin.ts";
-import { type BatchLimits, checkBatchLimits, nextGroupSize } from "./grouping.ts";
+import { type BatchLimits, checkBatchLimits, groupEnd } from "./grouping.ts";
 import { PROPOSAL_BATCH, pack } from "./records.ts";
 
 /**
@@ -38,7 +39,7 @@ export function checkProposalSend(l: BatchLimits): BatchLimits {
  * idle batcher (setImmediate: the linger), so a burst proposed together goes
  * in one request instead of one lone proposal followed by the rest.
  */
-export class ProposalBatcher {
+class ProposalBatcher {
   private queue: Array<{ value: Buffer; done: () => void; fail: (e: Error) => void }> = [];
   private sending = false;
   private readonly spaceFreed: Array<() => void> = [];
@@ -66,10 +67,10 @@ export class ProposalBatcher {
 
   private async drain(): Promise<void> {
     while (this.queue.length > 0) {
-      const head = this.queue.slice(0, this.limits.maxRecords).map((m) => m.value.length);
-      const n = nextGroupSize(head, 0, this.limits);
+      const q = this.queue;
+      const n = groupEnd(q.length, 0, this.limits, (i) => q[i]!.value.length);
       let bytes = 0;
-      for (let i = 0; i < n; i++) bytes += head[i]!;
+      for (let i = 0; i < n; i++) bytes += q[i]!.value.length;
       const taken = this.queue.splice(0, n);
       for (const w of this.spaceFreed.splice(0)) w();
       try {
@@ -89,5 +90,47 @@ export class ProposalBatcher {
       }
     }
     this.sending = false;
+  }
+}
+
+/**
+ * The proposals producer: idempotent, one request in flight (so a retried
+ * request cannot reorder), acks=all, fed by the batcher above.
+ */
+export class KafkaProposer {
+  private readonly producer: Producer;
+  private readonly ready: Promise<void>;
+  private readonly batcher: ProposalBatcher;
+
+  constructor(
+    kafka: Kafka,
+    topic: string,
+    limits: BatchLimits,
+    onSent?: (proposals: number, bytes: number) => void,
+  ) {
+    const producer = kafka.producer({
+      idempotent: true,
+      maxInFlightRequests: 1,
+      createPartitioner: Partitioners.DefaultPartitioner,
+    });
+    this.producer = producer;
+    this.ready = producer.connect();
+    this.batcher = new ProposalBatcher(
+      async (value) => {
+        await producer.send({ topic, acks: -1, messages: [{ value }] });
+      },
+      limits,
+      onSent,
+    );
+  }
+
+  /** Resolves once the broker acknowledged the request that carried `bytes`. */
+  async propose(bytes: Uint8Array): Promise<void> {
+    await this.ready;
+    await this.batcher.propose(bytes);
+  }
+
+  close(): Promise<void> {
+    return this.producer.disconnect();
   }
 }

@@ -1,17 +1,16 @@
 import { Packr } from "msgpackr";
 import { openEnvelope, WIRE_VERSION, WireError } from "../../schema/wire.ts";
 import { CatalogLogError } from "../log.ts";
-import { nextGroupSize } from "./grouping.ts";
+import { type BatchLimits, groups } from "./grouping.ts";
 
 /**
  * Packed Kafka records: several catalog messages in one Kafka record value
  * (catalog/WIRE.md, "Packed records"). Pure: bytes in, bytes out.
  *
- * Why: kafkajs spends a fixed cost per record (an encoder with a zeroed
- * 512-byte buffer, varints, headers, copies; ~25-35 µs per record to produce
- * on this machine, measured with --cpu-prof) that dwarfs the bytes. One
- * record per proposal and one per tx put that cost on every publication,
- * twice. A packed record pays it once for up to `maxItems` messages.
+ * Why: kafkajs spends a fixed cost per produced record (an encoder with a
+ * zeroed buffer, varints, headers, copies) that dwarfs a catalog message's
+ * bytes; a packed record pays it once for up to `maxItems` messages
+ * (measurements: bench/catalog.md).
  *
  * Format: one msgpack map `{v: 1, kind, <field>: [bin, …]}` where each bin is
  * one complete wire message, exactly as it would be a record value on its
@@ -48,7 +47,7 @@ export const PROPOSAL_BATCH: PackedKind = {
 /**
  * Tx batches: the writer packs consecutive txs of one Kafka transaction.
  * At most 512 txs per record: readers rely on it to seek (a record holding
- * logical offset N sits at partition offset ≥ ⌊N / 512⌋, see KafkaLog.follow).
+ * logical offset N sits at partition offset ≥ ⌊N / 512⌋, see catalog/kafka/reader.ts).
  * 1 MiB per record unless one tx alone is larger (a tx is at most 16 MiB).
  */
 export const TX_BATCH: PackedKind = {
@@ -58,7 +57,9 @@ export const TX_BATCH: PackedKind = {
   maxBytes: 20 << 20,
 };
 /** Bytes the writer aims to put in one tx record (a single larger tx still gets its own). */
-export const TX_RECORD_TARGET_BYTES = 1 << 20;
+const TX_RECORD_TARGET_BYTES = 1 << 20;
+/** Bounds of one tx record the writer packs. */
+const TX_RECORD: BatchLimits = { maxRecords: TX_BATCH.maxItems, maxBytes: TX_RECORD_TARGET_BYTES };
 
 /** A packed record that is not acceptable: `oversized` (over a bound) or `malformed`. */
 export class PackedRecordError extends WireError {
@@ -181,16 +182,11 @@ export function packTxs(
   txs: readonly Uint8Array[],
   from: number,
 ): Array<{ value: Buffer; headers: Record<string, string> }> {
-  const sizes = txs.map((t) => t.byteLength);
   const out: Array<{ value: Buffer; headers: Record<string, string> }> = [];
-  const limits = { maxRecords: TX_BATCH.maxItems, maxBytes: TX_RECORD_TARGET_BYTES };
-  for (let at = 0; at < txs.length; ) {
-    const n = nextGroupSize(sizes, at, limits);
-    out.push({
-      value: pack(TX_BATCH, txs.slice(at, at + n)),
-      headers: { [OFFSET_HEADER]: String(from + at) },
-    });
-    at += n;
+  let at = from;
+  for (const part of groups(txs, TX_RECORD, (t) => t.byteLength)) {
+    out.push({ value: pack(TX_BATCH, part), headers: { [OFFSET_HEADER]: String(at) } });
+    at += part.length;
   }
   return out;
 }
