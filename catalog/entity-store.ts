@@ -280,7 +280,7 @@ class Table {
 
 /**
  * Entities and their values. Knows nothing of uniqueness or the catalog's
- * rules (catalog/db.ts keeps those); it only stores, checks each value against
+ * rules (catalog/db.ts and catalog/rules.ts keep those); it only stores, checks each value against
  * its attribute's representation, and enforces one namespace per entity.
  */
 export class EntityStore {

@@ -8,7 +8,6 @@ import {
 } from "../schema/catalog.ts";
 import type { Logger } from "../schema/log.ts";
 import { decodeMessage, encodeMessage, WireError } from "../schema/wire.ts";
-import type { ResolveResult } from "./db.ts";
 import { mayBePacked, PackedRecordError, PROPOSAL_BATCH, unpack } from "./kafka/records.ts";
 import {
   CatalogLogError,
@@ -17,6 +16,7 @@ import {
   type WriterCommit,
   type WriterLog,
 } from "./log.ts";
+import type { ResolveResult } from "./rules.ts";
 
 /**
  * The catalog writer: the one process that turns proposals into the total

@@ -15,7 +15,7 @@ import { defineMessage, type MessageKind } from "./wire.ts";
  *
  * Every attribute is cardinality one. Ids travel as 64-hex strings (node,
  * prefix, fingerprint, content) or printable names (worker, tenant, request);
- * catalog/db.ts checks their shape when it resolves a proposal.
+ * catalog/rules.ts checks their shape when it resolves a proposal.
  */
 
 /** Value type of an attribute; `ref` holds another entity's id. */
