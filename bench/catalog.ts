@@ -36,28 +36,22 @@ import { encodeMessage } from "../schema/wire.ts";
 import { type Bench, type BenchOptions, percentile, round } from "./contract.ts";
 
 /**
- * The catalog benchmark (issue 4):
+ * The catalog benchmark; bench/catalog.md says what each figure measures,
+ * the goals, and the measurements behind the Kafka transport's constants.
  *  - publications/s end to end: proposal encoded and appended → writer
  *    resolves and commits → replica applies (one publication = a chunk and
- *    its ready replica, one proposal). Through real Kafka when
- *    CONTINUUM_KAFKA_BROKERS is set (the writer in its own process, as in a
- *    fleet; proposer and replica here), else through the embedded log (all
- *    three in this process, one JS thread). The primary figure is one
- *    publication per proposal; beside it, 16 per proposal (a checkpoint's
- *    range).
- *  - replica apply lag p50/p99 at a fixed offered rate (5,000/s): time from
- *    handing the proposal to the log to the replica's tx report, in steady
- *    state: the first seconds at that rate are offered but not counted (they
- *    follow the throughput runs' saturation, whose backlog of work — JIT,
- *    collections — is not lag at 5,000/s).
- *  - lookup p50/p99: node ids of a 128-chunk chain, longest published
- *    prefix, and ready runs by worker and tier, on a catalog of 200,000 chunks.
- *  - beside them, apply rates of the two replica modes (entity store with a
- *    lazily folded Datalog view vs. folding every batch into DataScript).
- * CONTINUUM_BENCH_CATALOG=e2e shrinks the in-process parts (apply rates,
- * lookup catalog) to almost nothing, for profiling the pipeline alone
- * (`node --cpu-prof bin/continuum.mjs bench catalog`: the writer process
- * writes its own profile beside this one's).
+ *    its ready replica, one proposal; beside it, 16 per proposal). Through
+ *    real Kafka when CONTINUUM_KAFKA_BROKERS is set (the writer in its own
+ *    process, as in a fleet; proposer and replica here), else through the
+ *    embedded log (all three in this process).
+ *  - a warm-up first (a throughput run and a short run at the lag rate on
+ *    fresh topics), reported apart as warmup_*.
+ *  - replica apply lag p50/p99 at a fixed offered rate (5,000/s), after a
+ *    settle period that is offered but not counted.
+ *  - lookup p50/p99 on a catalog of 200,000 chunks, and the apply rates of
+ *    the two replica modes.
+ * CONTINUUM_BENCH_CATALOG=e2e shrinks the in-process parts for profiling the
+ * pipeline alone; =lag runs the warm-up and the lag run only.
  */
 
 const CHUNK = 16;
@@ -549,8 +543,16 @@ const bench: Bench = {
     const p = await pipeline();
     try {
       figures.transport = p.transport;
+      // Warm-up, reported apart: a fresh broker and fresh topics (segments, JIT, coordinators) meet this
+      // load for the first time; the measured runs below follow it.
+      log(`warm-up through ${p.transport}…`);
+      const w0 = performance.now();
+      const warm = await throughput(p, q ? 2_000 : 20_000);
+      const warmLag = await lag(p, 5_000, q ? 1 : 4, 0);
+      figures.warmup_publications_per_s = round(warm.perS);
+      figures.warmup_lag_p99_ms = round(warmLag.p99);
+      figures.warmup_s = round((performance.now() - w0) / 1000);
       log(`end to end through ${p.transport}…`);
-      await throughput(p, q ? 2_000 : 5_000); // warm-up
       if (!lagOnly) {
         const one = await throughput(p, q ? 20_000 : 60_000);
         figures.publications_per_s = round(one.perS);
@@ -597,7 +599,7 @@ const bench: Bench = {
       figures,
       ratios: {
         lazy_over_eager_apply: round(lazy / eager),
-        publications_over_goal_10000: lagOnly ? null : round((figures.publications_per_s as number) / 10_000),
+        publications_over_goal_15000: lagOnly ? null : round((figures.publications_per_s as number) / 15_000),
         lag_p99_over_goal_100ms: round((figures.lag_p99_ms as number) / 100),
         lookup_p99_over_goal_2ms: round(lk.p99 / 2),
       },

@@ -177,11 +177,13 @@ export class CatalogDb implements RulesDb {
       const why = this.store.refusal(e, info, v);
       if (why !== undefined) throw new CatalogApplyError(why);
       if (info.unique) {
-        const holder = this.eidOf(info.attr, v);
+        // refusal() checked a hex value's digits.
+        const hex = this.hexUnique.get(info.attr);
+        const holder = hex !== undefined ? hex.findHex(v as string) : this.strUnique.get(info.attr)!.get(v);
         if (holder !== undefined && holder !== e)
           throw new CatalogApplyError(`${a} ${String(v)} already held by ${holder}`);
       }
-      if (this.store.set(e, info, v)) this.datomTotal++;
+      if (this.store.put(e, info, v)) this.datomTotal++;
       if (info.unique) {
         const hex = this.hexUnique.get(info.attr);
         if (hex !== undefined) hex.add(e);

@@ -333,6 +333,11 @@ export class EntityStore {
   set(e: number, info: AttrInfo, v: Value): boolean {
     const why = this.refusal(e, info, v);
     if (why !== undefined) throw new RangeError(why);
+    return this.put(e, info, v);
+  }
+
+  /** `set` for a caller that has just found refusal(e, info, v) undefined (the db's apply): no second check. */
+  put(e: number, info: AttrInfo, v: Value): boolean {
     if (e >= this.nsOf.length) this.growIds(e);
     const t = this.tables[info.ns]!;
     let row: number;

@@ -144,14 +144,18 @@ class Draft {
   /** `model|prefix` → chunk entity created by this draft (the db's prefix index does not hold them yet). */
   private newPrefixes: Map<string, number> | undefined;
 
+  /** Entities from here up are created by this draft: the db holds nothing of them. */
+  private readonly firstNew: number;
+
   constructor(private readonly db: RulesDb) {
     this.nextEid = db.highestEid + 1;
+    this.firstNew = this.nextEid;
   }
 
   private get(e: number, a: Attr): Value | undefined {
     const o = this.overlay.get(e);
     if (o?.has(a)) return o.get(a);
-    return this.db.get(e, a);
+    return e >= this.firstNew ? undefined : this.db.get(e, a);
   }
   private lookup(a: Attr, v: Value): number | undefined {
     return this.newUniq?.get(a)?.get(v) ?? this.db.eidOf(a, v);

@@ -7,6 +7,7 @@ import {
   type TxRecord,
 } from "../schema/catalog.ts";
 import type { Logger } from "../schema/log.ts";
+import { encodeTx } from "../schema/tx-encode.ts";
 import { decodeMessage, encodeMessage, WireError } from "../schema/wire.ts";
 import { mayBePacked, PackedRecordError, PROPOSAL_BATCH, unpack } from "./kafka/records.ts";
 import {
@@ -129,7 +130,7 @@ export function decideBatch(
     };
     let encoded: Uint8Array;
     try {
-      encoded = encodeMessage(TxMsg, record);
+      encoded = encodeTx(record);
     } catch (err) {
       if (!(err instanceof WireError)) throw err;
       reject({ proposalId: p.id, clientId: p.clientId, reason: err.message, proposalOffset: offset });

@@ -340,7 +340,6 @@ export const RejectionBody = Schema.Struct({
  * decodes every proposal, and the Effect union costs several times the
  * msgpack decode.
  */
-type FieldCheck = (v: unknown) => boolean;
 const OP_MEMBERS = [
   ModelRegistered,
   WorkerRegistered,
@@ -354,37 +353,58 @@ const OP_MEMBERS = [
   DecisionMeasured,
 ] as const;
 
-function fieldCheck(op: string, field: string, s: unknown): FieldCheck {
-  if (s === Schema.String) return (v) => typeof v === "string";
-  if (s === Schema.Number) return (v) => typeof v === "number";
-  if (s === Schema.Boolean) return (v) => typeof v === "boolean";
+/** An op's fields other than `op`, and the typeof each must have. */
+interface OpShape {
+  readonly fields: readonly string[];
+  readonly types: readonly ("string" | "number" | "boolean")[];
+}
+
+function fieldType(op: string, field: string, s: unknown): "string" | "number" | "boolean" {
+  if (s === Schema.String) return "string";
+  if (s === Schema.Number) return "number";
+  if (s === Schema.Boolean) return "boolean";
   throw new Error(`catalog op ${op}: field ${field} has a type the fast guard does not know`);
 }
 
-const OP_SHAPES = new Map<string, readonly (readonly [string, FieldCheck])[]>();
+const OP_SHAPES = new Map<string, OpShape>();
 for (const member of OP_MEMBERS) {
   const { op, ...rest } = member.fields as Record<string, unknown>;
   const tag = op as { literal?: string; literals?: readonly string[] };
   const names = tag.literals ?? [tag.literal!];
   for (const name of names) {
-    OP_SHAPES.set(
-      name,
-      Object.entries(rest).map(([field, s]) => [field, fieldCheck(name, field, s)] as const),
-    );
+    const entries = Object.entries(rest);
+    OP_SHAPES.set(name, {
+      fields: entries.map(([field]) => field),
+      types: entries.map(([field, s]) => fieldType(name, field, s)),
+    });
   }
 }
 
+/**
+ * The op, checked against its shape. An object with exactly the shape's own
+ * keys is returned as it is; one with more (unknown fields, which the schema
+ * drops) is copied without them.
+ */
 function fastOp(u: unknown): CatalogOp | undefined {
   if (typeof u !== "object" || u === null || Array.isArray(u)) return undefined;
   const o = u as Record<string, unknown>;
   const shape = typeof o.op === "string" ? OP_SHAPES.get(o.op) : undefined;
   if (shape === undefined) return undefined;
-  const out: Record<string, unknown> = { op: o.op };
-  for (const [field, check] of shape) {
-    const v = o[field];
-    if (!check(v)) return undefined;
-    out[field] = v;
+  const { fields, types } = shape;
+  for (let i = 0; i < fields.length; i++) {
+    if (typeof o[fields[i]!] !== types[i]) return undefined;
   }
+  let keys = 0;
+  for (const k in o) {
+    if (!Object.hasOwn(o, k)) return copyOp(o, fields);
+    keys++;
+  }
+  return keys === fields.length + 1 ? (o as CatalogOp) : copyOp(o, fields);
+}
+
+function copyOp(o: Record<string, unknown>, fields: readonly string[]): CatalogOp {
+  const out: Record<string, unknown> = { op: o.op };
+  for (const f of fields) out[f] = o[f];
   return out as CatalogOp;
 }
 

@@ -23,6 +23,32 @@ describe("CatalogDb.apply", () => {
     ).toThrow(/current value is m0/);
   });
 
+  it("refuses a unique value another entity holds, and a hex value that is not 64 lowercase hex digits", () => {
+    const db = world();
+    const tx = (datoms: [number, string, string | number | boolean, boolean][]) => ({
+      txNo: db.nextTxNo,
+      proposalId: `t${db.nextTxNo}`,
+      clientId: "c",
+      time: 1,
+      datoms,
+    });
+    const fp0 = db.get(1, "model/fingerprint") as string;
+    const next = db.highestEid + 1;
+    expect(() => db.apply(tx([[next, "model/fingerprint", fp0, true]]))).toThrow(
+      new RegExp(`model/fingerprint ${fp0} already held by 1`),
+    );
+    expect(() => db.apply(tx([[next, "worker/id", "w0", true]]))).toThrow(
+      /worker\/id w0 already held by \d+/,
+    );
+    expect(() => db.apply(tx([[next, "chunk/node", "A".repeat(64), true]]))).toThrow(
+      /chunk\/node takes 64 lowercase hex digits/,
+    );
+    // None of them changed the db; the same value on its own holder is no conflict.
+    expect(db.highestEid).toBe(next - 1);
+    db.apply(tx([[1, "model/fingerprint", fp0, true]]));
+    expect(db.eidOf("model/fingerprint", fp0)).toBe(1);
+  });
+
   it("serializes and deserializes to an equal db", () => {
     const { db } = randomCatalog(7, 2000);
     const copy = CatalogDb.deserialize(db.serialize());
