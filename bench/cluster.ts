@@ -19,6 +19,10 @@ import { loadModelDir } from "../worker/model/model-dir.ts";
 import { Rng, seedRng } from "../worker/model/prng.ts";
 import { type Bench, percentile, round } from "./contract.ts";
 
+/** The fleet has API tokens (one per tenant), so /metrics and /workers take a scrape token. */
+const SCRAPE_TOKEN = "bench-scrape";
+const SCRAPE = { authorization: `Bearer ${SCRAPE_TOKEN}` };
+
 /**
  * The whole fleet end to end: `cluster up`'s own code starts, as real
  * processes, two catalog writers, the controller and 2 workers on one real
@@ -217,7 +221,9 @@ async function settledTotals(api: string): Promise<Totals> {
   let last = "";
   const deadline = Date.now() + 30_000;
   for (;;) {
-    const fleet = ((await (await fetch(`${api}/workers`)).json()) as { workers: FleetWorkerView[] }).workers;
+    const fleet = (
+      (await (await fetch(`${api}/workers`, { headers: SCRAPE })).json()) as { workers: FleetWorkerView[] }
+    ).workers;
     const t = totals(fleet);
     const key = JSON.stringify(t);
     if (key === last || Date.now() > deadline) return t;
@@ -313,7 +319,7 @@ async function runVariant(
   for (let t = 0; t < shape.tenants; t++) tokens[tenantKey(t)] = `tenant-${t}`;
   const config: Config = {
     ...base,
-    model: { dir: MODEL_DIR, preset: "small" },
+    model: { ...base.model, dir: MODEL_DIR, preset: "small" },
     pages: { pageTokens: PAGE_TOKENS, physicalPages: shape.physicalPages, chunkTokens: CHUNK_TOKENS },
     store: { ...base.store, s3: { ...base.store.s3, bucket: `bench-${run}-${v.name.replace("_", "-")}` } },
     catalog: {
@@ -336,7 +342,7 @@ async function runVariant(
       progressTimeoutMs: 300_000,
     },
     worker: { ...base.worker, peerPortBase: await freePort(), threads: 1, durableReuse: v.durableReuse },
-    auth: { tokens, clusterSecret: "" },
+    auth: { ...base.auth, tokens, clusterSecret: "", metricsToken: SCRAPE_TOKEN },
   };
   const dir = join(root, v.name);
   const state: ClusterState = await clusterUp({
@@ -375,7 +381,7 @@ async function runVariant(
 
 /** The controller's prompt tokens by the source its router chose (resident, ram, ssd, peer, s3, recompute). */
 async function routed(api: string): Promise<Record<string, number>> {
-  const m = parseMetrics(await (await fetch(`${api}/metrics`)).text());
+  const m = parseMetrics(await (await fetch(`${api}/metrics`, { headers: SCRAPE })).text());
   const out: Record<string, number> = {};
   for (const [k, v] of Object.entries(m)) {
     const hit = /^continuum_cache_tokens\{source="(\w+)"\}$/.exec(k);

@@ -21,7 +21,33 @@
 import { createRequire } from "node:module";
 import type { PageId } from "../schema/ids.ts";
 
-export type WeightDType = "f32" | "f16" | "bf16";
+/**
+ * Weight element types: one value per element (f32, f16, bf16), or one of
+ * llama.cpp's block formats (native/src/quant.h: a row of K elements is K /
+ * block blocks), which only weight matrices and the embedding may use.
+ */
+export type WeightDType = "f32" | "f16" | "bf16" | "q8_0" | "q4_0" | "q4_k" | "q6_k";
+
+/** Elements and bytes of one block of each weight type (a value of f32/f16/bf16 is a block of one). */
+export const WEIGHT_BLOCKS: Readonly<
+  Record<WeightDType, { readonly elems: number; readonly bytes: number }>
+> = {
+  f32: { elems: 1, bytes: 4 },
+  f16: { elems: 1, bytes: 2 },
+  bf16: { elems: 1, bytes: 2 },
+  q8_0: { elems: 32, bytes: 34 },
+  q4_0: { elems: 32, bytes: 18 },
+  q4_k: { elems: 256, bytes: 144 },
+  q6_k: { elems: 256, bytes: 210 },
+};
+
+/** Bytes of a tensor of `shape` in `dtype`, or null when its rows are not whole blocks. */
+export function weightBytes(dtype: WeightDType, shape: readonly number[]): number | null {
+  const b = WEIGHT_BLOCKS[dtype];
+  const row = shape.length > 0 ? shape[shape.length - 1]! : 1;
+  if (row % b.elems !== 0) return null;
+  return (shape.reduce((a, d) => a * d, 1) / b.elems) * b.bytes;
+}
 
 /** Llama-3 rotary frequency scaling, with Hugging Face's `rope_scaling` field names. */
 export interface Llama3RopeScaling {
@@ -31,7 +57,10 @@ export interface Llama3RopeScaling {
   readonly original_max_position_embeddings: number;
 }
 
-/** The architecture of a Llama-family model (Qwen2 = Llama + q/k/v bias). */
+/**
+ * The architecture of a Llama-family model and its relatives (native/src/backend.h
+ * gives the forward). The optional family fields default to the Llama forward.
+ */
 export interface ModelSpec {
   readonly nLayers: number;
   readonly hidden: number;
@@ -52,6 +81,31 @@ export interface ModelSpec {
   readonly tiedEmbeddings: boolean;
   /** Positions are in [0, maxPosition). */
   readonly maxPosition: number;
+  /** Every RMSNorm scales by (1 + w) (Gemma). */
+  readonly normOffset?: boolean;
+  /** q_norm / k_norm [headDim] per head before RoPE (Qwen3, Gemma 3). */
+  readonly qkNorm?: boolean;
+  /** post_attention_layernorm on the attention output, pre_ and post_feedforward_layernorm around the MLP (Gemma). */
+  readonly sandwichNorms?: boolean;
+  /** The MLP gate; default "silu". */
+  readonly activation?: "silu" | "gelu_tanh";
+  /** Embedding rows are multiplied by this (Gemma: √hidden); default 1. */
+  readonly embedScale?: number;
+  /** q and k are multiplied by this after RoPE (LongRoPE's attention factor); default 1. */
+  readonly ropeScale?: number;
+  /** Softmax scale of the scores; default 1/√headDim. */
+  readonly attnScale?: number;
+  /** Scores become cap · tanh(s / cap); absent or null: none. */
+  readonly attnSoftcap?: number | null;
+  /** Logits become cap · tanh(l / cap); absent or null: none. */
+  readonly finalSoftcap?: number | null;
+  /** Per layer: 0 global, W > 0 sliding over the last W positions; absent: every layer global. */
+  readonly layerWindows?: Int32Array;
+  /**
+   * RoPE inverse frequencies per layer, [nLayers * headDim / 2]; absent:
+   * ropeInvFreq(spec) for every layer.
+   */
+  readonly layerInvFreq?: Float32Array;
 }
 
 /** One tensor as read from safetensors: little-endian bytes in `dtype`. */
@@ -118,6 +172,12 @@ export interface CudaStatus {
   readonly devices: number;
   /** Why no device is usable (absent when devices > 0). */
   readonly reason?: string;
+  /** Device 0's compute capability, e.g. "sm90" (absent without a device). */
+  readonly arch?: string;
+  /** The CUDA toolkit the backend was compiled with, e.g. "13.0" (absent when not built). */
+  readonly toolkit?: string;
+  /** The kernels' numerics tag (kNumerics, native/cuda/kernels_cuda.cuh; absent when not built). */
+  readonly numerics?: string;
 }
 
 export interface NativeBackends {
@@ -153,10 +213,26 @@ export interface Engine {
   /** Copy-on-write: every layer's K and V of page src into page dst. */
   copyPage(src: PageId, dst: PageId): Promise<void>;
   /**
+   * Times later steps by part on the device (CUDA events; the CUDA engine
+   * only: the CPU engine throws). Enabling clears the totals; it costs host
+   * time per GEMM and attention call, so leave it off when serving.
+   */
+  setProfiling(on: boolean): void;
+  /** Device time of the steps since profiling was enabled (zeros when it never was). */
+  profile(): StepProfile;
+  /**
    * Releases native memory. Waits for the job running on each thread, rejects
    * queued ones with "engine freed"; afterwards every call throws "engine freed".
    */
   free(): void;
+}
+
+/** Milliseconds of device time summed over `steps` steps; the rest of a step is stepMs − gemmMs − attentionMs. */
+export interface StepProfile {
+  readonly steps: number;
+  readonly stepMs: number;
+  readonly gemmMs: number;
+  readonly attentionMs: number;
 }
 
 // ---- the addon --------------------------------------------------------------
@@ -171,6 +247,8 @@ interface NativeEngine {
   downloadPages(ids: Int32Array): Promise<Uint8Array>;
   uploadPages(ids: Int32Array, bytes: Uint8Array): Promise<void>;
   copyPage(src: number, dst: number): Promise<void>;
+  setProfiling(on: boolean): void;
+  profile(): StepProfile;
   free(): void;
   readonly threads: number;
   readonly pageBytes: number;
@@ -212,6 +290,10 @@ export interface Kernels {
     pageSize: number;
     ptStride: number;
     scale: number;
+    /** 0 (default): global; W: the last W positions. */
+    window?: number;
+    /** 0 (default): none. */
+    softcap?: number;
   }): void;
   contiguousAttention(a: {
     q: Float32Array;
@@ -227,6 +309,8 @@ export interface Kernels {
     vHeadDim?: number;
     ctxCap: number;
     scale: number;
+    window?: number;
+    softcap?: number;
   }): void;
   /**
    * y = e^x through the attention softmax's exp on the active path (std::exp
@@ -263,9 +347,21 @@ export interface Kernels {
     invFreq: Float32Array,
   ): void;
   swiglu(gate: Float32Array, up: Float32Array, out: Float32Array): void;
+  /** out = gelu_tanh(gate) · up (kernels.h: geglu). */
+  geglu(gate: Float32Array, up: Float32Array, out: Float32Array): void;
+  /** In place: x = cap · tanh(x / cap), cap > 0. */
+  softcap(x: Float32Array, cap: number): void;
   embed(ids: Int32Array, table: Uint8Array, dtype: WeightDType, D: number, out: Float32Array): void;
+  /** out = the exact values of src's out.length elements of dtype (whole blocks), on the active ISA's path. */
+  dequantize(src: Uint8Array, dtype: WeightDType, out: Float32Array): void;
   /** Multi-threaded copy: the memory-bandwidth yardstick. */
   memcpy(dst: Uint8Array, src: Uint8Array): void;
+  /**
+   * FLOPs of `iters` rounds of 12 independent register-only FMA chains on
+   * every kernel thread at the active ISA's vector width (time the call):
+   * the FMA-peak yardstick.
+   */
+  fmaPeak(iters: number): number;
   /** Multi-threaded streaming read (a checksum of src's 64-bit words): the read-bandwidth yardstick. */
   memread(src: Uint8Array): number;
   /**
@@ -284,9 +380,11 @@ interface Addon {
     backend: BackendName,
   ) => NativeEngine;
   cudaProbe(): CudaStatus;
+  cudaCopyGbPerS(bytes: number): number;
   readonly features: CpuFeatures;
   readonly defaultThreads: number;
   readonly kernels: Kernels;
+  lockFileExclusive(fd: number): boolean;
 }
 
 const addonPath = new URL("./build/Release/continuum_native.node", import.meta.url).pathname;
@@ -319,6 +417,25 @@ export function nativeBackends(): NativeBackends {
     cpu: { isa: kernels.isa(), threads: defaultThreads, ...features },
     cuda: addon.cudaProbe(),
   };
+}
+
+/**
+ * The device's copy bandwidth: GB/s read + written by a device-to-device copy
+ * of `bytes` (median of 10; the yardstick GPU benchmarks divide by, measured
+ * as native/gpu-check.sh does). Throws without a usable CUDA device.
+ */
+export function cudaCopyGbPerS(bytes: number = 2 ** 31): number {
+  return addon.cudaCopyGbPerS(bytes);
+}
+
+/**
+ * flock(fd, LOCK_EX | LOCK_NB): true when this open file (the descriptor's
+ * open file description) now holds the exclusive lock, false when another
+ * holds it; never waits. The kernel drops the lock when the descriptor
+ * closes or the process dies, kill -9 included.
+ */
+export function lockFileExclusive(fd: number): boolean {
+  return addon.lockFileExclusive(fd);
 }
 
 export class BackendUnavailableError extends Error {
@@ -441,6 +558,25 @@ function checkSpec(spec: ModelSpec): void {
       throw new ModelSpecError("spec.ropeScaling.high_freq_factor must exceed low_freq_factor");
     }
   }
+  for (const k of ["embedScale", "ropeScale", "attnScale", "attnSoftcap", "finalSoftcap"] as const) {
+    const v = spec[k];
+    if (v !== undefined && v !== null && !(typeof v === "number" && Number.isFinite(v) && v > 0))
+      throw new ModelSpecError(`spec.${k} must be a positive number, got ${String(v)}`);
+  }
+  const w = spec.layerWindows;
+  if (w !== undefined) {
+    if (!(w instanceof Int32Array) || w.length !== spec.nLayers)
+      throw new ModelSpecError(
+        `spec.layerWindows must be an Int32Array of nLayers (${spec.nLayers}) windows`,
+      );
+    if (w.some((x) => x < 0)) throw new ModelSpecError("spec.layerWindows must be >= 0 (0: global)");
+  }
+  const inv = spec.layerInvFreq;
+  if (
+    inv !== undefined &&
+    (!(inv instanceof Float32Array) || inv.length !== (spec.nLayers * spec.headDim) / 2)
+  )
+    throw new ModelSpecError("spec.layerInvFreq must be a Float32Array of nLayers * headDim / 2 frequencies");
 }
 
 /** The tensors a spec needs, by Hugging Face name, in the engine's load order. */
@@ -465,18 +601,22 @@ export function weightNames(spec: ModelSpec): { name: string; shape: number[] }[
       out.push({ name: `${p}self_attn.k_proj.bias`, shape: [kn] });
       out.push({ name: `${p}self_attn.v_proj.bias`, shape: [vn] });
     }
+    if (spec.qkNorm) {
+      out.push({ name: `${p}self_attn.q_norm.weight`, shape: [spec.headDim] });
+      out.push({ name: `${p}self_attn.k_norm.weight`, shape: [spec.headDim] });
+    }
     out.push({ name: `${p}self_attn.o_proj.weight`, shape: [H, on] });
     out.push({ name: `${p}post_attention_layernorm.weight`, shape: [H] });
+    if (spec.sandwichNorms) out.push({ name: `${p}pre_feedforward_layernorm.weight`, shape: [H] });
     out.push({ name: `${p}mlp.gate_proj.weight`, shape: [spec.ffn, H] });
     out.push({ name: `${p}mlp.up_proj.weight`, shape: [spec.ffn, H] });
     out.push({ name: `${p}mlp.down_proj.weight`, shape: [H, spec.ffn] });
+    if (spec.sandwichNorms) out.push({ name: `${p}post_feedforward_layernorm.weight`, shape: [H] });
   }
   out.push({ name: "model.norm.weight", shape: [H] });
   if (!spec.tiedEmbeddings) out.push({ name: "lm_head.weight", shape: [spec.vocab, H] });
   return out;
 }
-
-const DTYPE_BYTES: Record<WeightDType, number> = { f32: 4, f16: 2, bf16: 2 };
 
 /** Checks every tensor (presence, no extras, shape, dtype, byte length) and returns them in load order. */
 function orderWeights(spec: ModelSpec, weights: Weights): { dtype: WeightDType; data: Uint8Array }[] {
@@ -491,14 +631,21 @@ function orderWeights(spec: ModelSpec, weights: Weights): { dtype: WeightDType; 
   return wanted.map(({ name, shape }) => {
     const t = byName.get(name);
     if (t === undefined) throw new WeightError(`missing tensor ${name} [${shape.join(", ")}]`);
-    if (!(t.dtype in DTYPE_BYTES)) {
-      throw new WeightError(`tensor ${name}: dtype ${String(t.dtype)} is not f32, f16 or bf16`);
+    if (!Object.hasOwn(WEIGHT_BLOCKS, t.dtype)) {
+      throw new WeightError(
+        `tensor ${name}: dtype ${String(t.dtype)} is not one of ${Object.keys(WEIGHT_BLOCKS).join(", ")}`,
+      );
     }
     if (t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
       throw new WeightError(`tensor ${name}: shape [${t.shape.join(", ")}], expected [${shape.join(", ")}]`);
     }
     if (!(t.data instanceof Uint8Array)) throw new WeightError(`tensor ${name}: data must be a Uint8Array`);
-    const bytes = shape.reduce((a, b) => a * b, 1) * DTYPE_BYTES[t.dtype];
+    const bytes = weightBytes(t.dtype, shape);
+    if (bytes === null) {
+      throw new WeightError(
+        `tensor ${name}: rows of ${shape[shape.length - 1]} elements are not whole ${t.dtype} blocks of ${WEIGHT_BLOCKS[t.dtype].elems}`,
+      );
+    }
     if (t.data.byteLength !== bytes) {
       throw new WeightError(`tensor ${name}: ${t.data.byteLength} bytes, expected ${bytes} for ${t.dtype}`);
     }
@@ -582,6 +729,12 @@ class NativeBackedEngine implements Engine {
   copyPage(src: PageId, dst: PageId): Promise<void> {
     return this.#live().copyPage(src, dst);
   }
+  setProfiling(on: boolean): void {
+    this.#live().setProfiling(on);
+  }
+  profile(): StepProfile {
+    return this.#live().profile();
+  }
   free(): void {
     const n = this.#native;
     this.#native = null;
@@ -619,7 +772,7 @@ export async function createEngine(
   const choice = opts.backend ?? "auto";
   // "cpu" never touches the CUDA runtime (the probe loads the driver).
   const backend = choice === "cpu" ? "cpu" : chooseBackend(choice, addon.cudaProbe());
-  const native = new addon.Engine(spec, ropeInvFreq(spec), threads, backend);
+  const native = new addon.Engine(spec, spec.layerInvFreq ?? ropeInvFreq(spec), threads, backend);
   try {
     await native.loadWeights(ordered);
   } catch (e) {

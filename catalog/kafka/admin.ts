@@ -1,3 +1,4 @@
+import { sleep } from "../../schema/abort.ts";
 import { CatalogLogError } from "../log.ts";
 import { kafkaClient } from "./client.ts";
 
@@ -44,7 +45,7 @@ export async function waitForKafka(brokers: readonly string[], timeoutMs: number
     } finally {
       await admin.disconnect().catch(() => undefined);
     }
-    await new Promise((r) => setTimeout(r, 250));
+    await sleep(250);
   }
   throw new CatalogLogError(
     `Kafka at ${brokers.join(",")} not ready after ${timeoutMs} ms: ${(last as Error | undefined)?.message ?? "no answer"}`,

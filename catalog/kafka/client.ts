@@ -1,5 +1,6 @@
 import * as net from "node:net";
 import { Kafka, type LogEntry, logLevel } from "kafkajs";
+import { sleep } from "../../schema/abort.ts";
 
 /**
  * The kafkajs client every part of the Kafka log builds on (kafkajs 2.2.4;
@@ -83,7 +84,7 @@ export async function retryConcurrent<T>(op: () => Promise<T>): Promise<T> {
     } catch (err) {
       const type = (err as { type?: string }).type;
       if (type !== "CONCURRENT_TRANSACTIONS" || i >= attempts) throw err;
-      await new Promise((r) => setTimeout(r, delay));
+      await sleep(delay);
       delay = Math.min(500, delay * 2);
     }
   }

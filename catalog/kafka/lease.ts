@@ -6,6 +6,7 @@ import {
   type Producer,
   type Transaction,
 } from "kafkajs";
+import { abortable, sleep } from "../../schema/abort.ts";
 import { CatalogLogError, type LogRecord, type WriterCommit, type WriterLease } from "../log.ts";
 import { type KafkaTopics, MAX_SEND_BYTES, writerGroupId, writerTransactionalId } from "./admin.ts";
 import { stickyWriterAssigner } from "./assignor.ts";
@@ -122,6 +123,7 @@ export interface LeaseOptions {
 export class KafkaWriterLease implements WriterLease {
   txEnd = 0;
   proposalsOffset = 0;
+  commits = 0;
   private rejEnd = 0;
   private state: LeaseState = "joining";
   private readonly consumer: Consumer;
@@ -223,12 +225,8 @@ export class KafkaWriterLease implements WriterLease {
       partitionsConsumedConcurrently: 1,
       eachBatch: (payload) => this.onProposals(payload),
     });
-    const aborted = new Promise<void>((_, reject) => {
-      if (signal?.aborted) reject(signal.reason);
-      signal?.addEventListener("abort", () => reject(signal.reason));
-    });
     try {
-      await Promise.race([gotPartition, aborted]);
+      await abortable(gotPartition, signal);
       // Fencing: bumps the epoch of the transactional id and aborts (or waits out) the previous holder's open transaction.
       await this.producer.connect();
       const st = await this.readState();
@@ -265,7 +263,7 @@ export class KafkaWriterLease implements WriterLease {
   }: EachBatchPayload): Promise<void> {
     // Before run(): hold the batch (heartbeating) until the writer has caught up and calls run().
     while (this.state === "joining" || this.state === "ready") {
-      await Promise.race([this.waitState(), new Promise((r) => setTimeout(r, 1_000))]);
+      await Promise.race([this.waitState(), sleep(1_000)]);
       if (isRunning()) await heartbeat().catch(() => undefined);
     }
     if (this.state !== "running" || !isRunning() || isStale()) return;
@@ -374,6 +372,7 @@ export class KafkaWriterLease implements WriterLease {
     this.committing = true;
     const commit = this.commit(g, g.consumed).then(() => {
       this.proposalsOffset = g.consumed;
+      this.commits++;
       this.committing = false;
       this.kick();
     });

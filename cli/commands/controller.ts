@@ -1,20 +1,21 @@
 import { Effect } from "effect";
-import { runQuery } from "../../catalog/console.ts";
 import { replicaResource } from "../../catalog/replica.ts";
-import { ApiServer } from "../../controller/api/server.ts";
 import { defaultAssignmentLimits } from "../../controller/assignments.ts";
 import { DecisionRecorder } from "../../controller/fleet/decisions.ts";
 import { WorkerHub } from "../../controller/fleet/hub.ts";
 import { registerFleetMetrics } from "../../controller/fleet/metrics.ts";
 import { FleetService } from "../../controller/fleet/service.ts";
 import { defaultRouterPolicy, roundRobinRouterPolicy } from "../../controller/router.ts";
+import { RecentDecisions } from "../../controller/ui/recent-decisions.ts";
 import { createLogger } from "../../schema/log.ts";
+import { openFrontDoor } from "../api-server.ts";
 import type { Command } from "../command.ts";
 import { ensureModelIdentity } from "../embedded/model.ts";
 import { textCodec } from "../embedded/service.ts";
 import { fleetSnapshots, openCatalogLog, requireKafka } from "../fleet.ts";
 import { parseRoleArgs } from "../options.ts";
 import { resource, runScoped } from "../run-scoped.ts";
+import { webViewResource } from "../web-view.ts";
 
 const usage = [
   "Usage: continuum controller [--config FILE]",
@@ -97,13 +98,13 @@ const command: Command = {
           () => new DecisionRecorder(catalogLog, { clientId: "controller", log }),
           (r) => r.close(),
         );
+        const recent = config.controller.ui ? new RecentDecisions() : undefined;
         const service = yield* resource(
           () =>
             new FleetService(
               hub,
               {
                 db: () => replica.catalog,
-                query: (q, rules) => runQuery(replica.datalog(), q, rules),
                 lag: () => Math.max(0, logEnd - replica.offset()),
               },
               recorder,
@@ -128,25 +129,35 @@ const command: Command = {
                 maxActive: 4096,
                 tickMs: 50,
                 log,
+                ...(recent ? { recent } : {}),
               },
             ),
           (s) => s.close(),
         );
-        const server = new ApiServer(service, {
-          host: c.host,
-          port: c.httpPort,
-          tokens: config.auth.tokens,
-          log: ({ event, ...fields }) => log.log("info", String(event), fields),
+        const frontDoor = openFrontDoor({
+          config,
+          service,
+          models: [
+            { id: modelId, dir: model.dir, eosTokenIds: model.eosTokenIds, vocab: model.config.spec.vocab },
+          ],
+          catalog: replica,
+          log,
         });
-        registerFleetMetrics(server.metrics, {
+        registerFleetMetrics(frontDoor.server.metrics, {
           hub,
           service,
           heartbeatTtlMs: c.heartbeatTtlMs,
           catalogOffset: () => replica.offset(),
         });
+        yield* webViewResource(config, frontDoor.server, {
+          mode: "fleet",
+          workers: () => service.workers(),
+          catalog: () => ({ offset: replica.offset(), lag: Math.max(0, logEnd - replica.offset()) }),
+          decisions: recent ?? null,
+        });
         const port = yield* resource(
-          () => server.start(),
-          () => server.close(),
+          () => frontDoor.server.start(),
+          () => frontDoor.close(),
         );
         log.log("info", "controller.ready", {
           url: `http://${c.host}:${port}`,

@@ -1,15 +1,16 @@
 import { Effect } from "effect";
 import { createLogger } from "../../schema/log.ts";
 import { WorkerAgent } from "../../worker/agent/agent.ts";
+import { KvGeometry } from "../../worker/checkpoint/chunk-format.ts";
 import { DurableCache } from "../../worker/restore/durable-cache.ts";
-import { loadEngine } from "../../worker/runtime/engine-load.ts";
+import { chooseEngine, loadEngine } from "../../worker/runtime/engine-load.ts";
 import { WorkerRuntime } from "../../worker/runtime/runtime.ts";
 import type { Command } from "../command.ts";
-import { durableReuseAllowed, ensureModel } from "../embedded/model.ts";
+import { ensureModel } from "../embedded/model.ts";
+import { explainStartupError, lockDirs, requireFreeSpace } from "../embedded/startup.ts";
 import {
   durableTiers,
   fleetSnapshots,
-  kvBytesPerToken,
   openCatalogLog,
   pollLogEnd,
   requireKafka,
@@ -31,12 +32,17 @@ const usage = [
   "  worker.index          picks the worker id (worker-<index>, unless worker.id is set)",
   "                        and the peer port (worker.peerPortBase + index)",
   "  worker.controllerUrl  ws://HOST:PORT of the controller's worker socket (controller.workerPort)",
+  "  worker.peerHost       the address the peer port listens on and other workers reach it at",
+  "                        (default 127.0.0.1); GET /ready there answers 200 once connected",
   "  auth.clusterSecret    the controller's shared secret (sent as a bearer token)",
   "  worker.token          this worker's own token (default: controller.workerTokens[id]),",
   "                        sent instead of the shared secret",
   "  catalog.log           must be kafka (catalog.brokers, catalog.topics)",
   "  store.dir.path        this worker's chunk files (default <store.dataDir>/workers/<id>/store)",
   "  worker.durableReuse   false: no checkpoints and no restores (only resident pages are reused)",
+  "  model.variant         auto (this engine's execution variant) or the variant it must compute:",
+  "                        chunks are reused only between workers of one variant; the controller",
+  "                        routes to the variant its own model.variant names",
   "",
   "Environment overrides: CONTINUUM_WORKER_INDEX, CONTINUUM_WORKER_CONTROLLER_URL,",
   "CONTINUUM_AUTH_CLUSTER_SECRET, CONTINUUM_CATALOG_BROKERS, ... Ctrl-C stops it cleanly.",
@@ -52,12 +58,37 @@ const command: Command = {
     const log = createLogger({ fields: { role: "worker", workerId } });
     return runScoped(
       Effect.gen(function* () {
-        const { model, id: modelId } = yield* Effect.promise(() => ensureModel(config, log));
+        const cacheConfig = workerCacheConfig(config, workerId);
+        const explain = (err: unknown) => {
+          throw explainStartupError(err, cacheConfig.store.dir.path);
+        };
+        // One owner per worker directory (its chunk files), before anything is written there.
+        yield* resource(
+          () => {
+            try {
+              const locks = lockDirs([cacheConfig.store.dir.path]);
+              requireFreeSpace(cacheConfig.store.dir.path);
+              return locks;
+            } catch (err) {
+              return explain(err);
+            }
+          },
+          (locks) => {
+            for (const l of locks.reverse()) l.release();
+          },
+        );
+        // The engine's execution variant names the model's fingerprint: this
+        // worker's chunks are restored as exact only by workers of its variant,
+        // and the controller routes to it only if it routes that variant.
+        const choice = chooseEngine(config.worker.backend, config.model.variant);
+        const { model, id: modelId } = yield* Effect.promise(() =>
+          ensureModel(config, log, choice.variant).catch(explain),
+        );
         const engine = yield* resource(
           () =>
             loadEngine(model, config.pages, {
               ...(config.worker.threads ? { threads: config.worker.threads } : {}),
-              backend: config.worker.backend,
+              backend: choice.backend,
             }),
           (e) => e.free(),
         );
@@ -70,7 +101,6 @@ const command: Command = {
           () => openCatalogLog(config, workerId),
           (l) => l.close(),
         );
-        const cacheConfig = workerCacheConfig(config, workerId);
         // The catalog log's end, polled (not asked per heartbeat), for the replica's lag in the status.
         const logEnd = yield* resource(
           () => pollLogEnd(catalogLog, 2_000),
@@ -99,13 +129,7 @@ const command: Command = {
         // registration) but the runtime gets no checkpoint or restore hooks and
         // the heartbeats advertise no durable tiers, so nothing is captured,
         // published or restored; only this pool's resident prefixes are reused.
-        // A CUDA engine also keeps it off: see engineMatchesVariant.
-        const reuse = durableReuseAllowed(
-          config.worker.durableReuse,
-          engine.backend,
-          model.manifest.variant,
-          log,
-        );
+        const reuse = config.worker.durableReuse;
         const runtime = yield* resource(
           () => {
             const rt = new WorkerRuntime(engine, {
@@ -117,6 +141,7 @@ const command: Command = {
           },
           (rt) => rt.stop(),
         );
+        const kvBytesPerToken = KvGeometry.of(model.config.spec).tokenBytes;
         const agent = yield* resource(
           () => {
             const a = new WorkerAgent(runtime, {
@@ -129,7 +154,7 @@ const command: Command = {
               maxContext: model.config.spec.maxPosition,
               pageTokens: config.pages.pageTokens,
               chunkTokens: config.pages.chunkTokens,
-              kvBytesPerToken: kvBytesPerToken(model),
+              kvBytesPerToken,
               durableTiers: reuse ? durableTiers(cacheConfig.store) : [],
               stopTokenIds: model.eosTokenIds,
               heartbeatIntervalMs: config.worker.heartbeatIntervalMs,
@@ -146,7 +171,7 @@ const command: Command = {
                   catalogOffset: durable.replica.offset(),
                   logEnd: logEnd.value,
                   chunkTokens: config.pages.chunkTokens,
-                  kvBytesPerToken: kvBytesPerToken(model),
+                  kvBytesPerToken,
                 }),
             });
             a.start();
@@ -159,12 +184,14 @@ const command: Command = {
           fingerprint: model.fingerprint,
           controller: config.worker.controllerUrl,
           engine: engine.backend,
+          variant: choice.variant,
           threads: engine.threads,
         });
         process.stderr.write(
           `continuum: worker ${workerId} serving '${modelId}', connecting to ${config.worker.controllerUrl} (Ctrl-C to stop)\n`,
         );
         yield* Effect.tryPromise(() => agent.connected);
+        durable.peer.markReady();
         log.log("info", "worker.connected", { controller: config.worker.controllerUrl });
         yield* Effect.never;
       }),

@@ -3,7 +3,7 @@ import { StreamQueue } from "../../schema/channel.ts";
 import type { DecisionRecord } from "../../schema/control.ts";
 import type { ModelFingerprint, TokenCount, WorkerId } from "../../schema/ids.ts";
 import type { Logger } from "../../schema/log.ts";
-import { ApiError } from "../api/errors.ts";
+import { ApiError, unavailable } from "../api/errors.ts";
 import type {
   FleetWorkerView,
   Generation,
@@ -28,6 +28,7 @@ import { type ChainBoundary, noCatalogAnswer, planChain, type RouteRequest } fro
 import { catalogAnswer } from "../catalog-answer.ts";
 import { liveWorkers } from "../heartbeat-view.ts";
 import { type RouterPolicy, route } from "../router.ts";
+import type { RecentDecisions } from "../ui/recent-decisions.ts";
 import { type DecisionRecorder, decisionOps } from "./decisions.ts";
 import type { AssignmentMessage, WorkerHub } from "./hub.ts";
 
@@ -60,8 +61,6 @@ export interface FleetModel {
 export interface FleetCatalog {
   /** The replica's db now. */
   db(): CatalogDb;
-  /** Datalog against the replica (the front door's /v1/catalog/query). */
-  query(query: string, rules: string | undefined): unknown;
   /** Transactions in the log not yet applied here. */
   lag(): number;
 }
@@ -75,6 +74,8 @@ export interface FleetOptions {
   readonly maxActive: number;
   readonly tickMs: number;
   readonly log: Logger;
+  /** The web view's ring of recent decisions (absent: no web view). */
+  readonly recent?: Pick<RecentDecisions, "routed" | "measured">;
 }
 
 interface Flight {
@@ -139,29 +140,12 @@ export class FleetService implements InferenceService {
       maxContext: opts.model.maxContext,
       codec: opts.model.codec,
     };
-    if (catalog)
-      this.catalogQuery = async (query, args, rules) => {
-        if (args.length > 0)
-          throw new ApiError(
-            400,
-            "query arguments are not supported; inline them",
-            "invalid_request_error",
-            "args",
-          );
-        try {
-          return catalog.query(query, rules);
-        } catch (err) {
-          throw new ApiError(400, (err as Error).message, "invalid_request_error", "query");
-        }
-      };
     hub.setListener({
       onAssignment: (m) => this.onAssignment(m),
       onWorkerLost: (id, reason) => this.onWorkerLost(id, reason),
     });
     this.timer = setInterval(() => this.tick(), opts.tickMs);
   }
-
-  catalogQuery?: InferenceService["catalogQuery"];
 
   models(): readonly ModelInfo[] {
     return [this.info];
@@ -179,15 +163,11 @@ export class FleetService implements InferenceService {
     if (this.active.has(req.requestId))
       throw new ApiError(400, `request ${req.requestId} is already running`);
     if (this.active.size >= this.opts.maxActive)
-      throw new ApiError(
-        429,
-        `the controller has ${this.opts.maxActive} requests in flight`,
-        "rate_limit_error",
-      );
+      throw new ApiError(429, `the controller has ${this.opts.maxActive} requests in flight`);
     const now = this.hub.nowMs();
     if (liveWorkers(this.hub.view, now, this.opts.policy.heartbeatTtlMs).length === 0) {
       this.counters.refusedNoWorker++;
-      throw new ApiError(503, "no live worker is connected to the controller", "server_error");
+      throw unavailable("no live worker is connected to the controller", 1, "no_live_worker");
     }
     const salt = req.tenant === "default" ? "" : req.tenant;
     const chain: ChainBoundary[] = planChain(
@@ -316,6 +296,7 @@ export class FleetService implements InferenceService {
         case "deliver":
           if (f.firstTokenAtMs === null) {
             f.firstTokenAtMs = this.hub.nowMs();
+            this.opts.recent?.measured(f.req.requestId, cmd.attempt, f.firstTokenAtMs - f.offeredAtMs);
             this.opts.log.log("info", "assignment.first_token", {
               requestId: f.req.requestId,
               attempt: cmd.attempt,
@@ -346,6 +327,7 @@ export class FleetService implements InferenceService {
       turn: attempt === 1 ? this.turn++ : this.turn - 1,
     });
     f.decision = decision;
+    this.opts.recent?.routed(decision, Date.now());
     this.opts.log.log("info", "assignment.routed", {
       requestId: f.req.requestId,
       attempt,

@@ -1,8 +1,11 @@
 // Split-KV ("flash-decoding") attention over paged or contiguous f16 K/V, for
 // a ragged batch of decode and prefill rows. See kernels_cuda.cuh for the
-// contract; the math per (row t, query head h):
-//   s_j   = scale * q[t,h,:]·k[j,kvh,:]                  j = 0..pos_t
-//   split s covers keys [s*S, min((s+1)*S, pos_t+1)), S = kAttnSplitKeys
+// contract; the math per (row t, query head h), over the row's keys
+// j = lo_t..pos_t (lo_t = 0, or max(0, pos_t - window + 1) on a sliding layer):
+//   s_j   = scale * q[t,h,:]·k[j,kvh,:]
+//   s_j   = softcap * tanh(s_j / softcap)                 (softcap > 0 only)
+//   split s covers keys [max(s*S, lo_t), min((s+1)*S, pos_t+1)), S = kAttnSplitKeys;
+//   splits wholly below lo_t are skipped
 //   m_s = max_j s_j,  l_s = sum_j e^(s_j - m_s),  a_s = sum_j e^(s_j - m_s) v_j
 //   M = max_s m_s,  out = (sum_s a_s e^(m_s-M)) / (sum_s l_s e^(m_s-M))
 //
@@ -87,7 +90,14 @@ struct AttnArgs {
   float* ws;   // [T, n_heads, n_splits, VHD + 2]
   int32_t T, n_heads, n_kv, group, n_splits;
   float scale;
+  int32_t window;  // 0: every key 0..pos; W: keys pos - W + 1 .. pos
+  float softcap;   // 0: none
 };
+
+// First key a row at `pos` attends (kernels.h).
+__device__ __forceinline__ int32_t first_key(int32_t pos, int32_t window) {
+  return window > 0 ? max(0, pos - window + 1) : 0;
+}
 
 // D += A·B, m16n8k16, A row-major 16x16 f16, B column-major 16x8 f16, f32
 // accumulators (PTX ISA fragment layouts: lane = 4 g + t holds A rows g and
@@ -187,7 +197,8 @@ __device__ __forceinline__ void load_v(Tile<HD>& tl, int64_t my_row, const f16* 
 // column (hi or lo of head r/2) at dim 8 c; k-step 2 i + h uses dims
 // 32 i + 8 c + 4 h .. + 3.
 template <int HD>
-__device__ __forceinline__ void tile_scores(const Tile<HD>& tl, const __half* qf, float sc, float& s0, float& s1) {
+__device__ __forceinline__ void tile_scores(const Tile<HD>& tl, const __half* qf, float sc, float cap, float& s0,
+                                            float& s1) {
   float sa[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
   for (int i = 0; i < HD / 32; ++i) {
@@ -195,8 +206,14 @@ __device__ __forceinline__ void tile_scores(const Tile<HD>& tl, const __half* qf
     mma_16816(sa, word(tl.k0[i], 0), word(tl.k8[i], 0), word(tl.k0[i], 1), word(tl.k8[i], 1), q.x, q.y);
     mma_16816(sb, word(tl.k0[i], 2), word(tl.k8[i], 2), word(tl.k0[i], 3), word(tl.k8[i], 3), q.z, q.w);
   }
-  s0 = ((sa[0] + sb[0]) + (sa[1] + sb[1])) * sc + tl.mask0;
-  s1 = ((sa[2] + sb[2]) + (sa[3] + sb[3])) * sc + tl.mask8;
+  float v0 = ((sa[0] + sb[0]) + (sa[1] + sb[1])) * sc;
+  float v1 = ((sa[2] + sb[2]) + (sa[3] + sb[3])) * sc;
+  if (cap > 0.0f) {  // a key with no row has v = 0 (zero K), so its mask still decides
+    v0 = cap * tanhf(v0 / cap);
+    v1 = cap * tanhf(v1 / cap);
+  }
+  s0 = v0 + tl.mask0;
+  s1 = v1 + tl.mask8;
 }
 
 // The online softmax step for head c and acc += V^T p. acc rows = dims
@@ -276,9 +293,11 @@ __global__ void __launch_bounds__(kThreads, partial_blocks_per_sm<HD>()) attn_pa
   const int r = lane >> 2, c = lane & 3;
   const int32_t pos = a.row_pos[t];
   const int32_t n_keys = pos + 1;
-  const int32_t j0 = s * kSplit;
-  if (pos < 0 || j0 >= n_keys || !addr.fits(n_keys)) return;  // split unused (combine reads only used splits)
-  const int32_t nk = min(kSplit, n_keys - j0);
+  // Split s's keys: [j0, j0 + nk), within [s * kSplit, (s + 1) * kSplit) and the row's window.
+  const int32_t j0 = max(s * kSplit, first_key(pos, a.window));
+  // Split unused: past the row's keys, or wholly before its window (combine reads only used splits).
+  if (pos < 0 || j0 >= n_keys || j0 >= (s + 1) * kSplit || !addr.fits(n_keys)) return;
+  const int32_t nk = min((s + 1) * kSplit, n_keys) - j0;
   const int32_t seq = a.row_seq[t];
   const int64_t row_stride = int64_t{a.n_kv} * HD;  // halves between consecutive cache rows (K and V)
   const f16* kbase = a.k + int64_t{kvh} * HD;
@@ -345,7 +364,7 @@ __global__ void __launch_bounds__(kThreads, partial_blocks_per_sm<HD>()) attn_pa
     const int32_t next = tile + kWarps;
     const int64_t next_row = next < n_tiles ? tile_row(next, nk, seq, j0, addr, lane) : kPastEnd;
     float s0, s1;
-    tile_scores<HD>(cur, qf, sc, s0, s1);
+    tile_scores<HD>(cur, qf, sc, a.softcap, s0, s1);
     tile_values<HD>(cur, s0, s1, r, c, lo_col, m_run, l_run, acc);
     if (next < n_tiles) {
       load_k<HD>(cur, next_row, kbase, row_stride, r, c);
@@ -409,19 +428,20 @@ __global__ void __launch_bounds__(VHD) attn_combine_kernel(AttnArgs a, Addr addr
   const int32_t h = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
   float* o = a.out + (int64_t{t} * a.n_heads + h) * VHD + d;
   const int32_t pos = a.row_pos[t];
-  const int32_t n_used = pos >= 0 ? pos / kSplit + 1 : 0;
+  const int32_t n_used = pos >= 0 ? pos / kSplit + 1 : 0;  // splits s0 .. n_used - 1 hold the row's keys
   if (pos < 0 || n_used > a.n_splits || !addr.fits(pos + 1)) {
     *o = __int_as_float(0x7fc00000);  // row beyond max_keys / the cache: visible, not truncated
     return;
   }
+  const int32_t s0 = first_key(pos, a.window) / kSplit;
   float* w_sh = split_sh;
   float* l_sh = split_sh + a.n_splits;
   const float* rec0 = a.ws + (int64_t{t} * a.n_heads + h) * a.n_splits * (VHD + 2);
   float pre[kPrefetch];
 #pragma unroll
-  for (int u = 0; u < kPrefetch; ++u) pre[u] = u < n_used ? rec0[int64_t{u} * (VHD + 2) + d] : 0.0f;
+  for (int u = 0; u < kPrefetch; ++u) pre[u] = s0 + u < n_used ? rec0[int64_t{s0 + u} * (VHD + 2) + d] : 0.0f;
   float m = -INFINITY;
-  for (int32_t s = d; s < n_used; s += VHD) {
+  for (int32_t s = s0 + d; s < n_used; s += VHD) {
     const float* rec = rec0 + int64_t{s} * (VHD + 2);
     w_sh[s] = rec[VHD];
     l_sh[s] = rec[VHD + 1];
@@ -434,18 +454,18 @@ __global__ void __launch_bounds__(VHD) attn_combine_kernel(AttnArgs a, Addr addr
   float M = -INFINITY;
 #pragma unroll
   for (int w = 0; w < VHD / 32; ++w) M = fmaxf(M, max_sh[w]);  // max: exact in any order
-  for (int32_t s = d; s < n_used; s += VHD) w_sh[s] = expf(w_sh[s] - M);
+  for (int32_t s = s0 + d; s < n_used; s += VHD) w_sh[s] = expf(w_sh[s] - M);
   __syncthreads();
   float L = 0.0f, acc = 0.0f;
 #pragma unroll
   for (int u = 0; u < kPrefetch; ++u) {
-    if (u < n_used) {
-      L = fmaf(l_sh[u], w_sh[u], L);
-      acc = fmaf(pre[u], w_sh[u], acc);
+    if (s0 + u < n_used) {
+      L = fmaf(l_sh[s0 + u], w_sh[s0 + u], L);
+      acc = fmaf(pre[u], w_sh[s0 + u], acc);
     }
   }
 #pragma unroll 8
-  for (int32_t s = kPrefetch; s < n_used; ++s) {
+  for (int32_t s = s0 + kPrefetch; s < n_used; ++s) {
     L = fmaf(l_sh[s], w_sh[s], L);
     acc = fmaf(rec0[int64_t{s} * (VHD + 2) + d], w_sh[s], acc);
   }
@@ -488,7 +508,9 @@ void run_attention(const AttnArgs& a, const Addr& addr, int32_t head_dim, const 
 
 AttnArgs make_args(const float* q, const f16* k, const f16* v, const int32_t* row_seq, const int32_t* row_pos,
                    float* out, int32_t T, int32_t n_heads, int32_t n_kv, int32_t head_dim, int32_t v_head_dim,
-                   float scale, const AttentionLaunch& l) {
+                   float scale, int32_t window, float softcap, const AttentionLaunch& l) {
+  CK_REQUIRE(window >= 0, "attention: window must be >= 0 (0: global)");
+  CK_REQUIRE(softcap >= 0.0f && std::isfinite(softcap), "attention: softcap must be >= 0 (0: none)");
   CK_REQUIRE(T >= 0 && n_heads > 0 && n_kv > 0, "attention: bad shape");
   CK_REQUIRE(n_heads % n_kv == 0, "attention: n_heads must be a multiple of n_kv (GQA)");
   CK_REQUIRE(n_heads / n_kv <= 16, "attention: at most 16 query heads per kv head");
@@ -515,6 +537,8 @@ AttnArgs make_args(const float* q, const f16* k, const f16* v, const int32_t* ro
   a.group = n_heads / n_kv;
   a.n_splits = splits_for(l.max_keys);
   a.scale = scale;
+  a.window = window;
+  a.softcap = softcap;
   return a;
 }
 
@@ -527,7 +551,7 @@ size_t attention_workspace_bytes(int32_t T, int32_t n_heads, int32_t v_head_dim,
 
 void paged_attention(const ck::PagedAttention& p, const AttentionLaunch& l) {
   const AttnArgs a = make_args(p.q, p.k_pages, p.v_pages, p.row_seq, p.row_pos, p.out, p.T, p.n_heads, p.n_kv,
-                               p.head_dim, p.v_head_dim, p.scale, l);
+                               p.head_dim, p.v_head_dim, p.scale, p.window, p.softcap, l);
   CK_REQUIRE(p.page_size > 0 && p.pt_stride > 0 && p.num_pages > 0, "paged_attention: bad page geometry");
   CK_REQUIRE(static_cast<int64_t>(l.max_keys) <= int64_t{p.pt_stride} * p.page_size,
              "paged_attention: max_keys exceeds the page table's capacity");
@@ -537,7 +561,7 @@ void paged_attention(const ck::PagedAttention& p, const AttentionLaunch& l) {
 
 void contiguous_attention(const ck::ContiguousAttention& c, const AttentionLaunch& l) {
   const AttnArgs a = make_args(c.q, c.k, c.v, c.row_seq, c.row_pos, c.out, c.T, c.n_heads, c.n_kv, c.head_dim,
-                               c.v_head_dim, c.scale, l);
+                               c.v_head_dim, c.scale, c.window, c.softcap, l);
   CK_REQUIRE(c.ctx_cap > 0 && l.max_keys <= c.ctx_cap, "contiguous_attention: max_keys exceeds ctx_cap");
   run_attention(a, ContiguousAddr{c.ctx_cap}, c.head_dim, l);
 }

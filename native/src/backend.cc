@@ -3,6 +3,7 @@
 #include "backend.h"
 
 #include "cpu.h"
+#include "quant.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -12,54 +13,88 @@ namespace ck {
 
 namespace {
 std::string at(const char* what, size_t i) { return std::string(what) + "[" + std::to_string(i) + "]"; }
-
-// Tensors per layer in the canonical order: norm, q, k, v, [q/k/v bias], o, norm, gate, up, down.
-size_t per_layer(const ModelSpec& spec) { return spec.attention_bias ? 12 : 9; }
 }  // namespace
 
+bool is_norm(WeightRole role) {
+  switch (role) {
+    case WeightRole::InputNorm:
+    case WeightRole::QNorm:
+    case WeightRole::KNorm:
+    case WeightRole::AttnOutNorm:
+    case WeightRole::MlpNorm:
+    case WeightRole::MlpOutNorm:
+    case WeightRole::FinalNorm: return true;
+    default: return false;
+  }
+}
+
+// Per layer, in this order: input norm, q, k, v, [q/k/v bias], [q/k norm], o,
+// [attention output norm], MLP norm, gate, up, down, [MLP output norm].
 std::vector<TensorSlot> tensor_slots(const ModelSpec& spec) {
-  const int64_t H = spec.hidden, F = spec.ffn, V = spec.vocab;
+  const int64_t H = spec.hidden, F = spec.ffn, V = spec.vocab, D = spec.head_dim;
   const int64_t qn = static_cast<int64_t>(spec.n_heads) * spec.head_dim;
   const int64_t kn = static_cast<int64_t>(spec.n_kv) * spec.head_dim;
   const int64_t vn = static_cast<int64_t>(spec.n_kv) * spec.v_head_dim;
   const int64_t on = static_cast<int64_t>(spec.n_heads) * spec.v_head_dim;
+  using R = WeightRole;
   std::vector<TensorSlot> s;
-  s.push_back({"model.embed_tokens.weight", {V, H}});
+  s.push_back({"model.embed_tokens.weight", {V, H}, R::Embed, -1});
   for (int32_t l = 0; l < spec.n_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    s.push_back({p + "input_layernorm.weight", {H}});
-    s.push_back({p + "self_attn.q_proj.weight", {qn, H}});
-    s.push_back({p + "self_attn.k_proj.weight", {kn, H}});
-    s.push_back({p + "self_attn.v_proj.weight", {vn, H}});
+    s.push_back({p + "input_layernorm.weight", {H}, R::InputNorm, l});
+    s.push_back({p + "self_attn.q_proj.weight", {qn, H}, R::Q, l});
+    s.push_back({p + "self_attn.k_proj.weight", {kn, H}, R::K, l});
+    s.push_back({p + "self_attn.v_proj.weight", {vn, H}, R::V, l});
     if (spec.attention_bias) {
-      s.push_back({p + "self_attn.q_proj.bias", {qn}});
-      s.push_back({p + "self_attn.k_proj.bias", {kn}});
-      s.push_back({p + "self_attn.v_proj.bias", {vn}});
+      s.push_back({p + "self_attn.q_proj.bias", {qn}, R::QBias, l});
+      s.push_back({p + "self_attn.k_proj.bias", {kn}, R::KBias, l});
+      s.push_back({p + "self_attn.v_proj.bias", {vn}, R::VBias, l});
     }
-    s.push_back({p + "self_attn.o_proj.weight", {H, on}});
-    s.push_back({p + "post_attention_layernorm.weight", {H}});
-    s.push_back({p + "mlp.gate_proj.weight", {F, H}});
-    s.push_back({p + "mlp.up_proj.weight", {F, H}});
-    s.push_back({p + "mlp.down_proj.weight", {H, F}});
+    if (spec.qk_norm) {
+      s.push_back({p + "self_attn.q_norm.weight", {D}, R::QNorm, l});
+      s.push_back({p + "self_attn.k_norm.weight", {D}, R::KNorm, l});
+    }
+    s.push_back({p + "self_attn.o_proj.weight", {H, on}, R::O, l});
+    if (spec.sandwich_norms) {
+      s.push_back({p + "post_attention_layernorm.weight", {H}, R::AttnOutNorm, l});
+      s.push_back({p + "pre_feedforward_layernorm.weight", {H}, R::MlpNorm, l});
+    } else {
+      s.push_back({p + "post_attention_layernorm.weight", {H}, R::MlpNorm, l});
+    }
+    s.push_back({p + "mlp.gate_proj.weight", {F, H}, R::Gate, l});
+    s.push_back({p + "mlp.up_proj.weight", {F, H}, R::Up, l});
+    s.push_back({p + "mlp.down_proj.weight", {H, F}, R::Down, l});
+    if (spec.sandwich_norms) s.push_back({p + "post_feedforward_layernorm.weight", {H}, R::MlpOutNorm, l});
   }
-  s.push_back({"model.norm.weight", {H}});
-  if (!spec.tied_embeddings) s.push_back({"lm_head.weight", {V, H}});
+  s.push_back({"model.norm.weight", {H}, R::FinalNorm, -1});
+  if (!spec.tied_embeddings) s.push_back({"lm_head.weight", {V, H}, R::LmHead, -1});
   return s;
 }
 
 WeightPlace weight_place(const ModelSpec& spec, size_t index) {
-  if (index == 0) return {WeightRole::Embed, -1};
-  const size_t layer_end = 1 + per_layer(spec) * static_cast<size_t>(spec.n_layers);
-  if (index == layer_end) return {WeightRole::FinalNorm, -1};
-  if (index > layer_end) return {WeightRole::LmHead, -1};
-  const auto layer = static_cast<int32_t>((index - 1) / per_layer(spec));
-  size_t k = (index - 1) % per_layer(spec);
-  if (!spec.attention_bias && k >= 4) k += 3;  // skip the bias positions
-  static constexpr WeightRole kRoles[] = {WeightRole::InputNorm, WeightRole::Q,     WeightRole::K,
-                                          WeightRole::V,         WeightRole::QBias, WeightRole::KBias,
-                                          WeightRole::VBias,     WeightRole::O,     WeightRole::PostNorm,
-                                          WeightRole::Gate,      WeightRole::Up,    WeightRole::Down};
-  return {kRoles[k], layer};
+  const TensorSlot slot = tensor_slots(spec).at(index);
+  return {slot.role, slot.layer};
+}
+
+std::string validate_spec(const ModelSpec& m) {
+  if (m.n_layers < 1 || m.hidden < 1 || m.n_heads < 1 || m.n_kv < 1 || m.head_dim < 2 || m.v_head_dim < 1 ||
+      m.ffn < 1 || m.vocab < 1 || m.max_position < 1)
+    return "spec: every size must be positive";
+  if (m.n_heads % m.n_kv != 0) return "spec: nHeads must be a multiple of nKvHeads";
+  if (m.head_dim % 2 != 0) return "spec: headDim must be even (rotary pairs)";
+  if (!(m.rms_eps > 0.0f)) return "spec: rmsEps must be > 0";
+  if (!(m.embed_scale > 0.0f) || !std::isfinite(m.embed_scale)) return "spec: embedScale must be a positive number";
+  if (!(m.rope_scale > 0.0f) || !std::isfinite(m.rope_scale)) return "spec: ropeScale must be a positive number";
+  if (!(m.attn_scale >= 0.0f) || !std::isfinite(m.attn_scale)) return "spec: attnScale must be >= 0 (0: 1/sqrt(headDim))";
+  if (!(m.attn_softcap >= 0.0f) || !std::isfinite(m.attn_softcap)) return "spec: attnSoftcap must be >= 0 (0: none)";
+  if (!(m.final_softcap >= 0.0f) || !std::isfinite(m.final_softcap)) return "spec: finalSoftcap must be >= 0 (0: none)";
+  if (m.activation != Activation::Silu && m.activation != Activation::GeluTanh) return "spec: unknown activation";
+  if (!m.window.empty() && m.window.size() != static_cast<size_t>(m.n_layers))
+    return "spec: layerWindows has " + std::to_string(m.window.size()) + " entries, the model " +
+           std::to_string(m.n_layers) + " layers";
+  for (size_t l = 0; l < m.window.size(); ++l)
+    if (m.window[l] < 0) return "spec: " + at("layerWindows", l) + " must be >= 0 (0: global)";
+  return "";
 }
 
 std::string check_weight(const ModelSpec& spec, size_t index, DType dtype, size_t bytes) {
@@ -68,7 +103,20 @@ std::string check_weight(const ModelSpec& spec, size_t index, DType dtype, size_
   const TensorSlot& slot = slots[index];
   int64_t elems = 1;
   for (int64_t d : slot.shape) elems *= d;
-  const int64_t want = elems * dtype_bytes(dtype);
+  if (is_quantized(dtype)) {
+    // Block formats hold the rows of a matrix the forward multiplies by (or
+    // looks rows up in); norms and biases stay unquantized.
+    const WeightRole role = weight_place(spec, index).role;
+    const bool matrix = role == WeightRole::Embed || role == WeightRole::Q || role == WeightRole::K ||
+                        role == WeightRole::V || role == WeightRole::O || role == WeightRole::Gate ||
+                        role == WeightRole::Up || role == WeightRole::Down || role == WeightRole::LmHead;
+    if (!matrix) return slot.name + ": a quantized type is only allowed for weight matrices";
+    const int32_t block = block_shape(dtype).elems;
+    if (slot.shape.back() % block != 0)
+      return slot.name + ": rows of " + std::to_string(slot.shape.back()) + " elements are not a whole number of " +
+             std::to_string(block) + "-element blocks";
+  }
+  const int64_t want = bytes_of(dtype, elems);
   if (static_cast<int64_t>(bytes) != want)
     return slot.name + ": " + std::to_string(bytes) + " bytes, expected " + std::to_string(want);
   return "";
@@ -90,6 +138,19 @@ std::string validate_contiguous_shape(const ModelSpec& spec, int32_t num_seqs, i
 int64_t page_bytes_of(const ModelSpec& spec, int32_t page_size) {
   return static_cast<int64_t>(spec.n_layers) * page_size * spec.n_kv * (spec.head_dim + spec.v_head_dim) *
          static_cast<int64_t>(sizeof(f16));
+}
+
+std::vector<float> per_layer_inv_freq(const ModelSpec& spec, std::vector<float> inv_freq) {
+  const size_t half = static_cast<size_t>(spec.head_dim / 2);
+  const size_t layers = static_cast<size_t>(spec.n_layers);
+  if (inv_freq.size() == half * layers) return inv_freq;
+  if (inv_freq.size() != half)
+    throw std::invalid_argument("invFreq must have headDim / 2 (" + std::to_string(half) + ") or nLayers * headDim / 2 (" +
+                                std::to_string(half * layers) + ") entries, got " + std::to_string(inv_freq.size()));
+  std::vector<float> out;
+  out.reserve(half * layers);
+  for (size_t l = 0; l < layers; ++l) out.insert(out.end(), inv_freq.begin(), inv_freq.end());
+  return out;
 }
 
 namespace {
@@ -199,6 +260,8 @@ CudaProbe cuda_probe() {
 std::unique_ptr<Backend> make_cuda_engine(const ModelSpec&, std::vector<float>) {
   throw std::runtime_error(cuda_probe().reason);
 }
+
+double cuda_copy_gb_per_s(size_t) { throw std::runtime_error(cuda_probe().reason); }
 #endif
 
 }  // namespace ck

@@ -9,6 +9,7 @@
 // is written, whatever the backend).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -18,18 +19,84 @@
 
 namespace ck {
 
+// The MLP's gate activation: silu (SwiGLU) or gelu_tanh (GeGLU, kernels.h: geglu).
+enum class Activation : int32_t { Silu = 0, GeluTanh = 1 };
+
+// A decoder-only transformer of the Llama family and its relatives. The
+// defaults of the family fields are the Llama forward; each family turns on
+// what its modelling code does (worker/model/config.ts reads them from
+// config.json). Per layer l, for rows x [T, hidden]:
+//
+//   h = norm(x, input_layernorm)
+//   q, k, v = h W_q^T (+b), h W_k^T (+b), h W_v^T (+b)
+//   q, k = norm_h(q, q_norm), norm_h(k, k_norm)     qk_norm: per head of head_dim
+//   q, k = rope(q, k, pos, inv_freq[l]) * rope_scale
+//   a = attention(q, k, v; window[l], attn_scale, attn_softcap)
+//   o = a W_o^T;   o = norm(o, post_attention_layernorm)   (sandwich_norms)
+//   x = x + o
+//   h = norm(x, sandwich_norms ? pre_feedforward_layernorm : post_attention_layernorm)
+//   m = (act(h W_gate^T) * h W_up^T) W_down^T;   m = norm(m, post_feedforward_layernorm)   (sandwich_norms)
+//   x = x + m
+// logits = norm(x, model.norm) W_lm^T, then final_softcap * tanh(logits / final_softcap).
+// norm(x, w) = x / sqrt(mean(x^2) + eps) * w, or * (1 + w) with norm_offset;
+// x starts as embed_tokens[id] * embed_scale.
 struct ModelSpec {
   int32_t n_layers = 0, hidden = 0, n_heads = 0, n_kv = 0, head_dim = 0, v_head_dim = 0, ffn = 0, vocab = 0;
   float rms_eps = 1e-6f;
   bool attention_bias = false;
   bool tied_embeddings = false;
   int32_t max_position = 0;
+  bool norm_offset = false;     // every RMSNorm scales by (1 + w) (Gemma); folded into the weight at load
+  bool qk_norm = false;         // q_norm and k_norm [head_dim] (Qwen3, Gemma 3)
+  bool sandwich_norms = false;  // norms on the attention and MLP outputs (Gemma)
+  Activation activation = Activation::Silu;
+  float embed_scale = 1.0f;     // Gemma: sqrt(hidden) as the embedding's dtype holds it
+  float rope_scale = 1.0f;      // LongRoPE's attention_factor: cos and sin scaled, so q and k after RoPE
+  float attn_scale = 0.0f;      // softmax scale; 0: 1 / sqrt(head_dim)
+  float attn_softcap = 0.0f;    // 0: none
+  float final_softcap = 0.0f;   // 0: none
+  // Per layer: 0 = global attention, W > 0 = sliding (the last W positions).
+  // Empty = every layer global.
+  std::vector<int32_t> window;
+
+  int32_t window_of(int32_t layer) const { return window.empty() ? 0 : window[static_cast<size_t>(layer)]; }
+  float softmax_scale() const { return attn_scale > 0.0f ? attn_scale : 1.0f / std::sqrt(static_cast<float>(head_dim)); }
 };
+
+// Why `spec` cannot run (an empty string when it can): sizes, windows,
+// scales. Both backends refuse the same specs.
+std::string validate_spec(const ModelSpec& spec);
+
+// What tensor a slot of the canonical load order is. Layer-level roles carry their layer.
+enum class WeightRole {
+  Embed,
+  InputNorm,
+  Q,
+  K,
+  V,
+  QBias,
+  KBias,
+  VBias,
+  QNorm,
+  KNorm,
+  O,
+  AttnOutNorm,  // sandwich: post_attention_layernorm, on the attention output
+  MlpNorm,      // before the MLP: post_attention_layernorm (Llama) or pre_feedforward_layernorm (Gemma)
+  Gate,
+  Up,
+  Down,
+  MlpOutNorm,   // sandwich: post_feedforward_layernorm, on the MLP output
+  FinalNorm,
+  LmHead
+};
+bool is_norm(WeightRole role);
 
 // One expected tensor of the canonical load order.
 struct TensorSlot {
   std::string name;
   std::vector<int64_t> shape;
+  WeightRole role;
+  int32_t layer;  // -1 for model-level tensors
 };
 
 // A ragged batch as the engine reads it (owned copies of the caller's arrays).
@@ -42,24 +109,7 @@ struct StepBatch {
 // ---- the canonical tensor order (Hugging Face names) ---------------------------
 std::vector<TensorSlot> tensor_slots(const ModelSpec& spec);
 
-// What tensor `index` of tensor_slots(spec) is. Layer-level roles carry their layer.
-enum class WeightRole {
-  Embed,
-  InputNorm,
-  Q,
-  K,
-  V,
-  QBias,
-  KBias,
-  VBias,
-  O,
-  PostNorm,
-  Gate,
-  Up,
-  Down,
-  FinalNorm,
-  LmHead
-};
+// What tensor `index` of tensor_slots(spec) is.
 struct WeightPlace {
   WeightRole role;
   int32_t layer;  // -1 for model-level tensors
@@ -81,6 +131,17 @@ std::string validate_pool_shape(int64_t num_pages, int32_t page_size);
 std::string validate_contiguous_shape(const ModelSpec& spec, int32_t num_seqs, int32_t ctx_cap);
 // Bytes of one page across all layers, K then V per layer (the transfer unit).
 int64_t page_bytes_of(const ModelSpec& spec, int32_t page_size);
+// inv_freq as every layer's table, [n_layers, head_dim / 2]: a single
+// [head_dim / 2] table repeated, or the per-layer tables as given. Throws
+// std::invalid_argument for any other length.
+std::vector<float> per_layer_inv_freq(const ModelSpec& spec, std::vector<float> inv_freq);
+
+// Device time of the steps since profiling was enabled, by part (the CUDA
+// engine's CUDA events; see native/cuda/profile.cuh). Milliseconds.
+struct StepProfile {
+  int64_t steps = 0;
+  double step_ms = 0, gemm_ms = 0, attention_ms = 0;
+};
 
 // ---- the interface ------------------------------------------------------------------
 // Calls that return std::string return "" on success, else the reason (and
@@ -131,6 +192,13 @@ class Backend {
   virtual void upload_pages(const std::vector<int32_t>& ids, const uint8_t* in) = 0;
   virtual void copy_page(int32_t src, int32_t dst) = 0;
 
+  // Step profiling by part: "" when the backend records it, else why not.
+  // Enabling clears the totals; any thread may call these.
+  virtual std::string set_profiling(bool /*on*/) {
+    return std::string("profiling: the ") + name() + " backend does not time its steps by part";
+  }
+  virtual StepProfile profile() const { return {}; }
+
  protected:
   // The allocations behind create_pool / create_contiguous, called with a
   // valid shape and none allocated yet; an error message, empty on success
@@ -147,10 +215,22 @@ struct CudaProbe {
   bool built = false;
   int32_t devices = 0;
   std::string reason;  // why no device is usable (empty when devices > 0)
+  // What an engine's bits depend on besides the model (the execution variant,
+  // worker/model/variant.ts): device 0's architecture ("sm90"; empty without
+  // a device), the CUDA toolkit the backend was compiled with ("13.0"), and
+  // the kernels' numerics tag (kNumerics in native/cuda/kernels_cuda.cuh).
+  // toolkit and numerics are empty when the backend is not built.
+  std::string arch, toolkit, numerics;
 };
 CudaProbe cuda_probe();
+// Device copy bandwidth in GB/s, bytes read + written, of a device-to-device
+// copy of `bytes` (median of 10 after 3 unmeasured; CUDA events), the
+// yardstick GPU benchmarks compare themselves with (native/gpu-check.sh
+// measures it the same way). Throws when no device is usable.
+double cuda_copy_gb_per_s(size_t bytes);
 // Throws std::runtime_error with the reason when no engine can be made (no
-// device, a spec the CUDA kernels do not support).
+// device, a spec the CUDA kernels do not support). inv_freq: RoPE inverse
+// frequencies, [head_dim / 2] for every layer or [n_layers, head_dim / 2].
 std::unique_ptr<Backend> make_cuda_engine(const ModelSpec& spec, std::vector<float> inv_freq);
 
 }  // namespace ck

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -74,6 +75,10 @@ constexpr float kLn2Lo = -2.12194440e-4f;
 constexpr float kExpPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
                                4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
 
+// The GeGLU constants (kernels.h: geglu): 0.044715 and -2 sqrt(2/pi).
+constexpr float kGeluCubic = 0.044715f;
+constexpr float kGeluMinus2Sqrt2OverPi = -1.5957691216057308f;
+
 namespace generic {
 float expf_poly(float x);
 // silu(g) = g / (1 + expf_poly(-g))
@@ -83,6 +88,17 @@ inline float silu(float g) { return g / (1.0f + expf_poly(-g)); }
 double sum_squares(const float* x, int32_t n);
 // out[i] = silu(gate[i]) * up[i]
 void silu_mul(const float* gate, const float* up, float* out, int64_t n);
+// gelu_tanh(g) = g / (1 + expf_poly(fma(kGeluCubic, g*g*g, g) * kGeluMinus2Sqrt2OverPi))
+inline float gelu_tanh(float g) {
+  const float g3 = (g * g) * g;
+  return g / (1.0f + expf_poly(std::fma(kGeluCubic, g3, g) * kGeluMinus2Sqrt2OverPi));
+}
+// out[i] = gelu_tanh(gate[i]) * up[i]
+void gelu_mul(const float* gate, const float* up, float* out, int64_t n);
+// tanh(x) = sign(x) (1 - e) / (1 + e), e = expf_poly(-2|x|) in (0, 1]: our own
+// exp, so the same bits on every machine; NaN stays NaN. Absolute error
+// ~1e-7 (1 - e cancels for tiny |x|, where tanh x itself is tiny).
+float tanh_poly(float x);
 // s = sum_i q[i] * k[i], i ascending, one f32 accumulator.
 float dot_f16(const float* q, const f16* k, int32_t n);
 // acc[i] += p * v[i]
@@ -96,9 +112,10 @@ void matmul_columns(const float* x, int32_t T, int32_t K, const void* W, DType w
 #define CK_HAVE_AVX2_PATH 1
 namespace avx2 {
 void f32_to_f16_row(const float* x, f16* y, int32_t n);
-// generic::sum_squares and generic::silu_mul, bit for bit.
+// generic::sum_squares, generic::silu_mul and generic::gelu_mul, bit for bit.
 double sum_squares(const float* x, int32_t n);
 void silu_mul(const float* gate, const float* up, float* out, int64_t n);
+void gelu_mul(const float* gate, const float* up, float* out, int64_t n);
 // Per element: an 8-lane FMA accumulator over k ascending, a fixed horizontal
 // sum, then the scalar FMA tail, whatever the tile shape, so a row's bits
 // never depend on T.

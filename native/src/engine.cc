@@ -1,6 +1,7 @@
 #include "engine.h"
 
 #include "cpu.h"
+#include "quant.h"
 
 #include <algorithm>
 #include <cmath>
@@ -23,18 +24,41 @@ F16Buffer F16Buffer::zeroed(int64_t elems) {
 }
 
 Engine::Engine(const ModelSpec& spec, std::vector<float> inv_freq, int32_t threads)
-    : spec_(spec), inv_freq_(std::move(inv_freq)), pool_(threads, /*background=*/true), layers_(static_cast<size_t>(spec.n_layers)) {}
+    : spec_(spec),
+      inv_freq_(per_layer_inv_freq(spec, std::move(inv_freq))),
+      pool_(threads, /*background=*/true),
+      layers_(static_cast<size_t>(spec.n_layers)) {}
 
 std::string Engine::set_weight(size_t index, DType dtype, const uint8_t* data, size_t bytes) {
   const std::string err = check_weight(spec_, index, dtype, bytes);
   if (!err.empty()) return err;
-  const int64_t elems = static_cast<int64_t>(bytes) / dtype_bytes(dtype);
+  const BlockShape block = block_shape(dtype);
+  const int64_t elems = static_cast<int64_t>(bytes) / block.bytes * block.elems;
+  const WeightPlace place = weight_place(spec_, index);
   Weight w;
   w.dtype = dtype;
   w.elems = elems;
-  w.bytes.reserve(bytes);
-  advise_huge_pages(w.bytes.data(), bytes);
-  w.bytes.assign(data, data + bytes);
+  if (spec_.norm_offset && is_norm(place.role)) {
+    // Gemma's RMSNorm scales by (1 + w), computed in f32 as Hugging Face
+    // does (1.0 + weight.float()): the sum is kept as an f32 weight.
+    w.dtype = DType::F32;
+    std::vector<float> f(static_cast<size_t>(elems));
+    for (int64_t i = 0; i < elems; ++i) {
+      float v = 0.0f;
+      switch (dtype) {
+        case DType::F32: std::memcpy(&v, data + 4 * i, 4); break;
+        case DType::F16: v = f16_to_f32(reinterpret_cast<const f16*>(data)[i]); break;
+        case DType::BF16: v = bf16_to_f32(reinterpret_cast<const bf16*>(data)[i]); break;
+      }
+      f[static_cast<size_t>(i)] = 1.0f + v;
+    }
+    const auto* fb = reinterpret_cast<const uint8_t*>(f.data());
+    w.bytes.assign(fb, fb + f.size() * sizeof(float));
+  } else {
+    w.bytes.reserve(bytes);
+    advise_huge_pages(w.bytes.data(), bytes);
+    w.bytes.assign(data, data + bytes);
+  }
 
   auto to_f32 = [&](std::vector<float>& out) {
     out.resize(static_cast<size_t>(elems));
@@ -43,10 +67,10 @@ std::string Engine::set_weight(size_t index, DType dtype, const uint8_t* data, s
         case DType::F32: std::memcpy(&out[static_cast<size_t>(i)], data + 4 * i, 4); break;
         case DType::F16: out[static_cast<size_t>(i)] = f16_to_f32(reinterpret_cast<const f16*>(data)[i]); break;
         case DType::BF16: out[static_cast<size_t>(i)] = bf16_to_f32(reinterpret_cast<const bf16*>(data)[i]); break;
+        default: break;  // biases are never quantized (check_weight)
       }
     }
   };
-  const WeightPlace place = weight_place(spec_, index);
   LayerWeights* L = place.layer >= 0 ? &layers_[static_cast<size_t>(place.layer)] : nullptr;
   switch (place.role) {
     case WeightRole::Embed: embed_ = std::move(w); break;
@@ -57,8 +81,12 @@ std::string Engine::set_weight(size_t index, DType dtype, const uint8_t* data, s
     case WeightRole::QBias: to_f32(L->q_bias); break;
     case WeightRole::KBias: to_f32(L->k_bias); break;
     case WeightRole::VBias: to_f32(L->v_bias); break;
+    case WeightRole::QNorm: L->q_norm = std::move(w); break;
+    case WeightRole::KNorm: L->k_norm = std::move(w); break;
     case WeightRole::O: L->o = std::move(w); break;
-    case WeightRole::PostNorm: L->post_norm = std::move(w); break;
+    case WeightRole::AttnOutNorm: L->attn_out_norm = std::move(w); break;
+    case WeightRole::MlpNorm: L->mlp_norm = std::move(w); break;
+    case WeightRole::MlpOutNorm: L->mlp_out_norm = std::move(w); break;
     case WeightRole::Gate: L->gate = std::move(w); break;
     case WeightRole::Up: L->up = std::move(w); break;
     case WeightRole::Down: L->down = std::move(w); break;
@@ -117,6 +145,7 @@ void Engine::forward(const StepBatch& b, Mode mode, float* logits) {
   const int64_t H = m.hidden, F = m.ffn;
   const int32_t qn = m.n_heads * m.head_dim, kn = m.n_kv * m.head_dim, vn = m.n_kv * m.v_head_dim;
   const int32_t on = m.n_heads * m.v_head_dim;
+  const int32_t half = m.head_dim / 2;
   auto sized = [](std::vector<float>& buf, int64_t n) -> std::vector<float>& {
     if (buf.size() < static_cast<size_t>(n)) buf.resize(static_cast<size_t>(n));
     return buf;
@@ -130,7 +159,11 @@ void Engine::forward(const StepBatch& b, Mode mode, float* logits) {
   std::vector<float>& attn = sized(act_.attn, static_cast<int64_t>(T) * on);
   std::vector<float>& g = sized(act_.g, T * F);
   std::vector<float>& u = sized(act_.u, T * F);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim));
+  const float scale = m.softmax_scale();
+  // An RMSNorm of rows [rows, D] in place of `y` (Gemma's (1 + w) is in the weight already).
+  auto norm = [&](const float* in, const Weight& w, int32_t rows, int32_t D, float* y) {
+    rmsnorm(in, w.data(), w.dtype, rows, D, m.rms_eps, y, &pool_);
+  };
 
   // Contiguous rows land at slot seq * ctx_cap + pos of the per-layer cache.
   std::vector<int32_t> ctx_slots;
@@ -140,40 +173,59 @@ void Engine::forward(const StepBatch& b, Mode mode, float* logits) {
   }
   const int32_t* slots = mode == Mode::Paged ? b.slots.data() : ctx_slots.data();
 
+  // x = embed_tokens[id] * embed_scale (Gemma; 1 otherwise, and then skipped)
   embed(b.tokens.data(), T, embed_.data(), embed_.dtype, m.hidden, x.data(), &pool_);
+  if (m.embed_scale != 1.0f)
+    for (int64_t i = 0; i < T * H; ++i) x[static_cast<size_t>(i)] *= m.embed_scale;
   for (int32_t l = 0; l < m.n_layers; ++l) {
     const LayerWeights& L = layers_[static_cast<size_t>(l)];
+    const float* inv_freq = inv_freq_.data() + static_cast<size_t>(l) * half;
     f16* kc = mode == Mode::Paged ? k_pages_[static_cast<size_t>(l)].ptr.get() : k_ctx_[static_cast<size_t>(l)].ptr.get();
     f16* vc = mode == Mode::Paged ? v_pages_[static_cast<size_t>(l)].ptr.get() : v_ctx_[static_cast<size_t>(l)].ptr.get();
-    // attention block: x += o_proj(attn(rope(q), rope(k), v)) of rmsnorm(x)
-    rmsnorm(x.data(), L.input_norm.data(), L.input_norm.dtype, T, m.hidden, m.rms_eps, h.data(), &pool_);
+    // attention block: x += [norm](o_proj(attn(rope(q), rope(k), v))) of norm(x)
+    norm(x.data(), L.input_norm, T, m.hidden, h.data());
     const MatmulOut qkv[3] = {
         {L.q.data(), L.q.dtype, qn, L.q_bias.empty() ? nullptr : L.q_bias.data(), q.data()},
         {L.k.data(), L.k.dtype, kn, L.k_bias.empty() ? nullptr : L.k_bias.data(), k.data()},
         {L.v.data(), L.v.dtype, vn, L.v_bias.empty() ? nullptr : L.v_bias.data(), v.data()}};
     matmul_multi(h.data(), T, m.hidden, qkv, 3, &pool_);
-    rope(q.data(), T, m.n_heads, m.head_dim, b.positions.data(), inv_freq_.data(), &pool_);
-    rope(k.data(), T, m.n_kv, m.head_dim, b.positions.data(), inv_freq_.data(), &pool_);
+    if (m.qk_norm) {
+      // q [T * n_heads, head_dim] and k [T * n_kv, head_dim]: one RMSNorm per head, in place.
+      norm(q.data(), L.q_norm, T * m.n_heads, m.head_dim, q.data());
+      norm(k.data(), L.k_norm, T * m.n_kv, m.head_dim, k.data());
+    }
+    rope(q.data(), T, m.n_heads, m.head_dim, b.positions.data(), inv_freq, &pool_);
+    rope(k.data(), T, m.n_kv, m.head_dim, b.positions.data(), inv_freq, &pool_);
+    if (m.rope_scale != 1.0f) {
+      // LongRoPE: Hugging Face scales cos and sin, so both rotated q and k (and the K pages hold k scaled).
+      for (int64_t i = 0; i < static_cast<int64_t>(T) * qn; ++i) q[static_cast<size_t>(i)] *= m.rope_scale;
+      for (int64_t i = 0; i < static_cast<int64_t>(T) * kn; ++i) k[static_cast<size_t>(i)] *= m.rope_scale;
+    }
     routed_append(k.data(), slots, T, kn, kc, &pool_);
     routed_append(v.data(), slots, T, vn, vc, &pool_);
     if (mode == Mode::Paged) {
       PagedAttention a{q.data(), kc, vc, b.page_table.data(), b.row_seq.data(), b.positions.data(), attn.data(),
-                       T, m.n_heads, m.n_kv, m.head_dim, m.v_head_dim, page_size_, b.pt_stride, num_pages_, scale};
+                       T, m.n_heads, m.n_kv, m.head_dim, m.v_head_dim, page_size_, b.pt_stride, num_pages_, scale,
+                       m.window_of(l), m.attn_softcap};
       paged_attention(a, &pool_);
     } else {
       ContiguousAttention a{q.data(), kc, vc, b.row_seq.data(), b.positions.data(), attn.data(),
-                            T, m.n_heads, m.n_kv, m.head_dim, m.v_head_dim, ctx_cap_, scale};
+                            T, m.n_heads, m.n_kv, m.head_dim, m.v_head_dim, ctx_cap_, scale,
+                            m.window_of(l), m.attn_softcap};
       contiguous_attention(a, &pool_);
     }
     matmul(attn.data(), T, on, L.o.data(), L.o.dtype, m.hidden, nullptr, o.data(), &pool_);
+    if (m.sandwich_norms) norm(o.data(), L.attn_out_norm, T, m.hidden, o.data());
     for (int64_t i = 0; i < T * H; ++i) x[static_cast<size_t>(i)] += o[static_cast<size_t>(i)];
-    // MLP block: x += down(swiglu(gate(h), up(h))) of h = rmsnorm(x)
-    rmsnorm(x.data(), L.post_norm.data(), L.post_norm.dtype, T, m.hidden, m.rms_eps, h.data(), &pool_);
+    // MLP block: x += [norm](down(act(gate(h)) * up(h))) of h = norm(x)
+    norm(x.data(), L.mlp_norm, T, m.hidden, h.data());
     const MatmulOut gate_up[2] = {{L.gate.data(), L.gate.dtype, m.ffn, nullptr, g.data()},
                                   {L.up.data(), L.up.dtype, m.ffn, nullptr, u.data()}};
     matmul_multi(h.data(), T, m.hidden, gate_up, 2, &pool_);
-    swiglu(g.data(), u.data(), T, m.ffn, g.data(), &pool_);
+    if (m.activation == Activation::GeluTanh) geglu(g.data(), u.data(), T, m.ffn, g.data(), &pool_);
+    else swiglu(g.data(), u.data(), T, m.ffn, g.data(), &pool_);
     matmul(g.data(), T, m.ffn, L.down.data(), L.down.dtype, m.hidden, nullptr, o.data(), &pool_);
+    if (m.sandwich_norms) norm(o.data(), L.mlp_out_norm, T, m.hidden, o.data());
     for (int64_t i = 0; i < T * H; ++i) x[static_cast<size_t>(i)] += o[static_cast<size_t>(i)];
   }
   // Final norm and the LM head only for the rows that need logits.
@@ -183,9 +235,10 @@ void Engine::forward(const StepBatch& b, Mode mode, float* logits) {
   std::vector<float>& nsel = sized(act_.nsel, R * H);
   for (int32_t r = 0; r < R; ++r)
     std::memcpy(&sel[static_cast<size_t>(r * H)], &x[static_cast<size_t>(b.logit_rows[static_cast<size_t>(r)] * H)], static_cast<size_t>(H) * 4);
-  rmsnorm(sel.data(), final_norm_.data(), final_norm_.dtype, R, m.hidden, m.rms_eps, nsel.data(), &pool_);
+  norm(sel.data(), final_norm_, R, m.hidden, nsel.data());
   const Weight& head = m.tied_embeddings ? embed_ : lm_head_;
   matmul(nsel.data(), R, m.hidden, head.data(), head.dtype, m.vocab, nullptr, logits, &pool_);
+  if (m.final_softcap > 0.0f) softcap(logits, static_cast<int64_t>(R) * m.vocab, m.final_softcap, &pool_);
 }
 
 std::string Engine::validate_pages(const std::vector<int32_t>& ids) const {

@@ -27,7 +27,9 @@ struct Weight {
 };
 
 struct LayerWeights {
-  Weight input_norm, q, k, v, o, post_norm, gate, up, down;
+  Weight input_norm, q, k, v, o, mlp_norm, gate, up, down;
+  Weight q_norm, k_norm;               // qk_norm only
+  Weight attn_out_norm, mlp_out_norm;  // sandwich_norms only
   std::vector<float> q_bias, k_bias, v_bias;  // f32 copies (empty without attention bias)
 };
 
@@ -46,6 +48,7 @@ struct F16Buffer {
 
 class Engine final : public Backend {
  public:
+  // inv_freq: [head_dim / 2] for every layer, or [n_layers, head_dim / 2].
   Engine(const ModelSpec& spec, std::vector<float> inv_freq, int32_t threads);
 
   const char* name() const override { return "cpu"; }
@@ -82,7 +85,7 @@ class Engine final : public Backend {
   void forward(const StepBatch& b, Mode mode, float* logits);
 
   ModelSpec spec_;
-  std::vector<float> inv_freq_;  // [head_dim / 2], Llama-3 scaling applied
+  std::vector<float> inv_freq_;  // [n_layers, head_dim / 2], any RoPE scaling applied
   ThreadPool pool_;
   Weight embed_, final_norm_, lm_head_;
   std::vector<LayerWeights> layers_;

@@ -22,7 +22,10 @@ namespace ck {
 using f16 = uint16_t;   // IEEE 754 binary16, bit pattern
 using bf16 = uint16_t;  // bfloat16, bit pattern (upper half of an f32)
 
-enum class DType : int32_t { F32 = 0, F16 = 1, BF16 = 2 };
+// F32/F16/BF16 hold one value per element; the block-quantized formats
+// (llama.cpp's ggml layouts, quant.h) hold K elements of a row as K / block
+// blocks and dequantize to exact f32 values (quant.h says why).
+enum class DType : int32_t { F32 = 0, F16 = 1, BF16 = 2, Q8_0 = 3, Q4_0 = 4, Q4_K = 5, Q6_K = 6 };
 
 class ThreadPool;  // defined by the CPU backend; nullptr means run on the caller's thread
 
@@ -44,16 +47,24 @@ void routed_append(const float* rows, const int32_t* slots, int32_t B, int32_t r
 // ---- attention ------------------------------------------------------------
 // Causal attention for a ragged batch of rows over paged K/V of one layer.
 // Row t belongs to sequence row_seq[t] and sits at absolute position
-// row_pos[t]; it attends to that sequence's keys at positions 0..row_pos[t]
-// inclusive (its own key must already be appended). Key position j of
-// sequence s lives in slot page_table[s * pt_stride + j / page_size] *
-// page_size + j % page_size. Head h reads kv head h / (n_heads / n_kv) (GQA).
+// row_pos[t] = p; it attends to that sequence's keys at positions lo..p
+// inclusive (its own key must already be appended), where
 //
-//   out[t,h,:] = sum_j softmax_j(scale * q[t,h,:]·k[j,kvh,:]) v[j,kvh,:]
+//   lo = 0                      (window == 0: a global layer)
+//   lo = max(0, p - window + 1) (a sliding layer: the last `window` positions,
+//                                Hugging Face's kv_idx > q_idx - sliding_window)
+//
+// Key position j of sequence s lives in slot page_table[s * pt_stride + j /
+// page_size] * page_size + j % page_size. Head h reads kv head h / (n_heads /
+// n_kv) (GQA).
+//
+//   s_j        = scale * q[t,h,:]·k[j,kvh,:]
+//   s_j       <- softcap * tanh(s_j / softcap)      (only when softcap > 0: Gemma 2)
+//   out[t,h,:] = sum_{j=lo..p} softmax_j(s_j) v[j,kvh,:]
 //
 // computed in f32 in three passes (scores, then max and exp-sum, then the
 // weighted sum of values with keys in increasing j), each element in an order
-// fixed by its own row's keys alone.
+// fixed by its own row's keys alone (lo depends only on the row's position).
 struct PagedAttention {
   const float* q;             // [T, n_heads, head_dim]
   const f16* k_pages;         // [num_pages, page_size, n_kv, head_dim]
@@ -65,6 +76,8 @@ struct PagedAttention {
   int32_t T, n_heads, n_kv, head_dim, v_head_dim, page_size, pt_stride;
   int64_t num_pages;
   float scale;
+  int32_t window = 0;    // 0: every key 0..p; W > 0: keys p - W + 1 .. p
+  float softcap = 0.0f;  // 0: none
 };
 void paged_attention(const PagedAttention& a, ThreadPool* pool);
 
@@ -79,6 +92,8 @@ struct ContiguousAttention {
   float* out;
   int32_t T, n_heads, n_kv, head_dim, v_head_dim, ctx_cap;
   float scale;
+  int32_t window = 0;
+  float softcap = 0.0f;
 };
 void contiguous_attention(const ContiguousAttention& a, ThreadPool* pool);
 
@@ -121,6 +136,20 @@ void rope(float* x, int32_t T, int32_t n_heads, int32_t head_dim, const int32_t*
 // The CPU backend's exp is its own (cpu.h: expf_poly, ~1 ulp), the same bits
 // on every instruction set.
 void swiglu(const float* gate, const float* up, int32_t T, int32_t F, float* out, ThreadPool* pool);
+
+// out[t,i] = gelu_tanh(gate[t,i]) * up[t,i] (GeGLU, Hugging Face's
+// gelu_pytorch_tanh), [T, F]:
+//   gelu_tanh(g) = 0.5 g (1 + tanh(u)),  u = sqrt(2/pi) (g + 0.044715 g^3)
+//                = g / (1 + exp(-2u))     (as 0.5 (1 + tanh u) = sigmoid(2u))
+// evaluated as g2 = g*g, g3 = g2*g, w = fma(0.044715, g3, g),
+// e = expf_poly(w * -2sqrt(2/pi)), out = (g / (1 + e)) * up: the same bits on
+// every instruction set, like swiglu.
+void geglu(const float* gate, const float* up, int32_t T, int32_t F, float* out, ThreadPool* pool);
+
+// In place over n values: x <- cap * tanh(x / cap) (logit soft-capping, cap >
+// 0), tanh from the CPU backend's own exp (cpu.h: tanh_poly), so the same bits
+// on every instruction set.
+void softcap(float* x, int64_t n, float cap, ThreadPool* pool);
 
 // out[t,:] = embedding[ids[t], :] converted to f32. embedding [vocab, D] in `wt`.
 void embed(const int32_t* ids, int32_t T, const void* embedding, DType wt, int32_t D, float* out,

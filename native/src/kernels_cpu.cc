@@ -13,6 +13,7 @@
 
 #include "attention_simd.h"
 #include "cpu.h"
+#include "quant.h"
 #include "thread_pool.h"
 
 namespace ck {
@@ -165,6 +166,17 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = silu(gate[i]) * up[i];
 }
 
+void gelu_mul(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = gelu_tanh(gate[i]) * up[i];
+}
+
+float tanh_poly(float x) {
+  if (x != x) return x;
+  const float e = expf_poly(-2.0f * std::fabs(x));
+  const float t = (1.0f - e) / (1.0f + e);
+  return x < 0.0f ? -t : t;
+}
+
 float dot_f16(const float* q, const f16* k, int32_t n) {
   float s = 0.0f;
   for (int32_t i = 0; i < n; ++i) s += q[i] * f16_to_f32(k[i]);
@@ -184,6 +196,7 @@ inline float weight_at(const void* W, DType wt, int64_t i) {
     case DType::F32: return static_cast<const float*>(W)[i];
     case DType::F16: return f16_to_f32(static_cast<const f16*>(W)[i]);
     case DType::BF16: return bf16_to_f32(static_cast<const bf16*>(W)[i]);
+    default: break;  // block formats are dequantized whole (quant.h)
   }
   return 0.0f;
 }
@@ -220,6 +233,13 @@ inline void silu_mul(const float* gate, const float* up, float* out, int64_t n) 
   generic::silu_mul(gate, up, out, n);
 }
 
+inline void gelu_mul(const float* gate, const float* up, float* out, int64_t n) {
+#ifdef CK_HAVE_AVX2_PATH
+  if (g_isa != Isa::Generic) return avx2::gelu_mul(gate, up, out, n);
+#endif
+  generic::gelu_mul(gate, up, out, n);
+}
+
 inline void f32_to_f16_row(const float* x, f16* y, int32_t n) {
 #ifdef CK_HAVE_AVX2_PATH
   if (g_isa != Isa::Generic) return avx2::f32_to_f16_row(x, y, n);
@@ -230,6 +250,18 @@ inline void f32_to_f16_row(const float* x, f16* y, int32_t n) {
 // xp: x as PackedRows packed it for this ISA.
 inline void matmul_columns(const float* x, const float* xp, int32_t T, int32_t K, const void* W, DType wt, int32_t N,
                            const float* bias, float* y, int32_t n0, int32_t n1) {
+  // Quantized weights: the f32 product of their exact values (quant.h). The
+  // AVX2 tiles dequantize in registers (decode reads only the blocks) and
+  // widen a column triplet for 8+ rows; batches the AVX-512 tiles take get
+  // the columns' rows dequantized once per call, reused by every row tile.
+  if (is_quantized(wt)) {
+#ifdef CK_HAVE_AVX2_PATH
+    if (g_isa == Isa::Avx2 || (g_isa == Isa::Avx512 && (T & ~3) < 8))
+      return avx2::matmul_columns(x, T, K, W, wt, N, bias, y, n0, n1);
+#endif
+    return matmul_columns(x, xp, T, K, widen_quantized(W, wt, K, n0, n1), DType::F32, N,
+                          bias != nullptr ? bias + n0 : nullptr, y + n0, 0, n1 - n0);
+  }
 #ifdef CK_HAVE_AVX2_PATH
   if (g_isa == Isa::Avx512) return avx2::matmul_columns_pairs(x, xp, T, K, W, wt, N, bias, y, n0, n1);
   if (g_isa != Isa::Generic) return avx2::matmul_columns(x, T, K, W, wt, N, bias, y, n0, n1);
@@ -287,8 +319,10 @@ void routed_append(const float* rows, const int32_t* slots, int32_t B, int32_t r
 // ---- attention -------------------------------------------------------------
 //
 // The G = n_heads / n_kv query heads that share a kv head are computed
-// together, so each K/V row is read once per row t. For each head g, with L = pos + 1 keys:
-//   s_j = scale * (q_g · k_j)                 j = 0..L-1
+// together, so each K/V row is read once per row t. For each head g, over the
+// L = pos - lo + 1 keys j = lo..pos of the row's window (kernels.h):
+//   s_j = scale * (q_g · k_j)
+//   s_j = softcap * tanh_poly(s_j / softcap)  (softcap > 0 only)
 //   m   = max_j s_j
 //   p_j = exp(s_j - m),  l = sum_j p_j
 //   out = (sum_j p_j v_j) / l                 (j ascending, per lane)
@@ -345,6 +379,8 @@ inline void attention_values(const float* p, int64_t p_stride, int32_t G, const 
 struct AttentionShape {
   int32_t T, n_heads, n_kv, head_dim, v_head_dim;
   float scale;
+  int32_t window;  // 0: global
+  float softcap;   // 0: none
 };
 
 // Scratch reused across items by one thread: scores [NH, L], sums [NH].
@@ -404,18 +440,21 @@ void attend(const AttentionShape& sh, const float* q, const int32_t* row_pos, fl
       const int32_t kv0 = static_cast<int32_t>(item % per_row) * KB;
       const int32_t kvn = std::min(KB, sh.n_kv - kv0);
       const int32_t NH = kvn * G;  // query heads of this item, h = kv0 * G + hh
-      const int32_t L = row_pos[t] + 1;
+      // The row's keys: absolute positions lo .. pos, L of them; below, key
+      // index jr counts from lo (absolute position lo + jr).
+      const int32_t pos = row_pos[t];
+      const int32_t lo = sh.window > 0 ? std::max(0, pos - sh.window + 1) : 0;
+      const int32_t L = pos - lo + 1;
       const float* qb = q + (static_cast<int64_t>(t) * sh.n_heads + static_cast<int64_t>(kv0) * G) * sh.head_dim;
       float* ob = out + (static_cast<int64_t>(t) * sh.n_heads + static_cast<int64_t>(kv0) * G) * sh.v_head_dim;
       std::vector<float>& scores = tl_scores;
       if (scores.size() < static_cast<size_t>(NH) * L) scores.resize(static_cast<size_t>(NH) * L);
-      // Keys j0 .. j0 + n - 1 (n <= kRunKeys), all at consecutive slots.
-      // Fills `sp` with keys j0 .. j0 + min(kSpanKeys, L - j0) - 1, asking
-      // the locator run by run (a span may cross pages).
+      // Fills `sp` with keys j0 .. j0 + min(kSpanKeys, L - j0) - 1 (counted
+      // from lo), asking the locator run by run (a span may cross pages).
       auto span_at = [&](int32_t j0, KeySpan& sp) {
         sp.n = std::min(kSpanKeys, L - j0);
         for (int32_t jj = 0; jj < sp.n;) {
-          const KeyRun run = locate(t, j0 + jj, sp.n - jj);
+          const KeyRun run = locate(t, lo + j0 + jj, sp.n - jj);
           for (int32_t r = 0; r < run.n; ++r, ++jj) {
             sp.k[jj] = run.k + r * k_row;
             sp.v[jj] = run.v + r * v_row;
@@ -446,6 +485,11 @@ void attend(const AttentionShape& sh, const float* q, const int32_t* row_pos, fl
                            sh.head_dim, sh.scale, scores.data() + static_cast<size_t>(kk) * G * L + j0, L);
         }
       });
+      // Soft-capping, element by element (Gemma 2's attn_logit_softcapping).
+      if (sh.softcap > 0.0f) {
+        float* sc = scores.data();
+        for (int64_t i = 0; i < static_cast<int64_t>(NH) * L; ++i) sc[i] = sh.softcap * generic::tanh_poly(sc[i] / sh.softcap);
+      }
       // Pass 2: per head, p_j = exp(s_j - m) in place and l = sum_j p_j;
       // the head's output starts at zero.
       std::vector<float>& sums = tl_sums;
@@ -477,7 +521,7 @@ void attend(const AttentionShape& sh, const float* q, const int32_t* row_pos, fl
 }  // namespace
 
 void paged_attention(const PagedAttention& a, ThreadPool* pool) {
-  const AttentionShape sh{a.T, a.n_heads, a.n_kv, a.head_dim, a.v_head_dim, a.scale};
+  const AttentionShape sh{a.T, a.n_heads, a.n_kv, a.head_dim, a.v_head_dim, a.scale, a.window, a.softcap};
   const int64_t k_row = static_cast<int64_t>(a.n_kv) * a.head_dim;
   const int64_t v_row = static_cast<int64_t>(a.n_kv) * a.v_head_dim;
   const int32_t ps = a.page_size;
@@ -492,10 +536,10 @@ void paged_attention(const PagedAttention& a, ThreadPool* pool) {
 }
 
 void contiguous_attention(const ContiguousAttention& a, ThreadPool* pool) {
-  const AttentionShape sh{a.T, a.n_heads, a.n_kv, a.head_dim, a.v_head_dim, a.scale};
+  const AttentionShape sh{a.T, a.n_heads, a.n_kv, a.head_dim, a.v_head_dim, a.scale, a.window, a.softcap};
   const int64_t k_row = static_cast<int64_t>(a.n_kv) * a.head_dim;
   const int64_t v_row = static_cast<int64_t>(a.n_kv) * a.v_head_dim;
-  // Keys j .. L - 1 are consecutive: one run.
+  // Keys j .. pos are consecutive: one run.
   auto locate = [&](int32_t t, int32_t j, int32_t left) {
     const int64_t slot = static_cast<int64_t>(a.row_seq[t]) * a.ctx_cap + j;
     return KeyRun{a.k + slot * k_row, a.v + slot * v_row, left};
@@ -576,6 +620,7 @@ void rmsnorm(const float* x, const void* w, DType wt, int32_t T, int32_t D, floa
           }
           break;
         }
+        default: break;  // norms are never quantized (check_weight)
       }
     }
   });
@@ -614,10 +659,25 @@ void swiglu(const float* gate, const float* up, int32_t T, int32_t F, float* out
   parallel_for(pool, n, 1 << 14, [&](int64_t i0, int64_t i1) { silu_mul(gate + i0, up + i0, out + i0, i1 - i0); });
 }
 
+void geglu(const float* gate, const float* up, int32_t T, int32_t F, float* out, ThreadPool* pool) {
+  const int64_t n = static_cast<int64_t>(T) * F;
+  parallel_for(pool, n, 1 << 14, [&](int64_t i0, int64_t i1) { gelu_mul(gate + i0, up + i0, out + i0, i1 - i0); });
+}
+
+void softcap(float* x, int64_t n, float cap, ThreadPool* pool) {
+  parallel_for(pool, n, 1 << 14, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) x[i] = cap * generic::tanh_poly(x[i] / cap);
+  });
+}
+
 void embed(const int32_t* ids, int32_t T, const void* embedding, DType wt, int32_t D, float* out,
            ThreadPool* pool) {
   parallel_for(pool, T, grain_for(T, D), [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
+      if (is_quantized(wt)) {
+        dequantize(wt, static_cast<const uint8_t*>(embedding) + ids[t] * bytes_of(wt, D), D, out + t * D);
+        continue;
+      }
       const int64_t base = static_cast<int64_t>(ids[t]) * D;
       for (int32_t i = 0; i < D; ++i) out[t * D + i] = generic::weight_at(embedding, wt, base + i);
     }

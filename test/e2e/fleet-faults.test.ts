@@ -233,7 +233,7 @@ describe("fleet faults (cluster up: real Kafka, real S3, real processes)", () =>
       ["worker-1", true],
     ]);
     expect(s.workers).toEqual({ "worker-0": "connected", "worker-1": "connected" });
-    expect(s.metrics.continuum_pages_total).toBe(280);
+    expect(s.metrics.continuum_pages_capacity).toBe(280);
     // Per worker, from its heartbeats through the controller: pages, hits by tier, its catalog replica.
     expect(s.fleet.map((w) => [w.workerId, w.live, w.status?.totalPages])).toEqual([
       ["worker-0", true, 140],

@@ -310,6 +310,27 @@ describe("engine input validation: a clear error and nothing written", () => {
       ),
     ).rejects.toThrow(`tensor ${q}:`);
     await expect(createEngine({ ...SPEC, nKvHeads: 3 }, m.weights)).rejects.toThrow(/multiple of nKvHeads/);
+    // The family fields: windows per layer, scales, the activation, per-layer RoPE tables.
+    await expect(createEngine({ ...SPEC, layerWindows: Int32Array.from([4]) }, m.weights)).rejects.toThrow(
+      /layerWindows must be an Int32Array of nLayers \(2\)/,
+    );
+    await expect(
+      createEngine({ ...SPEC, layerWindows: Int32Array.from([4, -1]) }, m.weights),
+    ).rejects.toThrow(/layerWindows must be >= 0/);
+    await expect(createEngine({ ...SPEC, attnSoftcap: -1 }, m.weights)).rejects.toThrow(/attnSoftcap/);
+    await expect(createEngine({ ...SPEC, layerInvFreq: new Float32Array(9) }, m.weights)).rejects.toThrow(
+      /layerInvFreq/,
+    );
+    await expect(
+      createEngine({ ...SPEC, activation: "relu" as unknown as "silu" }, m.weights),
+    ).rejects.toThrow(/activation must be "silu" or "gelu_tanh"/);
+    // q_norm / k_norm and Gemma's extra norms are tensors the spec then needs.
+    await expect(createEngine({ ...SPEC, qkNorm: true }, m.weights)).rejects.toThrow(
+      /missing tensor model\.layers\.0\.self_attn\.q_norm\.weight \[16\]/,
+    );
+    await expect(createEngine({ ...SPEC, sandwichNorms: true }, m.weights)).rejects.toThrow(
+      /missing tensor model\.layers\.0\.pre_feedforward_layernorm\.weight/,
+    );
     // A plain record works as well as a Map.
     const e = await createEngine(SPEC, Object.fromEntries(m.weights));
     live.push(e);

@@ -6,6 +6,7 @@ import {
   encodeWeights,
   f16BitsRef,
   f16ValueRef,
+  gegluRef,
   matmulRef,
   poisoned,
   randomF32,
@@ -299,6 +300,8 @@ function runBoth(
   headDim: number,
   vHeadDim: number,
   pageSize: number,
+  window = 0,
+  softcap = 0,
 ) {
   const T = rowSeq.length;
   const scale = 1 / Math.sqrt(headDim);
@@ -319,6 +322,8 @@ function runBoth(
     pageSize,
     ptStride: fx.ptStride,
     scale,
+    window,
+    softcap,
   });
   const contiguous = poisoned(T * nHeads * vHeadDim);
   kernels.contiguousAttention({
@@ -335,6 +340,8 @@ function runBoth(
     vHeadDim,
     ctxCap: fx.ctxCap,
     scale,
+    window,
+    softcap,
   });
   return { paged, contiguous, scale };
 }
@@ -345,6 +352,10 @@ interface AttentionShape {
   headDim: number;
   vHeadDim: number;
   pageSize: number;
+  /** Sliding window (0 or absent: global). */
+  window?: number;
+  /** Score soft-cap (0 or absent: none). */
+  softcap?: number;
 }
 
 /** Runs both layouts; paged is finite and equals contiguous bit for bit. */
@@ -365,6 +376,8 @@ function expectPagedEqualsContiguous(
     c.headDim,
     c.vHeadDim,
     c.pageSize,
+    c.window,
+    c.softcap,
   );
   expect(allFinite(paged)).toBe(true);
   expect(sameBits(paged, contiguous)).toBe(true);
@@ -394,6 +407,8 @@ function expectPagedEqualsContiguousAndRef(
     (t, j, kvh, d) => f16ValueRef(fx.k[(rowSeq[t]! * fx.ctxCap + j) * kRow + kvh * c.headDim + d]!),
     (t, j, kvh, d) => f16ValueRef(fx.v[(rowSeq[t]! * fx.ctxCap + j) * vRow + kvh * c.vHeadDim + d]!),
     scale,
+    c.window,
+    c.softcap,
   );
   expect(relError(paged, ref)).toBeLessThan(1e-5);
 }
@@ -433,6 +448,68 @@ describe.each(isas)("attention on the %s path", (isa) => {
     // Scores of a few units, so the softmax weights span many orders of magnitude.
     const q = randomF32(r, T * c.nHeads * c.headDim, 4);
     expectPagedEqualsContiguousAndRef(fx, q, rowSeq, rowPos, c);
+  });
+
+  it.each([
+    { nHeads: 4, nKv: 1, headDim: 32, vHeadDim: 32, pageSize: 16, window: 24 },
+    { nHeads: 6, nKv: 3, headDim: 24, vHeadDim: 40, pageSize: 9, window: 5 },
+    { nHeads: 8, nKv: 2, headDim: 40, vHeadDim: 40, pageSize: 4, window: 1 },
+    { nHeads: 4, nKv: 2, headDim: 16, vHeadDim: 16, pageSize: 8, window: 1000 },
+    { nHeads: 8, nKv: 4, headDim: 64, vHeadDim: 64, pageSize: 16, softcap: 2.5 },
+    { nHeads: 6, nKv: 2, headDim: 48, vHeadDim: 48, pageSize: 7, window: 33, softcap: 4 },
+  ])("sliding windows and soft-capped scores: paged == contiguous bit for bit, and float64 (%o)", (c) => {
+    kernels.setIsa(isa);
+    const r = rng(21);
+    const lens = [300, 141, 20];
+    const fx = kvFixture(22, lens, c.nKv, c.headDim, c.vHeadDim, c.pageSize);
+    // Rows whose window starts at 0, mid-page, on a page boundary, and a prefill run.
+    const rowSeq = Int32Array.from([0, 1, 0, 2, ...Array(8).fill(0)]);
+    const rowPos = Int32Array.from([299, 140, 3, 19, ...Array.from({ length: 8 }, (_, i) => 200 + i)]);
+    const q = randomF32(r, rowSeq.length * c.nHeads * c.headDim, 4);
+    expectPagedEqualsContiguousAndRef(fx, q, rowSeq, rowPos, c);
+  });
+
+  it("a sliding row reads nothing before its window: keys there may be anything, even NaN", () => {
+    kernels.setIsa(isa);
+    const c = { nHeads: 2, nKv: 1, headDim: 16, vHeadDim: 16, pageSize: 4, window: 6 };
+    const fx = kvFixture(23, [40], c.nKv, c.headDim, c.vHeadDim, c.pageSize);
+    const q = randomF32(rng(24), c.nHeads * c.headDim);
+    const rowSeq = Int32Array.from([0]);
+    const rowPos = Int32Array.from([39]);
+    const before = expectPagedEqualsContiguous(fx, q, rowSeq, rowPos, c).paged;
+    // Poison keys and values 0..33 (the window is 34..39) in both layouts.
+    for (let j = 0; j < 34; j++) {
+      const slot = fx.pageTable[Math.floor(j / 4)]! * 4 + (j % 4);
+      fx.kPages.fill(0x7e00, slot * 16, (slot + 1) * 16);
+      fx.vPages.fill(0x7e00, slot * 16, (slot + 1) * 16);
+      fx.k.fill(0x7e00, j * 16, (j + 1) * 16);
+      fx.v.fill(0x7e00, j * 16, (j + 1) * 16);
+    }
+    expect(sameBits(expectPagedEqualsContiguous(fx, q, rowSeq, rowPos, c).paged, before)).toBe(true);
+    // A global row does read them.
+    expect(allFinite(runBoth(fx, q, rowSeq, rowPos, 2, 1, 16, 16, 4).paged)).toBe(false);
+  });
+
+  it("geglu matches float64, and the soft-cap is cap · tanh(x / cap)", () => {
+    kernels.setIsa(isa);
+    const r = rng(25);
+    const g = randomF32(r, 1001, 12);
+    const u = randomF32(r, 1001, 3);
+    const o = poisoned(1001);
+    kernels.geglu(g, u, o);
+    expect(allFinite(o)).toBe(true);
+    expect(relError(o, gegluRef(g, u))).toBeLessThan(1e-6);
+    const x = randomF32(r, 1000, 200);
+    x.set([0, -0, 1e-30, -1e-30, 1e30, -1e30, Number.POSITIVE_INFINITY]);
+    const capped = Float32Array.from(x);
+    kernels.softcap(capped, 30);
+    for (let i = 0; i < x.length; i++)
+      expect(Math.abs(capped[i]! - 30 * Math.tanh(x[i]! / 30))).toBeLessThan(5e-6);
+    expect([capped[4], capped[5], capped[6]]).toEqual([30, -30, 30]);
+    const nan = Float32Array.from([Number.NaN]);
+    kernels.softcap(nan, 30);
+    expect(Number.isNaN(nan[0]!)).toBe(true);
+    expect(() => kernels.softcap(capped, 0)).toThrow(/cap must be > 0/);
   });
 
   it("the softmax exp is within 2 ulp of e^x on [ln FLT_MIN, 0], exactly 1 at 0, and keeps NaN", () => {
@@ -669,4 +746,31 @@ describe.runIf(isas.includes("avx512"))("the avx512 path is the avx2 arithmetic"
       }
     },
   );
+});
+
+describe.runIf(hasAvx2)("the MLP activations and the soft-cap: the same bits on every path", () => {
+  it("swiglu, geglu and softcap on the portable path equal the AVX2 path bit for bit", () => {
+    const r = rng(26);
+    // Ordinary values, the exp's clamps (|g| large), and a length with a scalar tail.
+    const g = randomF32(r, 4099, 20);
+    g.set([0, -0, 150, -150, 1e20, -1e20, 1e-30]);
+    const u = randomF32(r, 4099, 3);
+    try {
+      const on = (isa: "generic" | "avx2") => {
+        kernels.setIsa(isa);
+        const s = poisoned(g.length);
+        const e = poisoned(g.length);
+        kernels.swiglu(g, u, s);
+        kernels.geglu(g, u, e);
+        const c = Float32Array.from(g);
+        kernels.softcap(c, 7.5);
+        return [s, e, c] as const;
+      };
+      const a = on("generic");
+      const b = on("avx2");
+      for (let i = 0; i < 3; i++) expect(sameBits(a[i]!, b[i]!)).toBe(true);
+    } finally {
+      kernels.setIsa(startIsa);
+    }
+  });
 });

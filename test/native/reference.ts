@@ -205,8 +205,10 @@ export function swigluRef(g: ArrayLike<number>, u: ArrayLike<number>): Float64Ar
 }
 
 /**
- * Causal attention of row t over keys 0..pos[t] of its sequence, with K/V
- * given as float64 accessors so paged and contiguous layouts share it.
+ * Causal attention of row t over keys 0..pos[t] of its sequence (only the
+ * last `window` of them when window > 0), with K/V given as float64 accessors
+ * so paged and contiguous layouts share it; scores soft-capped as
+ * softcap · tanh(s / softcap) when softcap > 0.
  */
 export function attentionRef(
   q: ArrayLike<number>,
@@ -219,18 +221,21 @@ export function attentionRef(
   key: (t: number, j: number, kvh: number, d: number) => number,
   value: (t: number, j: number, kvh: number, d: number) => number,
   scale: number,
+  window = 0,
+  softcap = 0,
 ): Float64Array {
   const out = new Float64Array(T * nHeads * vHeadDim);
   const G = nHeads / nKv;
   for (let t = 0; t < T; t++) {
     for (let h = 0; h < nHeads; h++) {
       const kvh = Math.floor(h / G);
-      const L = pos[t]! + 1;
+      const first = window > 0 ? Math.max(0, pos[t]! - window + 1) : 0;
+      const L = pos[t]! + 1 - first;
       const s = new Float64Array(L);
       for (let j = 0; j < L; j++) {
         let d = 0;
-        for (let i = 0; i < headDim; i++) d += q[(t * nHeads + h) * headDim + i]! * key(t, j, kvh, i);
-        s[j] = d * scale;
+        for (let i = 0; i < headDim; i++) d += q[(t * nHeads + h) * headDim + i]! * key(t, first + j, kvh, i);
+        s[j] = softcap > 0 ? softcap * Math.tanh((d * scale) / softcap) : d * scale;
       }
       const m = Math.max(...s);
       let l = 0;
@@ -240,10 +245,20 @@ export function attentionRef(
       }
       for (let i = 0; i < vHeadDim; i++) {
         let acc = 0;
-        for (let j = 0; j < L; j++) acc += s[j]! * value(t, j, kvh, i);
+        for (let j = 0; j < L; j++) acc += s[j]! * value(t, first + j, kvh, i);
         out[(t * nHeads + h) * vHeadDim + i] = acc / l;
       }
     }
   }
   return out;
+}
+
+/** gelu_pytorch_tanh(g) · u, as transformers writes it. */
+export function gegluRef(g: ArrayLike<number>, u: ArrayLike<number>): Float64Array {
+  const y = new Float64Array(g.length);
+  for (let i = 0; i < g.length; i++) {
+    const x = g[i]!;
+    y[i] = 0.5 * x * (1 + Math.tanh(Math.sqrt(2 / Math.PI) * (x + 0.044715 * x ** 3))) * u[i]!;
+  }
+  return y;
 }

@@ -4,14 +4,16 @@ import { buildByteLevelBpe } from "./bpe.ts";
 import { type ModelConfig, parseModelConfig } from "./config.ts";
 import { BPE_CORPUS } from "./corpus.ts";
 import { type DType, f32ToF16Bits } from "./dtype.ts";
+import { type Arch, archConfig } from "./generate-arch.ts";
 import { Rng, seedRng } from "./prng.ts";
 import { type TensorToWrite, writeSafetensors, writeShardedSafetensors } from "./safetensors.ts";
 import { expectedTensors } from "./weights.ts";
 
 /**
- * Writes a deterministic Llama-family model in Hugging Face format, for tests,
- * demos and benchmarks where no checkpoint can be downloaded. Same preset,
- * seed and dtype → byte-identical files (no timestamps, fixed key order).
+ * Writes a deterministic model in Hugging Face format, for tests, demos and
+ * benchmarks where no checkpoint can be downloaded: a preset's shape in any
+ * supported architecture (generate-arch.ts: llama by default). Same preset,
+ * arch, seed and dtype → byte-identical files (no timestamps, fixed key order).
  *
  * Presets:
  *   tiny   2 layers, hidden 64, 4 heads / 2 kv heads (head 16), ffn 128, vocab 512, f32,
@@ -26,7 +28,8 @@ import { expectedTensors } from "./weights.ts";
  * keep their scale and logits are neither flat nor one-hot): q/k/v/gate/up
  * 1/sqrt(fan_in); o/down 1/sqrt(fan_in · 2 · layers) (residual growth stays
  * bounded); embeddings and lm_head 2/sqrt(hidden) (logit std ≈ 2 after the
- * final RMSNorm); norm weights 1 ± 0.1; q/k/v biases (Qwen2 style) std 0.1.
+ * final RMSNorm); norm weights 1 ± 0.1 (Gemma, whose norms scale by 1 + w:
+ * 0 ± 0.1); q/k/v biases (Qwen2 style) std 0.1.
  * Each tensor draws from its own stream seeded by (seed, tensor name).
  */
 export type Preset = "tiny" | "small" | "bench";
@@ -43,6 +46,8 @@ interface Shape {
   dtype: DType;
   ropeTheta: number;
   ropeScaling: Record<string, unknown> | null;
+  /** The window of sliding layers (architectures that have them). */
+  window: number;
   shardBytes: number | null;
 }
 
@@ -64,6 +69,7 @@ const SHAPES: Record<Preset, Shape> = {
       high_freq_factor: 4,
       original_max_position_embeddings: 512,
     },
+    window: 24,
     shardBytes: null,
   },
   small: {
@@ -77,6 +83,7 @@ const SHAPES: Record<Preset, Shape> = {
     dtype: "BF16",
     ropeTheta: 10000,
     ropeScaling: null,
+    window: 256,
     shardBytes: null,
   },
   bench: {
@@ -96,6 +103,7 @@ const SHAPES: Record<Preset, Shape> = {
       high_freq_factor: 4,
       original_max_position_embeddings: 2048,
     },
+    window: 1024,
     shardBytes: 2 ** 30,
   },
 };
@@ -115,8 +123,8 @@ export interface GenerateOptions {
   readonly dtype?: DType;
   /** Share lm_head with the embedding (no lm_head.weight written). */
   readonly tiedEmbeddings?: boolean;
-  /** Write a Qwen2ForCausalLM with q/k/v biases instead of a LlamaForCausalLM. */
-  readonly qwen2?: boolean;
+  /** The architecture (generate-arch.ts); default "llama". */
+  readonly arch?: Arch;
   /** Overwrite files in a non-empty `out`. */
   readonly force?: boolean;
 }
@@ -146,26 +154,13 @@ export function presetFiles(opts: GenerateOptions) {
     corpus: BPE_CORPUS,
   });
   const id = (t: string) => tok.specialIds.get(t)!;
-  const qwen2 = opts.qwen2 ?? false;
   const config = {
-    architectures: [qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"],
-    model_type: qwen2 ? "qwen2" : "llama",
-    hidden_size: s.hidden,
-    intermediate_size: s.ffn,
-    num_hidden_layers: s.layers,
-    num_attention_heads: s.heads,
-    num_key_value_heads: s.kvHeads,
-    head_dim: s.hidden / s.heads,
-    hidden_act: "silu",
-    max_position_embeddings: s.maxPosition,
-    rms_norm_eps: 1e-5,
-    rope_theta: s.ropeTheta,
-    rope_scaling: s.ropeScaling,
-    tie_word_embeddings: opts.tiedEmbeddings ?? false,
-    vocab_size: s.vocab,
-    bos_token_id: id("<|bos|>"),
-    eos_token_id: id("<|eos|>"),
-    ...(qwen2 ? { use_sliding_window: false } : { attention_bias: false, mlp_bias: false }),
+    ...archConfig(
+      opts.arch ?? "llama",
+      s,
+      { bos: id("<|bos|>"), eos: id("<|eos|>"), pad: id("<|pad|>") },
+      opts.tiedEmbeddings ?? false,
+    ),
     torch_dtype: TORCH_DTYPE[dtype],
     use_cache: true,
   };
@@ -219,9 +214,10 @@ function initOf(
   shape: readonly number[],
   hidden: number,
   layers: number,
+  normOffset: boolean,
 ): { mean: number; std: number } {
   const fanIn = shape[shape.length - 1]!;
-  if (name.endsWith("norm.weight")) return { mean: 1, std: 0.1 / Math.sqrt(3) };
+  if (name.endsWith("norm.weight")) return { mean: normOffset ? 0 : 1, std: 0.1 / Math.sqrt(3) };
   if (name.endsWith(".bias")) return { mean: 0, std: 0.1 };
   if (name === "model.embed_tokens.weight" || name === "lm_head.weight")
     return { mean: 0, std: 2 / Math.sqrt(hidden) };
@@ -239,7 +235,7 @@ export function generatedTensors(config: ModelConfig, dtype: DType, seed: number
     dtype,
     shape,
     bytes: () => {
-      const { mean, std } = initOf(name, shape, spec.hidden, spec.nLayers);
+      const { mean, std } = initOf(name, shape, spec.hidden, spec.nLayers, spec.normOffset);
       const n = shape.reduce((a, b) => a * b, 1);
       return toDtype(uniform(new Rng(seedRng(seed, name)), n, mean, std), dtype);
     },

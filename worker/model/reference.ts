@@ -1,24 +1,35 @@
 import type { EngineSpec } from "./config.ts";
-import { decodeValues, roundToF16 } from "./dtype.ts";
-import { specInvFreq } from "./rope.ts";
+import { bf16BitsToF32, decodeValues, f32ToBf16Bits, roundToF16 } from "./dtype.ts";
 import type { LoadedTensor } from "./safetensors.ts";
 import type { ModelWeights } from "./weights.ts";
 
 /**
- * An independent float64 forward pass of the Llama family in plain
- * TypeScript, written from the Hugging Face modeling code, not from the
- * native kernels. Whole prompt at once, causal, no paging: the yardstick both
- * decoders are checked against on small models.
+ * An independent float64 forward pass in plain TypeScript, written from the
+ * Hugging Face modelling code of each family (modeling_llama, _mistral,
+ * _qwen2, _qwen3, _gemma2, _gemma3, _phi3), not from the native kernels, and
+ * reading the checkpoint's tensors by their Hugging Face names (so a fused
+ * Phi-3 projection is split here, on its own). Whole prompt at once, causal,
+ * no paging: the yardstick both decoders are checked against on small models.
  *
- * Per layer, for rows t = 0..T-1 at positions p_t = startPos + t:
- *   h    = RMSNorm(x) ⊙ w_in,          RMSNorm(x) = x / sqrt(mean(x²) + eps)
- *   q,k,v = h·Wqᵀ (+bq), h·Wkᵀ (+bk), h·Wvᵀ (+bv)
- *   q,k  ← RoPE(q, p_t), RoPE(k, p_t)   (rotate_half pairs (i, i + d/2))
- *   a[t,h] = Σ_{j ≤ t} softmax_j(q[t,h]·k[j,h/g] / sqrt(d)) v[j,h/g],  g = nHeads / nKvHeads
- *   x    += a·Woᵀ
- *   h    = RMSNorm(x) ⊙ w_post
- *   x    += (silu(h·Wgᵀ) ⊙ h·Wuᵀ)·Wdᵀ,  silu(z) = z / (1 + e^(−z))
- * logits = (RMSNorm(x) ⊙ w_norm)·W_lmᵀ
+ * Per layer, for rows t = 0..T-1 at positions t:
+ *   h     = norm(x, input_layernorm)
+ *   q,k,v = h·Wqᵀ (+bq), h·Wkᵀ (+bk), h·Wvᵀ (+bv)    Phi-3: one qkv_proj, split by rows
+ *   q,k   ← norm(q, q_norm), norm(k, k_norm) per head (Qwen3, Gemma 3)
+ *   q,k   ← q·cos + rotate_half(q)·sin (and k), cos/sin of the layer's inv_freq
+ *           times LongRoPE's attention_factor
+ *   s_tj  = q_t·k_j · scaling,  scaling = query_pre_attn_scalar^-½ (Gemma) or head_dim^-½
+ *   s_tj  ← cap · tanh(s_tj / cap)                   (attn_logit_softcapping)
+ *   a_t   = Σ_j softmax_j(s_tj) v_j over j ≤ t, and j > t − W on a sliding layer
+ *   o     = a·Woᵀ;  o ← norm(o, post_attention_layernorm) (Gemma)
+ *   x    += o
+ *   h     = norm(x, post_attention_layernorm), Gemma: pre_feedforward_layernorm
+ *   m     = (act(h·Wgᵀ) ⊙ h·Wuᵀ)·Wdᵀ, act = silu, Gemma: gelu_pytorch_tanh
+ *           (Phi-3: gate and up are the two halves of gate_up_proj)
+ *   m    ← norm(m, post_feedforward_layernorm) (Gemma)
+ *   x    += m
+ * logits = norm(x, model.norm)·W_lmᵀ, then cap · tanh(logits / cap) (final_logit_softcapping)
+ * norm(x, w) = x / √(mean(x²) + eps) · w (Gemma: · (1 + w)); x starts as the
+ * embedding row, Gemma's times √hidden in the embedding's dtype.
  *
  * `roundKvToF16` rounds k (after RoPE) and v to f16 before attention, as the
  * engine's KV pages store them, so the reference can be compared tightly.
@@ -38,60 +49,77 @@ function f64(t: LoadedTensor): Float64Array {
   return w;
 }
 
-/** y[T, N] = x[T, K] · W[N, K]ᵀ (+ b[N]). */
+/** y[T, N] = x[T, K] · W[N, K]ᵀ (+ b[N]), W's rows [r0, r0 + N). */
 function linear(
   x: Float64Array,
   T: number,
   K: number,
-  W: LoadedTensor,
+  w: Float64Array,
   N: number,
-  b?: LoadedTensor,
+  b?: Float64Array,
+  r0 = 0,
 ): Float64Array {
-  const w = f64(W);
-  const bias = b ? f64(b) : undefined;
   const y = new Float64Array(T * N);
   for (let t = 0; t < T; t++) {
     const xo = t * K;
     for (let n = 0; n < N; n++) {
-      const wo = n * K;
+      const wo = (r0 + n) * K;
       let s = 0;
       for (let k = 0; k < K; k++) s += x[xo + k]! * w[wo + k]!;
-      y[t * N + n] = s + (bias ? bias[n]! : 0);
+      y[t * N + n] = s + (b ? b[n]! : 0);
     }
   }
   return y;
 }
 
-function rmsnorm(x: Float64Array, T: number, D: number, w: LoadedTensor, eps: number): Float64Array {
-  const g = f64(w);
-  const y = new Float64Array(T * D);
-  for (let t = 0; t < T; t++) {
+/** LlamaRMSNorm: w · x/√(mean x² + eps); GemmaRMSNorm: (1 + w) · x/√(mean x² + eps). Rows of D. */
+function rmsnorm(x: Float64Array, D: number, w: Float64Array, eps: number, gemma: boolean): Float64Array {
+  const y = new Float64Array(x.length);
+  for (let r = 0; r < x.length / D; r++) {
     let ss = 0;
-    for (let i = 0; i < D; i++) ss += x[t * D + i]! ** 2;
-    const r = 1 / Math.sqrt(ss / D + eps);
-    for (let i = 0; i < D; i++) y[t * D + i] = x[t * D + i]! * r * g[i]!;
+    for (let i = 0; i < D; i++) ss += x[r * D + i]! ** 2;
+    const inv = 1 / Math.sqrt(ss / D + eps);
+    for (let i = 0; i < D; i++) y[r * D + i] = x[r * D + i]! * inv * (gemma ? 1 + w[i]! : w[i]!);
   }
   return y;
 }
 
-/** In place: x [T, H, d], rotate_half convention. */
-function rope(
-  x: Float64Array,
-  T: number,
-  H: number,
-  d: number,
-  pos: (t: number) => number,
-  invFreq: Float64Array,
-) {
+/**
+ * inv_freq of a layer, from transformers' modeling_rope_utils: default
+ * 1/θ^(2i/d); linear divides by factor; llama3 blends by wavelength; longrope
+ * divides by the chosen ext_factors. Gemma 3's sliding layers use
+ * rope_local_base_freq with the default rule.
+ */
+function invFreqOf(spec: EngineSpec, sliding: boolean): Float64Array {
+  const d = spec.headDim;
+  const local = sliding && spec.localRopeTheta !== undefined;
+  const theta = local ? spec.localRopeTheta! : spec.ropeTheta;
+  const inv = Float64Array.from({ length: d / 2 }, (_, i) => 1 / theta ** ((2 * i) / d));
+  const rs = local ? undefined : spec.ropeScaling;
+  if (rs === undefined) return inv;
+  if (rs.kind === "linear") return inv.map((f) => f / rs.factor);
+  if (rs.kind === "longrope") return inv.map((_, i) => 1 / (rs.factors[i]! * theta ** ((2 * i) / d)));
+  const low = rs.originalMaxPosition / rs.lowFreqFactor;
+  const high = rs.originalMaxPosition / rs.highFreqFactor;
+  return inv.map((f) => {
+    const wavelen = (2 * Math.PI) / f;
+    if (wavelen < high) return f;
+    if (wavelen > low) return f / rs.factor;
+    const smooth =
+      (rs.originalMaxPosition / wavelen - rs.lowFreqFactor) / (rs.highFreqFactor - rs.lowFreqFactor);
+    return (1 - smooth) * (f / rs.factor) + smooth * f;
+  });
+}
+
+/** In place on x [T, H, d]: x·cos + rotate_half(x)·sin, both scaled by `mscale`. */
+function applyRotary(x: Float64Array, T: number, H: number, d: number, inv: Float64Array, mscale: number) {
   const half = d / 2;
   for (let t = 0; t < T; t++) {
-    const p = pos(t);
     for (let h = 0; h < H; h++) {
       const o = (t * H + h) * d;
       for (let i = 0; i < half; i++) {
-        const th = p * invFreq[i]!;
-        const c = Math.cos(th);
-        const s = Math.sin(th);
+        const c = Math.cos(t * inv[i]!) * mscale;
+        const s = Math.sin(t * inv[i]!) * mscale;
         const a = x[o + i]!;
         const b = x[o + i + half]!;
         x[o + i] = a * c - b * s;
@@ -101,9 +129,13 @@ function rope(
   }
 }
 
+/** gelu_pytorch_tanh: 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³))). */
+const geluTanh = (x: number) => 0.5 * x * (1 + Math.tanh(Math.sqrt(2 / Math.PI) * (x + 0.044715 * x ** 3)));
+const silu = (x: number) => x / (1 + Math.exp(-x));
+
 /**
- * Logits [T][vocab] for `tokens` at positions startPos.. (a fresh sequence:
- * startPos 0). Each row sees only the rows at or before it.
+ * Logits [T][vocab] for `tokens` at positions 0.. (a fresh sequence). Each row
+ * sees only the rows at or before it (and, on a sliding layer, within its window).
  */
 export function referenceForward(
   spec: EngineSpec,
@@ -117,20 +149,61 @@ export function referenceForward(
   for (const [i, tok] of tokens.entries())
     if (!Number.isInteger(tok) || tok < 0 || tok >= V)
       throw new RangeError(`tokens[${i}] = ${tok} is outside vocab ${V}`);
-  const invFreq = specInvFreq(spec);
+  const tensor = (name: string): LoadedTensor => {
+    const t = weights.tensors.get(name);
+    if (!t) throw new RangeError(`the reference needs tensor '${name}'`);
+    return t;
+  };
+  const W = (name: string) => f64(tensor(name));
+  const Wopt = (name: string) => (weights.tensors.has(name) ? W(name) : undefined);
+  const gemma = spec.family === "gemma2" || spec.family === "gemma3";
+  const phi3 = spec.family === "phi3";
+  const qkNorm = spec.family === "qwen3" || spec.family === "gemma3";
+  const norm = (x: Float64Array, width: number, name: string) =>
+    rmsnorm(x, width, W(name), spec.rmsEps, gemma);
+  const scaling = gemma ? spec.attnScale! : d ** -0.5;
+  const mscale = spec.ropeScaling?.kind === "longrope" ? spec.ropeScaling.attentionFactor : 1;
   const group = H / KV;
-  const scale = 1 / Math.sqrt(d);
-  const emb = f64(weights.embed);
-  const x = new Float64Array(T * D);
-  for (let t = 0; t < T; t++) x.set(emb.subarray(tokens[t]! * D, tokens[t]! * D + D), t * D);
 
-  for (const L of weights.layers) {
-    const h = rmsnorm(x, T, D, L.inputNorm, spec.rmsEps);
-    const q = linear(h, T, D, L.q, H * d, L.qBias);
-    const k = linear(h, T, D, L.k, KV * d, L.kBias);
-    const v = linear(h, T, D, L.v, KV * dv, L.vBias);
-    rope(q, T, H, d, (t) => t, invFreq);
-    rope(k, T, KV, d, (t) => t, invFreq);
+  const embTensor = tensor("model.embed_tokens.weight");
+  const emb = f64(embTensor);
+  // Gemma: hidden_states * torch.tensor(hidden ** 0.5, dtype=hidden_states.dtype)
+  let normalizer = 1;
+  if (gemma) {
+    const s = Math.fround(Math.sqrt(D));
+    normalizer =
+      embTensor.dtype === "BF16"
+        ? bf16BitsToF32(f32ToBf16Bits(s))
+        : embTensor.dtype === "F16"
+          ? roundToF16(s)
+          : s;
+  }
+  const x = new Float64Array(T * D);
+  for (let t = 0; t < T; t++)
+    for (let i = 0; i < D; i++) x[t * D + i] = emb[tokens[t]! * D + i]! * normalizer;
+
+  for (let l = 0; l < spec.nLayers; l++) {
+    const p = `model.layers.${l}.`;
+    const layer = spec.layers[l]!;
+    const h = norm(x, D, `${p}input_layernorm.weight`);
+    let q: Float64Array, k: Float64Array, v: Float64Array;
+    if (phi3) {
+      const qkv = W(`${p}self_attn.qkv_proj.weight`);
+      q = linear(h, T, D, qkv, H * d, undefined, 0);
+      k = linear(h, T, D, qkv, KV * d, undefined, H * d);
+      v = linear(h, T, D, qkv, KV * dv, undefined, H * d + KV * d);
+    } else {
+      q = linear(h, T, D, W(`${p}self_attn.q_proj.weight`), H * d, Wopt(`${p}self_attn.q_proj.bias`));
+      k = linear(h, T, D, W(`${p}self_attn.k_proj.weight`), KV * d, Wopt(`${p}self_attn.k_proj.bias`));
+      v = linear(h, T, D, W(`${p}self_attn.v_proj.weight`), KV * dv, Wopt(`${p}self_attn.v_proj.bias`));
+    }
+    if (qkNorm) {
+      q = norm(q, d, `${p}self_attn.q_norm.weight`);
+      k = norm(k, d, `${p}self_attn.k_norm.weight`);
+    }
+    const inv = invFreqOf(spec, layer.kind === "sliding");
+    applyRotary(q, T, H, d, inv, mscale);
+    applyRotary(k, T, KV, d, inv, mscale);
     if (opts.roundKvToF16) {
       for (let i = 0; i < k.length; i++) k[i] = roundToF16(k[i]!);
       for (let i = 0; i < v.length; i++) v[i] = roundToF16(v[i]!);
@@ -138,41 +211,63 @@ export function referenceForward(
     const a = new Float64Array(T * H * dv);
     const sc = new Float64Array(T);
     for (let t = 0; t < T; t++) {
+      // The causal mask, with the sliding overlay kv_idx > q_idx − W.
+      const first = layer.kind === "sliding" ? Math.max(0, t - layer.window + 1) : 0;
       for (let hh = 0; hh < H; hh++) {
         const kvh = Math.floor(hh / group);
         const qo = (t * H + hh) * d;
         let max = Number.NEGATIVE_INFINITY;
-        for (let j = 0; j <= t; j++) {
+        for (let j = first; j <= t; j++) {
           const ko = (j * KV + kvh) * d;
           let s = 0;
           for (let i = 0; i < d; i++) s += q[qo + i]! * k[ko + i]!;
-          sc[j] = s * scale;
-          if (sc[j]! > max) max = sc[j]!;
+          s *= scaling;
+          if (spec.attnSoftcap !== null) s = Math.tanh(s / spec.attnSoftcap) * spec.attnSoftcap;
+          sc[j] = s;
+          if (s > max) max = s;
         }
         let sum = 0;
-        for (let j = 0; j <= t; j++) {
+        for (let j = first; j <= t; j++) {
           sc[j] = Math.exp(sc[j]! - max);
           sum += sc[j]!;
         }
         const ao = (t * H + hh) * dv;
-        for (let j = 0; j <= t; j++) {
-          const p = sc[j]! / sum;
+        for (let j = first; j <= t; j++) {
+          const pj = sc[j]! / sum;
           const vo = (j * KV + kvh) * dv;
-          for (let i = 0; i < dv; i++) a[ao + i] = a[ao + i]! + p * v[vo + i]!;
+          for (let i = 0; i < dv; i++) a[ao + i] = a[ao + i]! + pj * v[vo + i]!;
         }
       }
     }
-    const o = linear(a, T, H * dv, L.o, D);
+    let o = linear(a, T, H * dv, W(`${p}self_attn.o_proj.weight`), D);
+    if (gemma) o = norm(o, D, `${p}post_attention_layernorm.weight`);
     for (let i = 0; i < x.length; i++) x[i] = x[i]! + o[i]!;
-    const h2 = rmsnorm(x, T, D, L.postNorm, spec.rmsEps);
-    const g = linear(h2, T, D, L.gate, F);
-    const u = linear(h2, T, D, L.up, F);
-    for (let i = 0; i < g.length; i++) g[i] = (g[i]! / (1 + Math.exp(-g[i]!))) * u[i]!;
-    const m = linear(g, T, F, L.down, D);
+
+    const h2 = norm(
+      x,
+      D,
+      gemma ? `${p}pre_feedforward_layernorm.weight` : `${p}post_attention_layernorm.weight`,
+    );
+    let g: Float64Array, u: Float64Array;
+    if (phi3) {
+      const gu = W(`${p}mlp.gate_up_proj.weight`);
+      g = linear(h2, T, D, gu, F, undefined, 0);
+      u = linear(h2, T, D, gu, F, undefined, F);
+    } else {
+      g = linear(h2, T, D, W(`${p}mlp.gate_proj.weight`), F);
+      u = linear(h2, T, D, W(`${p}mlp.up_proj.weight`), F);
+    }
+    for (let i = 0; i < g.length; i++) g[i] = (gemma ? geluTanh(g[i]!) : silu(g[i]!)) * u[i]!;
+    let m = linear(g, T, F, W(`${p}mlp.down_proj.weight`), D);
+    if (gemma) m = norm(m, D, `${p}post_feedforward_layernorm.weight`);
     for (let i = 0; i < x.length; i++) x[i] = x[i]! + m[i]!;
   }
-  const xn = rmsnorm(x, T, D, weights.norm, spec.rmsEps);
-  const logits = linear(xn, T, D, weights.lmHead, V);
+  const xn = norm(x, D, "model.norm.weight");
+  const logits = linear(xn, T, D, spec.tiedEmbeddings ? emb : W("lm_head.weight"), V);
+  if (spec.finalSoftcap !== null) {
+    const cap = spec.finalSoftcap;
+    for (let i = 0; i < logits.length; i++) logits[i] = Math.tanh(logits[i]! / cap) * cap;
+  }
   const rows: Float64Array[] = [];
   for (let t = 0; t < T; t++) rows.push(logits.slice(t * V, (t + 1) * V));
   return rows;

@@ -27,6 +27,10 @@ export function ropeInvFreq(headDim: number, theta: number, scaling?: RopeScalin
   const out = new Float64Array(half);
   for (let i = 0; i < half; i++) out[i] = 1 / theta ** ((2 * i) / headDim);
   if (scaling === undefined) return out;
+  // Linear (transformers' _compute_linear_scaling_rope_parameters): inv_freq / factor.
+  if (scaling.kind === "linear") return out.map((f) => f / scaling.factor);
+  // LongRoPE (_compute_longrope_parameters): 1 / (ext_factor[i] · theta^(2i/d)).
+  if (scaling.kind === "longrope") return out.map((f, i) => f / scaling.factors[i]!);
   const { factor, lowFreqFactor, highFreqFactor, originalMaxPosition } = scaling;
   const lowWavelen = originalMaxPosition / lowFreqFactor;
   const highWavelen = originalMaxPosition / highFreqFactor;
@@ -44,6 +48,24 @@ export function ropeInvFreq(headDim: number, theta: number, scaling?: RopeScalin
   return out;
 }
 
+/** The global layers' frequencies: rope_theta with rope_scaling. */
 export function specInvFreq(spec: EngineSpec): Float64Array {
   return ropeInvFreq(spec.headDim, spec.ropeTheta, spec.ropeScaling);
+}
+
+/**
+ * Layer l's frequencies. Gemma 3's sliding layers use their own unscaled base
+ * (rope_local_base_freq); every other layer the global table.
+ */
+export function layerInvFreq(spec: EngineSpec, layer: number): Float64Array {
+  const local = spec.layers[layer]!.kind === "sliding" && spec.localRopeTheta !== undefined;
+  return local ? ropeInvFreq(spec.headDim, spec.localRopeTheta!) : specInvFreq(spec);
+}
+
+/**
+ * The factor LongRoPE multiplies cos and sin by (1 without it): q·k scales by
+ * its square.
+ */
+export function ropeAttentionFactor(spec: EngineSpec): number {
+  return spec.ropeScaling?.kind === "longrope" ? spec.ropeScaling.attentionFactor : 1;
 }

@@ -3,7 +3,7 @@ import { type ByteProgress, progressFor } from "./progress.ts";
 import { type LoadedTensor, SafetensorsCheckpoint, SafetensorsError } from "./safetensors.ts";
 
 /**
- * The Llama-family tensor set (Hugging Face names and [out, in] Linear
+ * The tensor set of each family (Hugging Face names and [out, in] Linear
  * layout) and its loading. The loader checks names and shapes against the
  * config before reading a byte, so a wrong checkpoint fails fast and loads
  * nothing.
@@ -17,10 +17,17 @@ export interface LayerWeights {
   readonly qBias?: LoadedTensor; // [nHeads*headDim] (attentionBias)
   readonly kBias?: LoadedTensor;
   readonly vBias?: LoadedTensor;
-  readonly postNorm: LoadedTensor; // [hidden]
+  readonly qNorm?: LoadedTensor; // [headDim] (qkNorm)
+  readonly kNorm?: LoadedTensor;
+  /** sandwichNorms: post_attention_layernorm, on the attention output. */
+  readonly attnOutNorm?: LoadedTensor; // [hidden]
+  /** Before the MLP: post_attention_layernorm (Llama), pre_feedforward_layernorm (Gemma). */
+  readonly mlpNorm: LoadedTensor; // [hidden]
   readonly gate: LoadedTensor; // [ffn, hidden]
   readonly up: LoadedTensor; // [ffn, hidden]
   readonly down: LoadedTensor; // [hidden, ffn]
+  /** sandwichNorms: post_feedforward_layernorm, on the MLP output. */
+  readonly mlpOutNorm?: LoadedTensor; // [hidden]
 }
 
 export interface ModelWeights {
@@ -45,23 +52,44 @@ const layerPrefix = (i: number) => `model.layers.${i}`;
 /** Every tensor name the spec requires, with its shape. */
 export function expectedTensors(spec: EngineSpec): Map<string, readonly number[]> {
   const { hidden, nHeads, nKvHeads, headDim, vHeadDim, ffn, vocab } = spec;
+  const qn = nHeads * headDim;
+  const kn = nKvHeads * headDim;
+  const vn = nKvHeads * vHeadDim;
   const m = new Map<string, readonly number[]>();
   m.set("model.embed_tokens.weight", [vocab, hidden]);
   for (let i = 0; i < spec.nLayers; i++) {
     const p = layerPrefix(i);
     m.set(`${p}.input_layernorm.weight`, [hidden]);
-    m.set(`${p}.self_attn.q_proj.weight`, [nHeads * headDim, hidden]);
-    m.set(`${p}.self_attn.k_proj.weight`, [nKvHeads * headDim, hidden]);
-    m.set(`${p}.self_attn.v_proj.weight`, [nKvHeads * vHeadDim, hidden]);
-    m.set(`${p}.self_attn.o_proj.weight`, [hidden, nHeads * vHeadDim]);
-    if (spec.attentionBias) {
-      m.set(`${p}.self_attn.q_proj.bias`, [nHeads * headDim]);
-      m.set(`${p}.self_attn.k_proj.bias`, [nKvHeads * headDim]);
-      m.set(`${p}.self_attn.v_proj.bias`, [nKvHeads * vHeadDim]);
+    if (spec.fusedProjections) {
+      // Phi-3: rows [0, qn) are q, then kn rows of k, then vn of v.
+      m.set(`${p}.self_attn.qkv_proj.weight`, [qn + kn + vn, hidden]);
+    } else {
+      m.set(`${p}.self_attn.q_proj.weight`, [qn, hidden]);
+      m.set(`${p}.self_attn.k_proj.weight`, [kn, hidden]);
+      m.set(`${p}.self_attn.v_proj.weight`, [vn, hidden]);
     }
+    if (spec.attentionBias) {
+      m.set(`${p}.self_attn.q_proj.bias`, [qn]);
+      m.set(`${p}.self_attn.k_proj.bias`, [kn]);
+      m.set(`${p}.self_attn.v_proj.bias`, [vn]);
+    }
+    if (spec.qkNorm) {
+      m.set(`${p}.self_attn.q_norm.weight`, [headDim]);
+      m.set(`${p}.self_attn.k_norm.weight`, [headDim]);
+    }
+    m.set(`${p}.self_attn.o_proj.weight`, [hidden, nHeads * vHeadDim]);
     m.set(`${p}.post_attention_layernorm.weight`, [hidden]);
-    m.set(`${p}.mlp.gate_proj.weight`, [ffn, hidden]);
-    m.set(`${p}.mlp.up_proj.weight`, [ffn, hidden]);
+    if (spec.sandwichNorms) {
+      m.set(`${p}.pre_feedforward_layernorm.weight`, [hidden]);
+      m.set(`${p}.post_feedforward_layernorm.weight`, [hidden]);
+    }
+    if (spec.fusedProjections) {
+      // Phi-3: rows [0, ffn) are the gate, [ffn, 2 ffn) the up projection.
+      m.set(`${p}.mlp.gate_up_proj.weight`, [2 * ffn, hidden]);
+    } else {
+      m.set(`${p}.mlp.gate_proj.weight`, [ffn, hidden]);
+      m.set(`${p}.mlp.up_proj.weight`, [ffn, hidden]);
+    }
     m.set(`${p}.mlp.down_proj.weight`, [hidden, ffn]);
   }
   m.set("model.norm.weight", [hidden]);
@@ -114,6 +142,21 @@ export async function loadWeights(
   return assemble(tensors, spec);
 }
 
+/**
+ * Rows [r0, r0 + rows) of a fused [N, K] weight as a tensor of its own (a
+ * view of the same bytes, named as the unfused checkpoint would name it).
+ */
+function rowsOf(t: LoadedTensor, name: string, r0: number, rows: number): LoadedTensor {
+  const K = t.shape[1]!;
+  const bytes = t.data.byteLength / t.shape[0]!;
+  return {
+    name,
+    dtype: t.dtype,
+    shape: [rows, K],
+    data: t.data.subarray(r0 * bytes, (r0 + rows) * bytes),
+  };
+}
+
 /** Arranges validated tensors by role. */
 export function assemble(tensors: ReadonlyMap<string, LoadedTensor>, spec: EngineSpec): ModelWeights {
   const get = (name: string): LoadedTensor => {
@@ -121,14 +164,33 @@ export function assemble(tensors: ReadonlyMap<string, LoadedTensor>, spec: Engin
     if (!t) throw new SafetensorsError(`missing tensor '${name}'`);
     return t;
   };
+  const qn = spec.nHeads * spec.headDim;
+  const kn = spec.nKvHeads * spec.headDim;
+  const vn = spec.nKvHeads * spec.vHeadDim;
   const layers: LayerWeights[] = [];
   for (let i = 0; i < spec.nLayers; i++) {
     const p = layerPrefix(i);
+    let q: LoadedTensor, k: LoadedTensor, v: LoadedTensor, gate: LoadedTensor, up: LoadedTensor;
+    if (spec.fusedProjections) {
+      const qkv = get(`${p}.self_attn.qkv_proj.weight`);
+      q = rowsOf(qkv, `${p}.self_attn.q_proj.weight`, 0, qn);
+      k = rowsOf(qkv, `${p}.self_attn.k_proj.weight`, qn, kn);
+      v = rowsOf(qkv, `${p}.self_attn.v_proj.weight`, qn + kn, vn);
+      const gu = get(`${p}.mlp.gate_up_proj.weight`);
+      gate = rowsOf(gu, `${p}.mlp.gate_proj.weight`, 0, spec.ffn);
+      up = rowsOf(gu, `${p}.mlp.up_proj.weight`, spec.ffn, spec.ffn);
+    } else {
+      q = get(`${p}.self_attn.q_proj.weight`);
+      k = get(`${p}.self_attn.k_proj.weight`);
+      v = get(`${p}.self_attn.v_proj.weight`);
+      gate = get(`${p}.mlp.gate_proj.weight`);
+      up = get(`${p}.mlp.up_proj.weight`);
+    }
     layers.push({
       inputNorm: get(`${p}.input_layernorm.weight`),
-      q: get(`${p}.self_attn.q_proj.weight`),
-      k: get(`${p}.self_attn.k_proj.weight`),
-      v: get(`${p}.self_attn.v_proj.weight`),
+      q,
+      k,
+      v,
       o: get(`${p}.self_attn.o_proj.weight`),
       ...(spec.attentionBias
         ? {
@@ -137,9 +199,18 @@ export function assemble(tensors: ReadonlyMap<string, LoadedTensor>, spec: Engin
             vBias: get(`${p}.self_attn.v_proj.bias`),
           }
         : {}),
-      postNorm: get(`${p}.post_attention_layernorm.weight`),
-      gate: get(`${p}.mlp.gate_proj.weight`),
-      up: get(`${p}.mlp.up_proj.weight`),
+      ...(spec.qkNorm
+        ? { qNorm: get(`${p}.self_attn.q_norm.weight`), kNorm: get(`${p}.self_attn.k_norm.weight`) }
+        : {}),
+      ...(spec.sandwichNorms
+        ? {
+            attnOutNorm: get(`${p}.post_attention_layernorm.weight`),
+            mlpNorm: get(`${p}.pre_feedforward_layernorm.weight`),
+            mlpOutNorm: get(`${p}.post_feedforward_layernorm.weight`),
+          }
+        : { mlpNorm: get(`${p}.post_attention_layernorm.weight`) }),
+      gate,
+      up,
       down: get(`${p}.mlp.down_proj.weight`),
     });
   }

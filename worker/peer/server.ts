@@ -19,6 +19,9 @@ import { encodeHeader, type VerifiedChunk } from "../store/chunk.ts";
  * range. Bytes are read from a verifying tier read, so a corrupt local copy is
  * never served (it answers 404 and the reader falls back).
  *
+ *   GET /ready              200 once the worker said it is ready (markReady), 503 before:
+ *                           an orchestrator's readiness probe; no secret, no data.
+ *
  * Bounded: at most `maxConcurrent` reads in flight; more are answered 503.
  */
 export interface PeerChunkReader {
@@ -39,6 +42,7 @@ export interface PeerServerOptions {
 export class PeerServer {
   private inFlight = 0;
   private served = 0;
+  private ready = false;
 
   private constructor(
     private readonly server: Server,
@@ -70,6 +74,11 @@ export class PeerServer {
     return `${a.address}:${a.port}`;
   }
 
+  /** The worker is warm (model loaded, connected to its controller): GET /ready answers 200 from now on. */
+  markReady(): void {
+    this.ready = true;
+  }
+
   get stats(): { served: number; inFlight: number } {
     return { served: this.served, inFlight: this.inFlight };
   }
@@ -93,6 +102,7 @@ export class PeerServer {
       res.end(body);
     };
     if (req.method !== "GET") return text(405, "only GET is served");
+    if (req.url === "/ready") return this.ready ? text(200, "ready\n") : text(503, "warming up\n");
     if (!this.authorized(req)) return text(401, "missing or wrong cluster secret");
     const m = /^\/v1\/chunks\/([^/?]+)$/.exec(req.url ?? "");
     if (!m) return text(404, "no such path; GET /v1/chunks/<content id>");

@@ -2,17 +2,18 @@ import type { CatalogLog } from "../../catalog/log.ts";
 import { Replica } from "../../catalog/replica.ts";
 import type { SnapshotStore } from "../../catalog/snapshot.ts";
 import type { Engine } from "../../native/index.ts";
+import { abortable } from "../../schema/abort.ts";
 import type { Config } from "../../schema/config.ts";
 import type { ModelFingerprint, NodeId } from "../../schema/ids.ts";
 import type { Logger } from "../../schema/log.ts";
 import { CatalogLink } from "../checkpoint/catalog-link.ts";
 import { Checkpointer } from "../checkpoint/checkpointer.ts";
 import { KvGeometry } from "../checkpoint/chunk-format.ts";
+import type { PrefixRestorer, RouteCheckpointer } from "../pages/durable-hooks.ts";
 import { PeerServer } from "../peer/server.ts";
 import type { StoreReporter } from "../store/chunk.ts";
-import type { PrefixRestorer, RouteCheckpointer } from "./hooks.ts";
+import { ChunkTiers } from "../store/chunk-tiers.ts";
 import { Restorer } from "./restorer.ts";
-import { ChunkTiers } from "./tiers.ts";
 
 export interface DurableCacheOptions {
   readonly engine: Engine;
@@ -37,7 +38,12 @@ export interface DurableCacheOptions {
   readonly storeReport?: StoreReporter;
   /** Catalog snapshots to start the replica from (read only: the fleet's controller writes them). */
   readonly snapshots?: SnapshotStore;
+  /** Aborted when start-up has failed elsewhere (the embedded writer cannot commit): open stops waiting and throws its reason. */
+  readonly signal?: AbortSignal;
 }
+
+/** Bound on each catalog wait of start-up (catching up, withdrawals, registration). */
+const STARTUP_CATALOG_MS = 30_000;
 
 /**
  * A worker's durable prefix cache: its chunk tiers, its catalog replica and
@@ -68,6 +74,13 @@ export class DurableCache {
     const { config, engine } = o;
     const geometry = KvGeometry.of(engine.spec);
     const tiers = await ChunkTiers.open(config.store, o.storeReport);
+    if (tiers.s3?.unreachableAtOpen !== undefined)
+      o.logger.log("warn", "store.s3_unavailable", {
+        endpoint: config.store.s3.endpoint,
+        cause: tiers.s3.unreachableAtOpen,
+        effect:
+          "started degraded: no chunk is published until S3 answers (each put retries); restores use the local tiers",
+      });
     const undo: (() => Promise<unknown>)[] = [() => tiers.close()];
     try {
       const replica = await Replica.start({
@@ -77,7 +90,7 @@ export class DurableCache {
       });
       undo.unshift(() => replica.stop());
       const peer = await PeerServer.start({
-        host: "127.0.0.1",
+        host: config.worker.peerHost,
         port: o.peerPort ?? config.worker.peerPortBase + config.worker.index,
         secret: config.auth.clusterSecret,
         chunks: { get: (id) => tiers.getLocal(id) },
@@ -90,8 +103,12 @@ export class DurableCache {
         layout: o.layout,
         chunkTokens: config.pages.chunkTokens,
       });
-      await catalog.register(peer.address, 30_000);
-      await catalog.forgetRamApplied(30_000);
+      // Withdraw the last life's RAM replicas before registering: a worker
+      // restarted with another model may only withdraw them while the catalog
+      // still lists it under theirs.
+      await abortable(replica.catchUp(STARTUP_CATALOG_MS), o.signal);
+      await catalog.forgetRamApplied(STARTUP_CATALOG_MS, o.signal);
+      await catalog.register(peer.address, STARTUP_CATALOG_MS, o.signal);
       const cp = o.checkpoint ?? {};
       const checkpointer = new Checkpointer({
         engine,

@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
-import { ModelConfigError, parseModelConfig } from "../../../worker/model/config.ts";
+import { parseModelConfig } from "../../../worker/model/config.ts";
 import { ropeInvFreq } from "../../../worker/model/rope.ts";
+import { configErrorOf } from "./model-helpers.ts";
 
 // Shapes as published in the models' config.json files.
 const llama32_1b = {
@@ -70,16 +71,6 @@ const mistral7b_v01 = {
   eos_token_id: 2,
 };
 
-function errorOf(cfg: unknown): ModelConfigError {
-  try {
-    parseModelConfig(cfg);
-  } catch (err) {
-    if (err instanceof ModelConfigError) return err;
-    throw err;
-  }
-  throw new Error("expected a ModelConfigError");
-}
-
 describe("parseModelConfig", () => {
   it("reads a Llama 3.2 config with GQA, explicit head_dim, tied embeddings and llama3 rope scaling", () => {
     const c = parseModelConfig(llama32_1b);
@@ -105,6 +96,17 @@ describe("parseModelConfig", () => {
       attentionBias: false,
       tiedEmbeddings: true,
       maxPosition: 131072,
+      family: "llama",
+      layers: Array.from({ length: 16 }, () => ({ kind: "global" })),
+      normOffset: false,
+      qkNorm: false,
+      sandwichNorms: false,
+      activation: "silu",
+      scaleEmbeddings: false,
+      attnScale: null,
+      attnSoftcap: null,
+      finalSoftcap: null,
+      fusedProjections: false,
     });
     expect(c.bosTokenId).toBe(128000);
     expect(c.eosTokenIds).toEqual([128001, 128008, 128009]);
@@ -124,10 +126,38 @@ describe("parseModelConfig", () => {
     expect(c.eosTokenIds).toEqual([151643]);
   });
 
-  it("caps a Mistral sliding-window model's context at the window, where full attention is exact", () => {
-    expect(parseModelConfig(mistral7b_v01).spec.maxPosition).toBe(4096);
-    expect(parseModelConfig({ ...mistral7b_v01, sliding_window: null }).spec.maxPosition).toBe(32768);
-    expect(parseModelConfig(mistral7b_v01).spec.attentionBias).toBe(false);
+  it("gives a Mistral sliding-window model its window on every layer and its whole context", () => {
+    const c = parseModelConfig(mistral7b_v01);
+    expect(c.spec.maxPosition).toBe(32768);
+    expect(c.spec.layers).toEqual(Array.from({ length: 32 }, () => ({ kind: "sliding", window: 4096 })));
+    expect(c.spec.attentionBias).toBe(false);
+    // null turns the window off; absent takes MistralConfig's default 4096.
+    const off = parseModelConfig({ ...mistral7b_v01, sliding_window: null }).spec;
+    expect(off.layers.every((l) => l.kind === "global")).toBe(true);
+    expect(off.maxPosition).toBe(32768);
+    expect(parseModelConfig({ ...mistral7b_v01, sliding_window: undefined }).spec.layers[0]).toEqual({
+      kind: "sliding",
+      window: 4096,
+    });
+    // A window covering the whole context is the global layout.
+    const wide = parseModelConfig({ ...mistral7b_v01, sliding_window: 32768 }).spec;
+    expect(wide.layers.every((l) => l.kind === "global")).toBe(true);
+  });
+
+  it("slides Qwen2's layers from max_window_layers on, only with use_sliding_window", () => {
+    expect(parseModelConfig(qwen2_05b).spec.layers.every((l) => l.kind === "global")).toBe(true);
+    const on = parseModelConfig({
+      ...qwen2_05b,
+      use_sliding_window: true,
+      sliding_window: 1024,
+      max_window_layers: 20,
+    });
+    expect(on.spec.layers.map((l) => l.kind)).toEqual([
+      ...Array.from({ length: 20 }, () => "global"),
+      ...Array.from({ length: 4 }, () => "sliding"),
+    ]);
+    expect(on.spec.layers[23]).toEqual({ kind: "sliding", window: 1024 });
+    expect(on.spec.maxPosition).toBe(32768);
   });
 
   it("takes Hugging Face defaults for omitted optional keys", () => {
@@ -158,7 +188,9 @@ describe("parseModelConfig", () => {
       high_freq_factor: 4,
       original_max_position_embeddings: 8192,
     };
-    expect(parseModelConfig({ ...llama32_1b, rope_scaling: older }).spec.ropeScaling?.factor).toBe(8);
+    expect(parseModelConfig({ ...llama32_1b, rope_scaling: older }).spec.ropeScaling).toMatchObject({
+      factor: 8,
+    });
     expect(
       parseModelConfig({ ...llama32_1b, rope_scaling: { rope_type: "default" } }).spec.ropeScaling,
     ).toBeUndefined();
@@ -178,7 +210,11 @@ describe("parseModelConfig", () => {
     [{ ...llama32_1b, rms_norm_eps: "small" }, "rms_norm_eps", /positive finite/],
     [{ ...llama32_1b, head_dim: 63 }, "head_dim", /even/],
     [{ ...llama32_1b, rope_scaling: { rope_type: "yarn", factor: 4 } }, "rope_scaling.rope_type", /yarn/],
-    [{ ...llama32_1b, rope_scaling: { rope_type: "linear", factor: 4 } }, "rope_scaling.rope_type", /linear/],
+    [
+      { ...llama32_1b, rope_scaling: { rope_type: "dynamic", factor: 4 } },
+      "rope_scaling.rope_type",
+      /dynamic/,
+    ],
     [
       { ...llama32_1b, rope_scaling: { rope_type: "llama3", factor: 8 } },
       "rope_scaling.low_freq_factor",
@@ -188,14 +224,14 @@ describe("parseModelConfig", () => {
     [{ ...llama32_1b, eos_token_id: [128001, 999999] }, "eos_token_id", /outside vocab_size/],
     [{ ...llama32_1b, tie_word_embeddings: "yes" }, "tie_word_embeddings", /true or false/],
   ])("rejects a bad config naming the key (%#)", (cfg, key, message) => {
-    const err = errorOf(cfg);
+    const err = configErrorOf(cfg);
     expect(err.key).toBe(key);
     expect(err.message).toContain(key);
     expect(err.message).toMatch(message);
   });
 
   it("rejects a non-object", () => {
-    expect(errorOf([1, 2]).key).toBe("(root)");
+    expect(configErrorOf([1, 2]).key).toBe("(root)");
   });
 });
 

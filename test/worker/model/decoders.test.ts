@@ -3,22 +3,17 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type Engine, ropeInvFreq as nativeInvFreq } from "../../../native/index.ts";
-import {
-  DecodeError,
-  type Decoder,
-  generate,
-  prefill,
-  type SequenceId,
-} from "../../../worker/model/decoder.ts";
+import { DecodeError, type Decoder, generate, type SequenceId } from "../../../worker/model/decoder.ts";
 import { ContiguousDecoder } from "../../../worker/model/decoder-contiguous.ts";
 import { PageAllocator, PagedDecoder } from "../../../worker/model/decoder-paged.ts";
 import { nativeSpec, openEngine } from "../../../worker/model/engine.ts";
 import { generateModel } from "../../../worker/model/generate.ts";
 import { type LoadedModel, loadModelDir } from "../../../worker/model/model-dir.ts";
-import { Rng, seedRng } from "../../../worker/model/prng.ts";
 import { referenceForward } from "../../../worker/model/reference.ts";
 import { specInvFreq } from "../../../worker/model/rope.ts";
 import { argmax, initialSamplerState, samplingParams } from "../../../worker/model/sampling.ts";
+import { CPU_VARIANT } from "../../../worker/model/variant.ts";
+import { afterChunkedPrefill, allRows, maxDiff, promptOf, sameBits, shuffled } from "./model-helpers.ts";
 
 /**
  * Exactness of the decoders on the generated tiny model (2 layers, GQA 4/2,
@@ -51,53 +46,14 @@ async function engine(model: LoadedModel = tiny): Promise<Engine> {
   return e;
 }
 
-/** Shuffled page order from a seed: page tables come out fragmented and non-monotonic. */
-function shuffled(n: number, seed: number): number[] {
-  const rng = new Rng(seedRng(seed, "pages"));
-  const a = Array.from({ length: n }, (_, i) => i);
-  for (let i = n - 1; i > 0; i--) {
-    const j = rng.nextU32() % (i + 1);
-    [a[i], a[j]] = [a[j]!, a[i]!];
-  }
-  return a;
-}
-
 function prompt(len: number, seed: number): number[] {
-  const rng = new Rng(seedRng(seed, "prompt"));
-  return Array.from({ length: len }, () => rng.nextU32() % tiny.config.spec.vocab);
-}
-
-function maxDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
-  let m = 0;
-  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i]! - b[i]!));
-  return m;
-}
-
-function sameBits(a: Float32Array, b: Float32Array): boolean {
-  return (
-    Buffer.compare(
-      Buffer.from(a.buffer, a.byteOffset, a.byteLength),
-      Buffer.from(b.buffer, b.byteOffset, b.byteLength),
-    ) === 0
-  );
-}
-
-/** Logits of every position, by feeding tokens one per step. */
-async function allRows(decoder: Decoder, tokens: readonly number[]): Promise<Float32Array[]> {
-  const seq = decoder.open();
-  try {
-    const rows: Float32Array[] = [];
-    for (const t of tokens) rows.push((await decoder.step([{ seq, tokens: [t] }]))[0]!.slice());
-    return rows;
-  } finally {
-    decoder.close(seq);
-  }
+  return promptOf(len, seed, tiny.config.spec.vocab);
 }
 
 beforeAll(async () => {
   root = await mkdtemp(join(tmpdir(), "continuum-dec-"));
   tiny = await loadModelDir((await generateModel({ preset: "tiny", out: join(root, "tiny") })).dir, {
-    variant: "cpu-f32acc/v1",
+    variant: CPU_VARIANT,
   });
 });
 afterAll(async () => {
@@ -185,14 +141,7 @@ describe("batch invariance", () => {
     ];
     const tokens = prompt(45, 77);
     for (const d of decoders) {
-      const results: Float32Array[] = [];
-      for (const chunk of [45, 16, 7, 1]) {
-        const seq = d.open();
-        await prefill(d, seq, tokens, chunk);
-        // One decode step after the prefill: the cached K/V must be identical too.
-        results.push((await d.step([{ seq, tokens: [3] }]))[0]!.slice());
-        d.close(seq);
-      }
+      const results = await afterChunkedPrefill(d, tokens, [45, 16, 7, 1]);
       for (const r of results.slice(1)) expect(sameBits(r, results[0]!)).toBe(true);
     }
   });
@@ -218,7 +167,7 @@ describe("float64 reference agreement", () => {
   });
 
   it("holds for Qwen2-style biases and a tied lm_head too", async () => {
-    for (const opts of [{ qwen2: true }, { tiedEmbeddings: true }]) {
+    for (const opts of [{ arch: "qwen2" as const }, { tiedEmbeddings: true }]) {
       const name = Object.keys(opts)[0]!;
       const model = await loadModelDir(
         (await generateModel({ preset: "tiny", out: join(root, name), ...opts })).dir,

@@ -2,11 +2,13 @@ import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { CPU_VARIANT, engineMatchesVariant } from "../../../cli/embedded/model.ts";
-import { streamWeightsDigest, weightsDigest } from "../../../worker/model/fingerprint.ts";
+import { fingerprintOf, streamWeightsDigest, weightsDigest } from "../../../worker/model/fingerprint.ts";
 import { generateModel } from "../../../worker/model/generate.ts";
+import type { Arch } from "../../../worker/model/generate-arch.ts";
+import { GLOBAL_LAYER } from "../../../worker/model/layout.ts";
 import { loadModelDir, loadModelIdentity } from "../../../worker/model/model-dir.ts";
 import { SafetensorsCheckpoint } from "../../../worker/model/safetensors.ts";
+import { CPU_VARIANT } from "../../../worker/model/variant.ts";
 
 /**
  * The controller's model identity (config, tokenizer, fingerprint) read
@@ -26,7 +28,7 @@ describe("the model identity without weights", () => {
   for (const [name, opts] of [
     ["f32", {}],
     ["f16, tied embeddings", { dtype: "F16" as const, tiedEmbeddings: true }],
-    ["bf16, qwen2 biases", { dtype: "BF16" as const, qwen2: true }],
+    ["bf16, qwen2 biases", { dtype: "BF16" as const, arch: "qwen2" as const }],
   ] as const) {
     it(`has the full load's fingerprint and manifest (${name})`, async () => {
       const dir = (
@@ -65,16 +67,49 @@ describe("the model identity without weights", () => {
   });
 });
 
-describe("durable reuse and the engine's numerics", () => {
-  it("is allowed only where the engine computes the fingerprint's execution variant", async () => {
-    const dir = (await generateModel({ preset: "tiny", out: join(root, "variant") })).dir;
+describe("families and layouts in the fingerprint", () => {
+  // Fingerprints of generated tiny models (seed 0, cpu-f32acc/v1) from before
+  // families and layouts existed: a Llama-family model keeps its identity, so
+  // chunks published before stay reusable.
+  it.each([
+    ["llama", {}, "cff402f42d935c3e0d7708545c07ad974d4eb75ccc9a9bdf4f5c1443554fe362"],
+    ["qwen2", { arch: "qwen2" as Arch }, "5c37defb54dac0e36f161092c7b76601c8dbf8d1e3c4c7ee1a92a7f36de303b2"],
+    [
+      "tied f16",
+      { tiedEmbeddings: true, dtype: "F16" as const },
+      "f958cf338844be6c781304a1956ac3d24050834e52e17440438f080d692d5234",
+    ],
+  ])("an all-global %s model keeps its earlier fingerprint", async (name, opts, golden) => {
+    const dir = (await generateModel({ preset: "tiny", out: join(root, `golden-${name}`), seed: 0, ...opts }))
+      .dir;
     const m = await loadModelIdentity(dir, { variant: CPU_VARIANT });
-    expect(engineMatchesVariant("cpu", m.manifest.variant)).toBe(true);
-    // The CUDA engine's K/V are not the CPU's bit for bit: never published or restored as them.
-    expect(engineMatchesVariant("cuda", m.manifest.variant)).toBe(false);
-    expect(engineMatchesVariant("cpu", "cpu-f32acc/v0")).toBe(false);
-    // The variant is part of the fingerprint: another variant names other chunks.
-    const other = await loadModelIdentity(dir, { variant: "cuda-mma/v1" });
-    expect(other.fingerprint).not.toBe(m.fingerprint);
+    expect(m.manifest.layout).toBe("kv-gqa/v1");
+    expect(m.fingerprint).toBe(golden);
+  });
+
+  it("names the sliding layers in the layout, and the layout and family fields change the fingerprint", async () => {
+    const dir = (await generateModel({ preset: "tiny", out: join(root, "gemma2"), arch: "gemma2" })).dir;
+    const m = await loadModelDir(dir, { variant: CPU_VARIANT });
+    expect(m.manifest.layout).toBe("kv-gqa/v1;layers=s24,g");
+    expect(m.manifest.architecture).toMatchObject({
+      family: "gemma2",
+      normOffset: true,
+      sandwichNorms: true,
+      activation: "gelu_tanh",
+      attnSoftcap: 3,
+      finalSoftcap: 6,
+    });
+    const spec = m.config.spec;
+    const tensors = [...m.weights.tensors.values()];
+    const fp = (s: typeof spec) => fingerprintOf(s, tensors, CPU_VARIANT);
+    expect(fp(spec)).toBe(m.fingerprint);
+    // The same weights attending globally, or with another window, or another soft-cap: other models.
+    const others = [
+      { ...spec, layers: spec.layers.map(() => GLOBAL_LAYER) },
+      { ...spec, layers: [{ kind: "sliding" as const, window: 25 }, GLOBAL_LAYER] },
+      { ...spec, attnSoftcap: 4 },
+      { ...spec, finalSoftcap: null },
+    ];
+    expect(new Set([m.fingerprint, ...others.map(fp)]).size).toBe(others.length + 1);
   });
 });

@@ -5,10 +5,12 @@ import { join } from "node:path";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { generateModel } from "../../../worker/model/generate.ts";
+import { ARCHS } from "../../../worker/model/generate-arch.ts";
 import { loadModelDir } from "../../../worker/model/model-dir.ts";
+import { CPU_VARIANT } from "../../../worker/model/variant.ts";
 
 const run = promisify(execFile);
-const VARIANT = "cpu-f32acc/v1";
+const VARIANT = CPU_VARIANT;
 let root: string;
 
 beforeAll(async () => {
@@ -64,12 +66,47 @@ describe("generated models", () => {
     expect(tied.weights.tensors.has("lm_head.weight")).toBe(false);
     expect(tied.weights.lmHead).toBe(tied.weights.embed);
     const qwen = await loadModelDir(
-      (await generateModel({ preset: "tiny", out: join(root, "qwen"), qwen2: true })).dir,
+      (await generateModel({ preset: "tiny", out: join(root, "qwen"), arch: "qwen2" as const })).dir,
       { variant: VARIANT },
     );
     expect(qwen.config.architecture).toBe("Qwen2ForCausalLM");
     expect(qwen.weights.layers[0]!.qBias?.shape).toEqual([64]);
     expect(qwen.eosTokenIds).toHaveLength(2);
+  });
+
+  it("write every architecture with its family's config keys and checkpoint names, deterministically", async () => {
+    const archOf = {
+      llama: "LlamaForCausalLM",
+      qwen2: "Qwen2ForCausalLM",
+      "mistral-sw": "MistralForCausalLM",
+      qwen3: "Qwen3ForCausalLM",
+      gemma2: "Gemma2ForCausalLM",
+      gemma3: "Gemma3ForCausalLM",
+      phi3: "Phi3ForCausalLM",
+    } as const;
+    for (const arch of ARCHS) {
+      const a = await generateModel({ preset: "tiny", arch, out: join(root, `arch-${arch}`), seed: 2 });
+      const b = await generateModel({ preset: "tiny", arch, out: join(root, `arch-${arch}-again`), seed: 2 });
+      const fa = await filesOf(a.dir);
+      for (const [f, bytes] of await filesOf(b.dir))
+        expect(Buffer.compare(bytes, fa.get(f)!), `${arch} ${f}`).toBe(0);
+      const cfg = JSON.parse(fa.get("config.json")!.toString("utf8"));
+      expect(cfg.architectures).toEqual([archOf[arch]]);
+      const m = await loadModelDir(a.dir, { variant: VARIANT });
+      const names = [...m.weights.tensors.keys()];
+      const has = (suffix: string) => names.some((n) => n.endsWith(suffix));
+      expect(has("self_attn.qkv_proj.weight") && has("mlp.gate_up_proj.weight"), arch).toBe(arch === "phi3");
+      expect(has("self_attn.q_proj.weight"), arch).toBe(arch !== "phi3");
+      expect(has("self_attn.q_norm.weight"), arch).toBe(arch === "qwen3" || arch === "gemma3");
+      expect(has("pre_feedforward_layernorm.weight"), arch).toBe(arch.startsWith("gemma"));
+      expect(
+        m.config.spec.layers.some((l) => l.kind === "sliding"),
+        arch,
+      ).toBe(["mistral-sw", "gemma2", "gemma3", "phi3"].includes(arch));
+    }
+    const phi = JSON.parse(await readFile(join(root, "arch-phi3", "config.json"), "utf8"));
+    expect(phi.rope_scaling.type).toBe("longrope");
+    expect(phi.original_max_position_embeddings).toBe(128);
   });
 
   it("refuse a non-empty directory and leave it untouched", async () => {
@@ -107,6 +144,11 @@ describe("generated models", () => {
     const dir = join(root, "cli");
     const bin = join(process.cwd(), "bin", "continuum.mjs");
     await run(process.execPath, [bin, "model", "init", "--preset", "tiny", "--out", dir, "--seed", "5"]);
+    const g3 = join(root, "cli-gemma3");
+    await run(process.execPath, [bin, "model", "init", "--preset", "tiny", "--arch", "gemma3", "--out", g3]);
+    const g3info = JSON.parse((await run(process.execPath, [bin, "model", "info", g3, "--json"])).stdout);
+    expect(g3info.architecture).toBe("Gemma3ForCausalLM");
+    expect(g3info.manifest.layout).toBe("kv-gqa/v1;layers=s24x5,g");
     const { stdout } = await run(process.execPath, [bin, "model", "info", dir, "--json"]);
     const info = JSON.parse(stdout.trim().split("\n").at(-1)!);
     const m = await loadModelDir(dir, { variant: VARIANT });

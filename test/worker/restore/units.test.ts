@@ -229,6 +229,11 @@ describe("peer server over a real socket", () => {
       await expect(
         fetchPeerBytes(server.address, id, { secret: "s3cret", range: [99_999, 100_000] }),
       ).rejects.toThrow(/416/);
+      // The readiness probe needs no secret and says nothing but whether the worker is warm.
+      expect((await fetch(`http://${server.address}/ready`)).status).toBe(503);
+      server.markReady();
+      const ready = await fetch(`http://${server.address}/ready`);
+      expect([ready.status, await ready.text()]).toEqual([200, "ready\n"]);
     } finally {
       await server.close();
     }

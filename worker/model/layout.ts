@@ -1,0 +1,59 @@
+/**
+ * The attention-state layout of a model, one entry per layer: which earlier
+ * positions a layer's attention reads, and so which of its K/V rows a
+ * sequence must keep.
+ *
+ *   global        a query at position p reads keys 0 .. p
+ *   sliding(W)    a query at position p reads keys max(0, p − W + 1) .. p, the
+ *                 last W positions (Hugging Face's mask kv_idx > q_idx − W)
+ *
+ * A sliding layer's K/V row at position j is read by queries j .. j + W − 1
+ * only, so once a sequence has reached position n every row below n − W + 1
+ * is dead for that layer (what a page pool may release; the pool does not
+ * yet). The layout is part of the model fingerprint (fingerprint.ts), so
+ * workers whose layers attend differently never share attention state.
+ */
+export type AttentionLayout =
+  | { readonly kind: "global" }
+  | { readonly kind: "sliding"; readonly window: number };
+
+export const GLOBAL_LAYER: AttentionLayout = { kind: "global" };
+
+/** The name of the all-global layout, unchanged from before layouts existed. */
+export const KV_LAYOUT = "kv-gqa/v1";
+
+/**
+ * A sliding layer of window W. A window that covers every position the model
+ * supports (W ≥ maxPosition) reads exactly what a global layer reads, so it
+ * is the global layout: one computation, one name, one fingerprint.
+ */
+export function slidingLayer(window: number, maxPosition: number): AttentionLayout {
+  if (!Number.isSafeInteger(window) || window < 1)
+    throw new RangeError(`a sliding window must be a positive integer, got ${window}`);
+  return window >= maxPosition ? GLOBAL_LAYER : { kind: "sliding", window };
+}
+
+/**
+ * The manifest's layout field: "kv-gqa/v1" when every layer is global (the
+ * name every all-global model had before), else that name with the layers as
+ * runs, e.g. "kv-gqa/v1;layers=s512x5,g,s512x5,g" (s<W> sliding, g global,
+ * x<N> a run of N equal layers, layer 0 first).
+ */
+export function layoutName(layers: readonly AttentionLayout[]): string {
+  if (layers.every((l) => l.kind === "global")) return KV_LAYOUT;
+  const code = (l: AttentionLayout) => (l.kind === "global" ? "g" : `s${l.window}`);
+  const runs: string[] = [];
+  for (let i = 0; i < layers.length; ) {
+    const c = code(layers[i]!);
+    let n = 1;
+    while (i + n < layers.length && code(layers[i + n]!) === c) n++;
+    runs.push(n === 1 ? c : `${c}x${n}`);
+    i += n;
+  }
+  return `${KV_LAYOUT};layers=${runs.join(",")}`;
+}
+
+/** The windows as the native engine takes them: 0 for a global layer, W for sliding. */
+export function layerWindows(layers: readonly AttentionLayout[]): Int32Array {
+  return Int32Array.from(layers, (l) => (l.kind === "global" ? 0 : l.window));
+}
