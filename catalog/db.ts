@@ -25,12 +25,12 @@ import { type ResolveResult, type RulesDb, resolveProposal } from "./rules.ts";
  *   authoritative: `resolve` validates against it, `apply` updates it, `dbHash`
  *   and `serialize` read it. Applying a datom costs a few array writes, so a
  *   replica keeps up with the log far above DataScript's transact rate
- *   (measured ~45,000 datoms/s here), and a chunk with its replica fact adds
+ *   (bench/catalog.md), and a chunk with its replica fact adds
  *   no object to the JS heap (V8's collections of a growing heap set the
  *   apply-lag tail).
  * - the DataScript db for Datalog (`datalog()`), materialized from the same
  *   datoms: folded in with `db_with` when few are pending, rebuilt in bulk with
- *   `init_db` (~10× faster per datom) when many are. Its content (e, a, v)
+ *   `init_db` (much faster per datom) when many are. Its content (e, a, v)
  *   always equals the entity store's at the moment it is returned; DataScript's
  *   own tx ids are not meaningful (the log's txNo is).
  *

@@ -271,9 +271,8 @@ const ATTRIBUTE_NAMES: ReadonlySet<string> = new Set(Object.keys(ATTRIBUTES));
 
 /**
  * Hand-written guard: a tx carries thousands of datoms, so this is the hot
- * decode path. Indexed reads and a Set of names: destructuring and `in` on
- * the attribute object cost ~2.5× as much per freshly decoded tx (measured
- * 2.4-3.1 µs against 1.0-1.3 µs for a 15-datom tx).
+ * decode path. Indexed reads and a Set of names, not destructuring and `in`
+ * on the attribute object (which cost over twice as much; bench/catalog.md).
  */
 function isDatoms(u: unknown): u is Datom[] {
   if (!Array.isArray(u)) return false;
@@ -430,8 +429,8 @@ export const ProposalMsg: MessageKind<Proposal> = {
 /**
  * Tx decoding: the guard alone decides (the body is returned as it is, as
  * Schema.declare would); only a body it refuses goes through the Effect
- * schema, for the error message. The Effect call costs ~4 µs per tx on its
- * own, more than unpacking the tx's bytes, and every replica decodes every tx.
+ * schema, for the error message. The Effect call alone costs more than
+ * unpacking the tx's bytes (bench/catalog.md), and every replica decodes every tx.
  */
 const checkedTx = defineMessage("catalog.tx", TxBody);
 export const TxMsg: MessageKind<TxRecord> = {

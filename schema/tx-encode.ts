@@ -5,8 +5,8 @@ import { encodeMessage, MAX_MESSAGE_BYTES, WIRE_VERSION, WireError } from "./wir
  * The writer's encoder of `catalog.tx` messages: the same bytes as
  * `encodeMessage(TxMsg, tx)` (test/schema/tx-encode.test.ts compares them on
  * random txs), written by hand because the writer encodes every accepted
- * proposal and msgpackr's generic packer spends most of its time choosing
- * how to write each value of a shape known in advance.
+ * proposal and msgpackr's generic packer spends its time choosing how to
+ * write each value of a shape known in advance (bench/catalog.md).
  *
  * The rules are msgpackr's with this project's settings (schema/wire.ts):
  * a map with keys in order v, kind, txNo, proposalId, clientId, time, datoms;
