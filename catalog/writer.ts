@@ -8,9 +8,9 @@ import {
   type TxRecord,
 } from "../schema/catalog.ts";
 import type { Logger } from "../schema/log.ts";
+import { encodeTx } from "../schema/tx-encode.ts";
 import { decodeMessage, encodeMessage, WireError } from "../schema/wire.ts";
-import type { ResolveResult } from "./db.ts";
-import { mayBePacked, PackedRecordError, PROPOSAL_BATCH, unpack } from "./kafka-records.ts";
+import { mayBePacked, PackedRecordError, PROPOSAL_BATCH, unpack } from "./kafka/records.ts";
 import {
   CatalogLogError,
   type LogRecord,
@@ -19,6 +19,7 @@ import {
   type WriterLease,
   type WriterLog,
 } from "./log.ts";
+import type { ResolveResult } from "./rules.ts";
 
 /**
  * The catalog writer: the one process that turns proposals into the total
@@ -56,7 +57,7 @@ import {
  *  - Bad input never stops the writer: bytes over `maxProposalBytes`, bytes
  *    that do not decode as a proposal, and proposals that fail validation
  *    each become a rejection with a reason. A proposal batch
- *    (`catalog.proposal.batch`, catalog/kafka-records.ts) is decided
+ *    (`catalog.proposal.batch`, catalog/kafka/records.ts) is decided
  *    proposal by proposal; one that does not unpack, or is over its bounds,
  *    is one rejection.
  */
@@ -131,7 +132,7 @@ export function decideBatch(
     };
     let encoded: Uint8Array;
     try {
-      encoded = encodeMessage(TxMsg, record);
+      encoded = encodeTx(record);
     } catch (err) {
       if (!(err instanceof WireError)) throw err;
       reject({ proposalId: p.id, clientId: p.clientId, reason: err.message, proposalOffset: offset });
@@ -141,7 +142,7 @@ export function decideBatch(
     tx.push(encoded);
   };
   for (const rec of proposals) {
-    // A proposal batch (catalog/kafka-records.ts) that the transport handed over whole — the embedded
+    // A proposal batch (catalog/kafka/records.ts) that the transport handed over whole — the embedded
     // log never unpacks, and the Kafka log hands over one it could not unpack — is decided item by item,
     // or refused as a whole with the reason; its items are never unpacked again.
     if (mayBePacked(PROPOSAL_BATCH, rec.bytes)) {

@@ -1,7 +1,7 @@
 import { parseArgs } from "node:util";
 import { Effect } from "effect";
 import { CatalogDb } from "../../catalog/db.ts";
-import { KafkaLog } from "../../catalog/log-kafka.ts";
+import { KafkaLog } from "../../catalog/kafka/log.ts";
 import { CatalogWriter } from "../../catalog/writer.ts";
 import { loadConfig } from "../../schema/config.ts";
 import { createLogger } from "../../schema/log.ts";
