@@ -8,6 +8,7 @@ import {
   type TxRecord,
 } from "../schema/catalog.ts";
 import type { Logger } from "../schema/log.ts";
+import { type Backoff, backoffMs } from "../schema/retry.ts";
 import { encodeTx } from "../schema/tx-encode.ts";
 import { decodeMessage, encodeMessage, WireError } from "../schema/wire.ts";
 import { mayBePacked, PackedRecordError, PROPOSAL_BATCH, unpack } from "./kafka/records.ts";
@@ -20,6 +21,9 @@ import {
   type WriterLog,
 } from "./log.ts";
 import type { ResolveResult } from "./rules.ts";
+
+/** Between lease attempts after a failure: 100 ms · 2^(failures−1), at most 5 s. */
+const LEASE_BACKOFF: Backoff = { baseMs: 100, capMs: 5_000 };
 
 /**
  * The catalog writer: the one process that turns proposals into the total
@@ -255,8 +259,7 @@ export class CatalogWriter<D extends WriterDb> {
         logger.log("warn", "writer.lease_lost", { error: (err as Error).message, failures });
         this.opts.onLeaseLost?.(err as Error, failures);
         if (failures >= maxFailures) throw err;
-        // Backoff 100 ms · 2^(failures−1), at most 5 s.
-        await sleep(Math.min(5_000, 100 * 2 ** (failures - 1)), this.stopping.signal);
+        await sleep(backoffMs(LEASE_BACKOFF, failures), this.stopping.signal);
       } finally {
         this.stopLease = undefined;
       }

@@ -1,6 +1,6 @@
 import * as net from "node:net";
 import { Kafka, type LogEntry, logLevel } from "kafkajs";
-import { sleep } from "../../schema/abort.ts";
+import { retry } from "../../schema/retry.ts";
 
 /**
  * The kafkajs client every part of the Kafka log builds on (kafkajs 2.2.4;
@@ -75,17 +75,9 @@ export function kafkajsLogLine({ namespace, level, log }: LogEntry, now: Date): 
 }
 
 /** Retries an operation while Kafka answers CONCURRENT_TRANSACTIONS: 2 ms doubling to 500 ms, 40 attempts (≥ 16 s). */
-export async function retryConcurrent<T>(op: () => Promise<T>): Promise<T> {
-  const attempts = 40;
-  let delay = 2;
-  for (let i = 1; ; i++) {
-    try {
-      return await op();
-    } catch (err) {
-      const type = (err as { type?: string }).type;
-      if (type !== "CONCURRENT_TRANSACTIONS" || i >= attempts) throw err;
-      await sleep(delay);
-      delay = Math.min(500, delay * 2);
-    }
-  }
+export function retryConcurrent<T>(op: () => Promise<T>): Promise<T> {
+  return retry(() => op(), {
+    policy: { maxAttempts: 40, baseMs: 2, capMs: 500 },
+    retryable: (err) => (err as { type?: string }).type === "CONCURRENT_TRANSACTIONS",
+  });
 }
