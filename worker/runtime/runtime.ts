@@ -12,6 +12,7 @@ import {
 import type { Logger } from "../../schema/log.ts";
 import { type Calibration, type ConfiguredCosts, CostCalibrator } from "../calibration/calibration.ts";
 import { initialSamplerState, nextToken, samplingParams } from "../model/sampling.ts";
+import { type AttentionLayout, releaseWindow } from "../model/layout.ts";
 import type { PrefixRestorer, RouteCheckpointer } from "../pages/durable-hooks.ts";
 import { PageManager } from "../pages/page-manager.ts";
 import { type Admission, type Preemption, planIteration } from "../scheduler/plan-iteration.ts";
@@ -28,6 +29,8 @@ export interface RuntimeOptions {
   readonly maxContext: number;
   readonly pageTokens: number;
   readonly physicalPages: number;
+  /** The model's attention layout, per layer: when every layer is sliding, pages outside the window are released. */
+  readonly layers: readonly AttentionLayout[];
   readonly maxBatchTokens: number;
   readonly maxBatchSeqs: number;
   readonly minPrefillTokens: number;
@@ -101,6 +104,8 @@ export interface RuntimeStats {
   readonly evictedPages: number;
   /** Prompt tokens adopted from pages another running request computed (a subset of cachedPromptTokens). */
   readonly sharedInFlightTokens: number;
+  /** Page-table entries released outside the window (every layer sliding), each dead for every layer. */
+  readonly windowReleasedPages: number;
   readonly calibration: Calibration;
 }
 
@@ -155,7 +160,11 @@ export class WorkerRuntime {
     private readonly engine: Engine,
     private readonly opts: RuntimeOptions,
   ) {
-    this.pages = new PageManager({ pageTokens: opts.pageTokens, physicalPages: opts.physicalPages });
+    this.pages = new PageManager({
+      pageTokens: opts.pageTokens,
+      physicalPages: opts.physicalPages,
+      window: releaseWindow(opts.layers),
+    });
     this.calibrator = new CostCalibrator(opts.costs);
     this.held = new SequencePages(this.pages, this.calibrator, {
       fingerprint: opts.fingerprint,
@@ -296,6 +305,7 @@ export class WorkerRuntime {
       ...this.counters,
       ...this.held.counters,
       evictedPages: this.pages.evictions,
+      windowReleasedPages: this.pages.windowReleases,
       calibration: this.calibrator.value,
     };
   }
@@ -427,7 +437,7 @@ export class WorkerRuntime {
       const before = Math.floor(seq.processed / this.opts.pageTokens);
       seq.processed += rows;
       const sealed = seq.chain.extend(seq.tokens, seq.processed).slice(before);
-      this.pages.commitAppend(seq.route, sealed);
+      this.pages.commitAppend(seq.route, sealed, { cache: this.held.residencyCosts() });
       if (!lanes[i]!.wantLogits) {
         prefillRows += rows;
         this.counters.computedPromptTokens += rows;

@@ -4,6 +4,8 @@ import { describe, expect, it } from "vitest";
 import { ContinuationId, type PageId, PrefixHash, TokenCount } from "../../../schema/ids.ts";
 import { type AppendPlan, type LoadTicket, PageManager } from "../../../worker/pages/page-manager.ts";
 import { type CaptureId, type LeaseId, PageError } from "../../../worker/pages/page-state.ts";
+import { NO_PAGE, windowDeadPages } from "../../../worker/pages/route.ts";
+import type { ResidencyCosts } from "../../../worker/residency/residency.ts";
 
 const P = 4;
 const cid = (s: string) => ContinuationId(s);
@@ -27,11 +29,13 @@ class PageMemory {
     rows[offset] = value;
     this.pages.set(page, rows);
   }
+  /** The route's rows, from its first held page on (released pages' rows are not the route's). */
   read(pm: PageManager, id: ContinuationId): number[] {
     const r = pm.route(id);
+    const from = r.releasedPages * P;
     return Array.from(
-      { length: r.tokens },
-      (_, i) => this.pages.get(r.pages[Math.floor(i / P)]!)?.[i % P] as number,
+      { length: r.tokens - from },
+      (_, i) => this.pages.get(r.pages[Math.floor((from + i) / P)]!)?.[(from + i) % P] as number,
     );
   }
 }
@@ -58,7 +62,12 @@ const op = fc.record({
   c: fc.nat(1000),
 });
 
-describe("PageManager under random operation sequences", () => {
+const KEEP: ResidencyCosts = { recomputePageMs: 4, reloadPageMs: 1 };
+
+// Window null: every layer global. Window 6 (pages of 4): every commit
+// releases the leading pages dead for the window, kept cached (findable) on
+// odd commits and freed on even ones.
+describe.each([null, 6])("PageManager under random operation sequences (window %s)", (window) => {
   it("conserves refcounts, never frees a referenced page, keeps generations monotonic, isolates copy-on-write, and leaks nothing", () => {
     // How often each interesting path ran, so the generator is known to reach them.
     const seen = {
@@ -70,13 +79,14 @@ describe("PageManager under random operation sequences", () => {
       deferredCancels: 0,
       adopted: 0,
       adoptedLater: 0,
+      released: window === null ? 11 : 0,
     };
     fc.assert(
       fc.property(
         fc.integer({ min: 4, max: 24 }),
         fc.array(op, { minLength: 10, maxLength: 100, size: "max" }),
         (N, ops) => {
-          const pm = new PageManager({ pageTokens: P, physicalPages: N, debugInvariants: true });
+          const pm = new PageManager({ pageTokens: P, physicalPages: N, debugInvariants: true, window });
           const mem = new PageMemory();
           const model = new Map<ContinuationId, ModelRoute>();
           const leases: LeaseId[] = [];
@@ -102,9 +112,12 @@ describe("PageManager under random operation sequences", () => {
                 const src = pick(o.b);
                 const s = src ? model.get(src)! : undefined;
                 const sealed = s ? Math.floor(pm.route(src!).tokens / P) : 0;
-                const k = sealed ? o.c % (sealed + 1) : 0;
+                const want = sealed ? o.c % (sealed + 1) : 0;
+                // A window's released pages are held only while cached.
+                const held = s ? pm.matchPrefix(sealedHashes(s.rows, 0, want)) : 0;
+                if (window === null) expect(held).toBe(want);
+                const k = held;
                 const prefix = s ? sealedHashes(s.rows, 0, k) : [];
-                expect(pm.matchPrefix(prefix)).toBe(k);
                 if (k > 0) seen.adopted++;
                 pm.openRoute(nid, { prefix, reserveTokens: TokenCount(k * P + (o.c % 9)) });
                 model.set(nid, {
@@ -141,7 +154,20 @@ describe("PageManager under random operation sequences", () => {
                 if (!id || !m!.pending) return;
                 const before = m!.rows.length;
                 const rows = [...m!.rows, ...m!.pending.values];
-                pm.commitAppend(id, sealedHashes(rows, Math.floor(before / P), Math.floor(rows.length / P)));
+                const releasedBefore = pm.route(id).releasedPages;
+                const dropped = pm.commitAppend(
+                  id,
+                  sealedHashes(rows, Math.floor(before / P), Math.floor(rows.length / P)),
+                  o.c % 2 ? { cache: KEEP } : {},
+                );
+                if (!dropped) {
+                  const r = pm.route(id);
+                  // Exactly the pages dead for the window are released, and never un-released.
+                  expect(r.releasedPages).toBe(
+                    Math.max(releasedBefore, windowDeadPages(r.tokens, window, P, r.pages.length)),
+                  );
+                  seen.released += r.releasedPages - releasedBefore;
+                }
                 m!.rows = rows;
                 m!.pending = null;
                 return;
@@ -263,14 +289,17 @@ describe("PageManager under random operation sequences", () => {
             for (let p = 0; p < N; p++) expect(gens[p]).toBeGreaterThanOrEqual(gensBefore[p]!);
             const snap = pm.snapshot();
             for (const r of snap.routes) {
-              for (const p of r.pages) {
+              expect(r.pages.slice(0, r.releasedPages).every((p) => p === NO_PAGE)).toBe(true);
+              for (const p of r.pages.slice(r.releasedPages)) {
                 expect(pm.pageState(p).kind).toBe("resident");
                 expect(snap.refcounts[p]).toBeGreaterThan(0);
               }
               // Copy-on-write isolation: every route still reads exactly its own rows.
-              expect(mem.read(pm, r.id)).toEqual(model.get(r.id)!.rows);
+              expect(mem.read(pm, r.id)).toEqual(model.get(r.id)!.rows.slice(r.releasedPages * P));
             }
-            expect(snap.freePages + snap.residentPages + snap.loadingPages + snap.evictingPages).toBe(N);
+            expect(
+              snap.freePages + snap.cachedPages + snap.residentPages + snap.loadingPages + snap.evictingPages,
+            ).toBe(N);
           };
 
           /** A finished load shows as rows (success) or none (abandoned); released routes leave the model. */
@@ -319,9 +348,10 @@ describe("PageManager under random operation sequences", () => {
           }
           const end = pm.snapshot();
           expect(end.routes).toEqual([]);
-          expect(end.freePages).toBe(N);
+          expect(end.freePages + end.cachedPages).toBe(N);
           expect(end.reservedPages).toBe(0);
-          expect(end.prefixes).toEqual([]);
+          if (window === null) expect(end.prefixes).toEqual([]);
+          expect(end.prefixes.length).toBe(end.cachedPages);
           pm.checkInvariants();
         },
       ),

@@ -116,6 +116,7 @@ export async function startWorker(model: LoadedModel, spec: WorkerSpec): Promise
     fingerprint: model.fingerprint,
     vocab: model.config.spec.vocab,
     maxContext: model.config.spec.maxPosition,
+    layers: model.config.spec.layers,
     pageTokens: PAGE,
     physicalPages: 256,
     maxBatchTokens: 256,
