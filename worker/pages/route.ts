@@ -43,7 +43,12 @@ export const NO_PAGE = -1 as PageId;
  * The last page is never counted (appends write into it), so at most
  * tablePages − 1. Null window (some layer global): 0.
  */
-export function windowDeadPages(tokens: number, window: number | null, P: number, tablePages: number): number {
+export function windowDeadPages(
+  tokens: number,
+  window: number | null,
+  P: number,
+  tablePages: number,
+): number {
   if (window === null) return 0;
   return Math.max(0, Math.min(tablePages - 1, Math.floor((tokens - window + 1) / P)));
 }
@@ -177,7 +182,9 @@ export function expectedUse(
       fail(`route ${r.id}: ${r.pages.length} pages for ${r.tokens} rows`);
     // Released entries lead the table, and only pages dead for the window are released.
     if (r.released > windowDeadPages(r.tokens, window, P, r.pages.length))
-      fail(`route ${r.id}: ${r.released} pages released, only ${windowDeadPages(r.tokens, window, P, r.pages.length)} dead`);
+      fail(
+        `route ${r.id}: ${r.released} pages released, only ${windowDeadPages(r.tokens, window, P, r.pages.length)} dead`,
+      );
     for (let i = 0; i < r.pages.length; i++)
       if ((r.pages[i] === NO_PAGE) !== i < r.released)
         fail(`route ${r.id}: entry ${i} is ${r.pages[i]} with ${r.released} released`);
