@@ -495,3 +495,51 @@ describe("PageManager operations", () => {
     expect(pm.snapshot().freePages).toBe(8);
   });
 });
+
+describe("PageManager with every layer sliding (window 6, pages of 4)", () => {
+  const KEEP_COSTS: ResidencyCosts = { recomputePageMs: 4, reloadPageMs: 1 };
+  const rows = Array.from({ length: 20 }, (_, i) => i + 1);
+
+  it("releases the pages dead for the window at each commit, kept cached and findable, and shares the release on fork", () => {
+    const pm = new PageManager({ pageTokens: P, physicalPages: 8, debugInvariants: true, window: 6 });
+    const a = cid("a");
+    pm.openRoute(a, { reserveTokens: TokenCount(20) });
+    pm.beginAppend(a, TokenCount(9));
+    // 9 rows: the next query (position 9) reads rows 4..9, so page 0 (rows 0..3) is dead.
+    pm.commitAppend(a, sealedHashes(rows, 0, 2), { cache: KEEP_COSTS });
+    expect(pm.route(a).releasedPages).toBe(1);
+    expect(pm.route(a).pages[0]).toBe(NO_PAGE);
+    expect(pm.windowReleases).toBe(1);
+    expect(pm.snapshot().cachedPages).toBe(1);
+    // The released page is still the prefix's first page for another request, until evicted.
+    expect(pm.matchPrefix(sealedHashes(rows, 0, 2))).toBe(2);
+    expect(() => pm.beginCapture(a, 0, 1)).toThrow(/released outside the window/);
+    const cap = pm.beginCapturePrefix(sealedHashes(rows, 0, 2), 0, 1);
+    pm.endCapture(cap.id);
+    const b = cid("b");
+    pm.fork(a, b, { reserveTokens: TokenCount(12) });
+    expect(pm.route(b).releasedPages).toBe(1);
+    pm.beginAppend(a, TokenCount(7));
+    // 16 rows: rows 11.. are read, pages 0 and 1 (rows 0..7) are dead, page 2 (8..11) is not.
+    pm.commitAppend(a, sealedHashes(rows, 2, 4));
+    expect(pm.route(a).releasedPages).toBe(2);
+    // Page 1 is still b's: released by a, it stays resident.
+    expect(pm.pageState(pm.route(b).pages[1]!).kind).toBe("resident");
+    expect(pm.releasablePages(a)).toBe(2);
+    pm.releaseRoute(a);
+    pm.releaseRoute(b);
+    pm.checkInvariants();
+  });
+
+  it("releases nothing without a window, and refuses a window that is not a positive integer", () => {
+    const pm = new PageManager({ pageTokens: P, physicalPages: 8, debugInvariants: true });
+    const a = cid("a");
+    pm.openRoute(a, { reserveTokens: TokenCount(20) });
+    pm.beginAppend(a, TokenCount(20));
+    pm.commitAppend(a, sealedHashes(rows, 0, 5), { cache: KEEP_COSTS });
+    expect(pm.route(a).releasedPages).toBe(0);
+    expect(pm.windowReleases).toBe(0);
+    expect(() => new PageManager({ pageTokens: P, physicalPages: 8, window: 0 })).toThrow(/window/);
+    expect(() => new PageManager({ pageTokens: P, physicalPages: 8, window: 2.5 })).toThrow(/window/);
+  });
+});
