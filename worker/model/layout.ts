@@ -12,8 +12,9 @@
  * is dead for that layer. When every layer is sliding, a page of rows dead
  * for the widest window is dead for all of them and the page pool releases
  * it (releaseWindow); with a global layer nothing is released, since one
- * page holds every layer's rows. The layout is part of the model fingerprint (fingerprint.ts), so
- * workers whose layers attend differently never share attention state.
+ * page holds every layer's rows. The layout is part of the model
+ * fingerprint (fingerprint.ts), so workers whose layers attend differently
+ * never share attention state.
  */
 export type AttentionLayout =
   | { readonly kind: "global" }
