@@ -64,10 +64,10 @@ const op = fc.record({
 
 const KEEP: ResidencyCosts = { recomputePageMs: 4, reloadPageMs: 1 };
 
-// Window null: every layer global. Window 6 (pages of 4): every commit
+// Window null: every layer global. Window 3 (pages of 4): every commit
 // releases the leading pages dead for the window, kept cached (findable) on
 // odd commits and freed on even ones.
-describe.each([null, 6])("PageManager under random operation sequences (window %s)", (window) => {
+describe.each([null, 3])("PageManager under random operation sequences (window %s)", (window) => {
   it("conserves refcounts, never frees a referenced page, keeps generations monotonic, isolates copy-on-write, and leaks nothing", () => {
     // How often each interesting path ran, so the generator is known to reach them.
     const seen = {
@@ -274,7 +274,14 @@ describe.each([null, 6])("PageManager under random operation sequences (window %
                   : sealedHashes(mine, 0, Math.floor(mine.length / P));
                 const expected = Math.max(0, pm.matchPrefix(chain) - pm.route(id).pages.length);
                 const adopted = pm.adoptPrefix(id, chain);
-                expect(adopted).toBe(expected);
+                // Adoption stops short only at an evictable cached page (a window's released
+                // page) it has no room for: no reservation left, nothing available.
+                expect(adopted).toBeLessThanOrEqual(expected);
+                if (adopted < expected) {
+                  expect(window).not.toBeNull();
+                  expect(pm.route(id).reservedPages).toBe(0);
+                  expect(pm.availablePages).toBe(0);
+                }
                 if (adopted > 0) {
                   seen.adoptedLater++;
                   m!.rows = s!.rows.slice(0, mine.length + adopted * P);
