@@ -11,7 +11,7 @@ import { createLogger } from "../../schema/log.ts";
 import { openFrontDoor } from "../api-server.ts";
 import type { Command } from "../command.ts";
 import { ensureModelIdentity } from "../embedded/model.ts";
-import { textCodec } from "../embedded/service.ts";
+import { configuredChatTemplate, textCodec } from "../embedded/text-codec.ts";
 import { fleetSnapshots, openCatalogLog, requireKafka } from "../fleet.ts";
 import { parseRoleArgs } from "../options.ts";
 import { resource, runScoped } from "../run-scoped.ts";
@@ -49,6 +49,7 @@ const command: Command = {
       Effect.gen(function* () {
         // Tokenizer and fingerprint only: the controller runs no model, so it never holds the weights.
         const { model, id: modelId } = yield* Effect.promise(() => ensureModelIdentity(config, log));
+        const chatTemplate = yield* Effect.promise(() => configuredChatTemplate(config));
         const catalogLog = yield* resource(
           () => openCatalogLog(config, "controller"),
           (l) => l.close(),
@@ -113,7 +114,7 @@ const command: Command = {
                   id: modelId,
                   fingerprint: model.fingerprint,
                   maxContext: model.config.spec.maxPosition,
-                  codec: textCodec(model),
+                  codec: textCodec(model, chatTemplate, undefined, config.model.toolCallParser),
                 },
                 chunkTokens: config.pages.chunkTokens,
                 limits: {
@@ -137,9 +138,7 @@ const command: Command = {
         const frontDoor = openFrontDoor({
           config,
           service,
-          models: [
-            { id: modelId, dir: model.dir, eosTokenIds: model.eosTokenIds, vocab: model.config.spec.vocab },
-          ],
+          models: [{ id: modelId, dir: model.dir }],
           catalog: replica,
           log,
         });

@@ -5,6 +5,7 @@ import { KvGeometry } from "../../worker/checkpoint/chunk-format.ts";
 import { DurableCache } from "../../worker/restore/durable-cache.ts";
 import { chooseEngine, loadEngine } from "../../worker/runtime/engine-load.ts";
 import { WorkerRuntime } from "../../worker/runtime/runtime.ts";
+import { ConstraintCompiler } from "../../worker/structured/constraint.ts";
 import type { Command } from "../command.ts";
 import { ensureModel } from "../embedded/model.ts";
 import { explainStartupError, lockDirs, requireFreeSpace } from "../embedded/startup.ts";
@@ -157,6 +158,7 @@ const command: Command = {
               kvBytesPerToken,
               durableTiers: reuse ? durableTiers(cacheConfig.store) : [],
               stopTokenIds: model.eosTokenIds,
+              constraints: new ConstraintCompiler(model.tokenizer.tokenBytes()),
               heartbeatIntervalMs: config.worker.heartbeatIntervalMs,
               reconnectBaseMs: 100,
               reconnectMaxMs: 5_000,

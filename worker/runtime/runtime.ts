@@ -12,11 +12,13 @@ import {
 import type { Logger } from "../../schema/log.ts";
 import { type Calibration, type ConfiguredCosts, CostCalibrator } from "../calibration/calibration.ts";
 import { type AttentionLayout, releaseWindow } from "../model/layout.ts";
-import { initialSamplerState, nextToken, samplingParams } from "../model/sampling.ts";
+import { type LogitsRules, NO_RULES, TokenHistory, tokenLogprob } from "../model/logits.ts";
+import { initialSamplerState, nextToken, samplingParams, topIds } from "../model/sampling.ts";
 import type { PrefixRestorer, RouteCheckpointer } from "../pages/durable-hooks.ts";
 import { PageManager } from "../pages/page-manager.ts";
 import { type Admission, type Preemption, planIteration } from "../scheduler/plan-iteration.ts";
 import { type Budgets, phaseOf } from "../scheduler/request.ts";
+import type { TokenMachine } from "../structured/token-machine.ts";
 import { buildBatch, type Lane, stepShape } from "./batch.ts";
 import { PrefillPacer } from "./prefill-pacer.ts";
 import { type RuntimeEvent, Sequence } from "./sequence.ts";
@@ -66,6 +68,20 @@ export interface SubmitRequest {
   readonly stopTokenIds: readonly number[];
   /** Larger is more important; preemption takes the lowest first. Default 0. */
   readonly priority?: number;
+  /** Keep tokens at least this fraction as likely as the most likely; default 0 (off). */
+  readonly minP?: number;
+  /** Penalties, logit bias, min_tokens, allowed ids; default none. */
+  readonly rules?: LogitsRules;
+  /** Log-probabilities of each generated token with this many alternatives; absent: none. */
+  readonly logprobs?: number;
+  /**
+   * Log-probabilities of each prompt token after the first, with this many
+   * alternatives; absent: none. Such a request computes its whole prompt
+   * (no resident or restored prefix has the logits), as vLLM's does.
+   */
+  readonly promptLogprobs?: number;
+  /** The grammar the output follows (structured output); absent: free. */
+  readonly constraint?: TokenMachine;
 }
 
 export interface RuntimeGeneration {
@@ -255,25 +271,39 @@ export class WorkerRuntime {
         temperature: req.temperature,
         topK: req.topK,
         topP: req.topP,
+        minP: req.minP ?? 0,
         seed: req.seed ?? randomInt(2 ** 47),
+        rules: req.rules ?? NO_RULES,
+        logprobs: req.logprobs ?? null,
+        constraint: req.constraint ?? null,
         stopTokens: req.stopTokenIds,
         maxTokens: req.maxTokens,
       });
     } catch (err) {
       throw new SubmitError(400, (err as Error).message);
     }
+    if (req.constraint && req.constraint.dfa.minDist(req.constraint.start) > req.maxTokens)
+      throw new SubmitError(
+        400,
+        `max_tokens (${req.maxTokens}) is below the ${req.constraint.dfa.minDist(req.constraint.start)} tokens the constraint's shortest output may need`,
+      );
+    const promptLogprobs = req.promptLogprobs ?? null;
+    if (promptLogprobs !== null && (!Number.isSafeInteger(promptLogprobs) || promptLogprobs < 0))
+      throw new SubmitError(400, `prompt_logprobs must be a non-negative integer, got ${promptLogprobs}`);
     const events = new StreamQueue<RuntimeEvent>(req.maxTokens + 1);
     const seq = new Sequence(
       req.requestId,
       [...req.prompt],
       req.prompt.length,
       initialSamplerState(params),
+      new TokenHistory(req.prompt, params.rules.repetitionPenalty !== 1),
       req.priority ?? 0,
       this.arrivals++,
       events,
       o.pageTokens,
       req.salt,
       performance.now(),
+      promptLogprobs,
     );
     this.seqs.set(seq.id, seq);
     this.opts.logger.log("debug", "request.queued", {
@@ -413,6 +443,7 @@ export class WorkerRuntime {
         slots: append.slots,
         pageTable: append.pageTable,
         wantLogits: w.phase === "decode",
+        promptLogits: w.phase !== "decode" && seq.promptLogprobs !== null,
       });
       laneSeqs.push(seq);
     }
@@ -448,14 +479,24 @@ export class WorkerRuntime {
     this.pacer?.observe(stepShape(lanes), stepMs);
     const vocab = this.opts.vocab;
     for (const [i, seq] of laneSeqs.entries()) {
+      const lane = lanes[i]!;
+      if (lane.promptLogits && !seq.cancelled) this.scorePrompt(seq, lane, logits, built.logitIndex[i]!);
+    }
+    for (const [i, seq] of laneSeqs.entries()) {
       const at = built.logitIndex[i]!;
-      if (at < 0 || seq.cancelled) continue;
+      if (at < 0 || seq.cancelled || lanes[i]!.promptLogits) continue;
       const first = seq.generated === 0;
-      const next = nextToken(seq.sampler, logits.subarray(at * vocab, (at + 1) * vocab));
+      const next = nextToken(seq.sampler, logits.subarray(at * vocab, (at + 1) * vocab), seq.history);
       seq.sampler = next.state;
+      seq.history.add(next.token);
       seq.tokens.push(next.token);
       this.counters.generatedTokens++;
-      emit(seq, { type: "token", token: next.token });
+      emit(seq, {
+        type: "token",
+        token: next.token,
+        logprob: next.logprob,
+        ...(first && seq.promptLogprobs !== null ? { promptLogprobs: seq.promptEntries } : {}),
+      });
       if (first) {
         this.calibrator.record({
           kind: "first-token",
@@ -466,6 +507,23 @@ export class WorkerRuntime {
       if (next.finish) this.finish(seq, next.finish);
     }
     return true;
+  }
+
+  /**
+   * A prefill lane's rows of a request that scores its prompt: row k at
+   * position p predicts the token at p + 1. Each prompt position is scored
+   * once, even when a preemption recomputes it; the first generated token
+   * carries them all.
+   */
+  private scorePrompt(seq: Sequence, lane: Lane, logits: Float32Array, at: number): void {
+    const vocab = this.opts.vocab;
+    const topN = seq.promptLogprobs ?? 0;
+    for (let k = 0; k < lane.tokens.length; k++) {
+      const q = lane.firstPosition + k + 1;
+      if (q !== seq.promptEntries.length + 1 || q >= seq.promptLength) continue;
+      const row = logits.subarray((at + k) * vocab, (at + k + 1) * vocab);
+      seq.promptEntries.push(tokenLogprob(row, seq.tokens[q]!, topN, topIds));
+    }
   }
 
   private releaseLease(lease: ReturnType<PageManager["acquireLease"]>): void {

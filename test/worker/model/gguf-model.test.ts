@@ -157,7 +157,7 @@ describe("a quantized GGUF model", () => {
     );
     const ids = hf.tokenizer.encode(text);
     expect(g.tokenizer.decode(ids)).toBe(hf.tokenizer.decode(ids));
-    expect(g.tokenizer.chatFormat).toBe(hf.tokenizer.chatFormat);
+    expect(g.tokenizer.chatTemplates).toEqual(hf.tokenizer.chatTemplates);
     expect(g.eosTokenIds).toEqual(hf.eosTokenIds);
     expect(g.config.bosTokenId).toBe(hf.config.bosTokenId);
     expect(g.config.spec).toEqual(hf.config.spec);
