@@ -11,6 +11,7 @@ import {
 } from "../../schema/ids.ts";
 import type { Logger } from "../../schema/log.ts";
 import { type Calibration, type ConfiguredCosts, CostCalibrator } from "../calibration/calibration.ts";
+import { type AttentionLayout, releaseWindow } from "../model/layout.ts";
 import { type LogitsRules, NO_RULES, TokenHistory, tokenLogprob } from "../model/logits.ts";
 import { initialSamplerState, nextToken, samplingParams, topIds } from "../model/sampling.ts";
 import type { PrefixRestorer, RouteCheckpointer } from "../pages/durable-hooks.ts";
@@ -30,6 +31,8 @@ export interface RuntimeOptions {
   readonly maxContext: number;
   readonly pageTokens: number;
   readonly physicalPages: number;
+  /** The model's attention layout, per layer: when every layer is sliding, pages outside the window are released. */
+  readonly layers: readonly AttentionLayout[];
   readonly maxBatchTokens: number;
   readonly maxBatchSeqs: number;
   readonly minPrefillTokens: number;
@@ -117,6 +120,8 @@ export interface RuntimeStats {
   readonly evictedPages: number;
   /** Prompt tokens adopted from pages another running request computed (a subset of cachedPromptTokens). */
   readonly sharedInFlightTokens: number;
+  /** Page-table entries released outside the window (every layer sliding), each dead for every layer. */
+  readonly windowReleasedPages: number;
   readonly calibration: Calibration;
 }
 
@@ -171,7 +176,11 @@ export class WorkerRuntime {
     private readonly engine: Engine,
     private readonly opts: RuntimeOptions,
   ) {
-    this.pages = new PageManager({ pageTokens: opts.pageTokens, physicalPages: opts.physicalPages });
+    this.pages = new PageManager({
+      pageTokens: opts.pageTokens,
+      physicalPages: opts.physicalPages,
+      window: releaseWindow(opts.layers),
+    });
     this.calibrator = new CostCalibrator(opts.costs);
     this.held = new SequencePages(this.pages, this.calibrator, {
       fingerprint: opts.fingerprint,
@@ -307,6 +316,7 @@ export class WorkerRuntime {
       ...this.counters,
       ...this.held.counters,
       evictedPages: this.pages.evictions,
+      windowReleasedPages: this.pages.windowReleases,
       calibration: this.calibrator.value,
     };
   }
@@ -439,7 +449,7 @@ export class WorkerRuntime {
       const before = Math.floor(seq.processed / this.opts.pageTokens);
       seq.processed += rows;
       const sealed = seq.chain.extend(seq.tokens, seq.processed).slice(before);
-      this.pages.commitAppend(seq.route, sealed);
+      this.pages.commitAppend(seq.route, sealed, { cache: this.held.residencyCosts() });
       if (!lanes[i]!.wantLogits) {
         prefillRows += rows;
         this.counters.computedPromptTokens += rows;

@@ -198,7 +198,7 @@ export class SequencePages {
   }
 
   /** What a cached page is priced with now: its recompute, and its reload from the local store. */
-  private residencyCosts(): ResidencyCosts {
+  residencyCosts(): ResidencyCosts {
     return residencyCosts(this.calibrator.value, this.opts.pageTokens, this.opts.pageBytes);
   }
 

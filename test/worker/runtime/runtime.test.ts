@@ -210,6 +210,7 @@ describe("worker runtime (tiny model, real engine)", () => {
             fingerprint: model.fingerprint,
             vocab: model.config.spec.vocab,
             maxContext: model.config.spec.maxPosition,
+            layers: model.config.spec.layers,
             pageTokens: 16,
             physicalPages: 64,
             maxBatchTokens: 64,
