@@ -7,6 +7,7 @@ import { type LoadedModel, loadModelDir } from "../worker/model/model-dir.ts";
 import { Rng, seedRng } from "../worker/model/prng.ts";
 import { loadEngine } from "../worker/runtime/engine-load.ts";
 import { type RuntimeOptions, type SubmitRequest, WorkerRuntime } from "../worker/runtime/runtime.ts";
+import { ConstraintCompiler } from "../worker/structured/constraint.ts";
 import { type Bench, percentile, round } from "./contract.ts";
 
 /**
@@ -180,6 +181,7 @@ interface Session {
     id: string,
     prompt: readonly number[],
     maxTokens: number,
+    extra?: Partial<SubmitRequest>,
   ): { live: Trace; trace: Promise<Trace>; cancel(): void };
   close(): Promise<void>;
 }
@@ -212,7 +214,7 @@ function session(engine: Engine, model: LoadedModel, sched: typeof SCHED): Sessi
   let n = 0;
   return {
     rt,
-    submit(id, prompt, maxTokens) {
+    submit(id, prompt, maxTokens, extra = {}) {
       const req: SubmitRequest = {
         requestId: RequestId(id),
         salt: undefined,
@@ -221,6 +223,7 @@ function session(engine: Engine, model: LoadedModel, sched: typeof SCHED): Sessi
         ...SAMPLING,
         seed: n++,
         stopTokenIds: [],
+        ...extra,
       };
       const trace: Trace = { submittedAt: performance.now(), tokenAt: [], end: "", cachedTokens: 0 };
       const gen = rt.submit(req);
@@ -250,8 +253,11 @@ function gaps(t: readonly number[], from = 1, to = t.length): number[] {
   return out;
 }
 
-function checkEnds(traces: readonly Trace[], what: string): void {
-  const bad = traces.filter((t) => t.end !== "length" && t.end !== "cancelled");
+/** Every request ran to its length (or was cancelled); a constrained one may also stop when its document is whole. */
+function checkEnds(traces: readonly Trace[], what: string, constrained = false): void {
+  const bad = traces.filter(
+    (t) => t.end !== "length" && t.end !== "cancelled" && !(constrained && t.end === "stop"),
+  );
   if (bad.length > 0) throw new Error(`${what}: ${bad.length} requests ended with ${bad[0]!.end}`);
 }
 
@@ -293,15 +299,16 @@ async function concurrent(
   maxTokens: number,
   vocab: number,
   into: BatchTotals,
+  extra?: Partial<SubmitRequest>,
 ): Promise<void> {
   const rng = new Rng(seedRng(n, "bench-serve-concurrent"));
   const traces = await Promise.all(
     Array.from(
       { length: n },
-      (_, i) => s.submit(`c${n}-${i}`, tokens(rng, promptLen, vocab), maxTokens).trace,
+      (_, i) => s.submit(`c${n}-${i}`, tokens(rng, promptLen, vocab), maxTokens, extra).trace,
     ),
   );
-  checkEnds(traces, `concurrency ${n}`);
+  checkEnds(traces, `concurrency ${n}`, extra?.constraint !== undefined);
   const start = Math.min(...traces.map((t) => t.submittedAt));
   const allFirst = Math.max(...traces.map((t) => t.tokenAt[0]!));
   const end = Math.max(...traces.map((t) => t.tokenAt[t.tokenAt.length - 1]!));
@@ -574,6 +581,40 @@ const bench: Bench = {
         );
       }
       ratios.throughput_16_over_1 = round(c[16].endToEndTokPerS / c[1].endToEndTokPerS);
+
+      // The API's per-token extras at batch 16: top-5 log-probabilities, and a JSON-schema
+      // constraint (a token mask each step). Cost per step = wall time of the runs over their
+      // steps (device and runtime); rounds alternate the three so drift hits each alike.
+      const compiler = new ConstraintCompiler(model.tokenizer.tokenBytes());
+      const schema = {
+        type: "object",
+        properties: { name: { type: "string" }, tags: { type: "array", items: { type: "string" } } },
+        required: ["name", "tags"],
+      };
+      const variants = {
+        plain: {},
+        logprobs: { logprobs: 5 },
+        json_schema: { constraint: compiler.machine({ kind: "json_schema", schema }) },
+      } satisfies Record<string, Partial<SubmitRequest>>;
+      // 64 generated: more than the schema's shortest document (21 tokens here), in quick runs too.
+      const EXTRAS_GEN = 64;
+      const per = { plain: new BatchTotals(), logprobs: new BatchTotals(), json_schema: new BatchTotals() };
+      for (let r = 0; r < z.rounds; r++) {
+        for (const k of ["plain", "logprobs", "json_schema"] as const) {
+          const t = per[k];
+          const run = await part((s) => concurrent(s, 16, batchPrompt, EXTRAS_GEN, vocab, t, variants[k]));
+          t.steps += engine.summary(16).steps;
+          t.wallMs += run.wallMs;
+        }
+      }
+      const msPerStep = (t: BatchTotals) => t.wallMs / t.steps;
+      for (const k of ["plain", "logprobs", "json_schema"] as const)
+        figures[`c16_${k}_ms_per_step`] = round(msPerStep(per[k]));
+      ratios.logprobs_step_over_plain_b16 = round(msPerStep(per.logprobs) / msPerStep(per.plain));
+      ratios.json_schema_step_over_plain_b16 = round(msPerStep(per.json_schema) / msPerStep(per.plain));
+      log(
+        `batch 16 per step: plain ${round(msPerStep(per.plain))} ms, top-5 logprobs ${round(msPerStep(per.logprobs))} ms, JSON schema ${round(msPerStep(per.json_schema))} ms`,
+      );
       ratios.decode_throughput_16_over_1 = round(c[16].decodeTokPerS / c[1].decodeTokPerS);
       // What the engine alone allows: 16 rows per batch-16 step against 1 per batch-1 step.
       ratios.engine_decode_16_over_1 = round((16 * c[1].meanDecodeStepMs) / c[16].meanDecodeStepMs);
