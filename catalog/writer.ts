@@ -61,7 +61,8 @@ import {
 
 /** What the writer needs of a catalog db (catalog/db.ts CatalogDb satisfies it). */
 export interface WriterDb {
-  resolve(p: Proposal): ResolveResult;
+  /** `now`: the writer's clock, ms since the epoch (lease expiry). */
+  resolve(p: Proposal, now: number): ResolveResult;
   apply(tx: TxRecord): void;
   readonly lastTxNo: number;
 }
@@ -110,7 +111,7 @@ export function decideBatch(
       });
       return;
     }
-    const r = db.resolve(p);
+    const r = db.resolve(p, now);
     if (!r.ok) {
       reject({
         proposalId: p.id,

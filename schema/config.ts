@@ -111,6 +111,35 @@ export interface Config {
      * live data and Datalog box sit behind auth.tokens like the API); false: no /ui.
      */
     ui: boolean;
+    /** This controller's name in the catalog (proposals, the placement lease's holder, with a per-process suffix). */
+    id: string;
+    /**
+     * The placement authority (controller/placement/): under an epoch-fenced
+     * catalog lease, one controller of the fleet at a time turns demand into
+     * placement.set facts that workers prefetch.
+     */
+    placement: {
+      enabled: boolean;
+      /** One lease renewal and at most one plan per interval. */
+      intervalMs: number;
+      /** The lease lasts this long past each renewal (the writer's clock); a standby takes over after it lapses. */
+      leaseTtlMs: number;
+      /** Demand counts halve after this long. */
+      halfLifeMs: number;
+      /** Placed bytes per worker in RAM and in SSD (the plan's budget; workers bound their own prefetch too). */
+      ramBytesPerWorker: number;
+      ssdBytesPerWorker: number;
+      /** Copies of one chunk at most. */
+      maxReplicas: number;
+      /** Decayed requests below which a prefix is not placed. */
+      minDemand: number;
+      /** Replicas grow as 1 + ⌊demand share × workers × spread⌋. */
+      spread: number;
+      /** placement.set changes per plan at most. */
+      maxChanges: number;
+      /** Demand observations are summed over this window before they are proposed. */
+      demandWindowMs: number;
+    };
   };
   worker: {
     index: number;
@@ -205,6 +234,20 @@ export const defaultConfig: Config = {
     routing: "ttft",
     workerTokens: {},
     ui: true,
+    id: "controller",
+    placement: {
+      enabled: true,
+      intervalMs: 2_000,
+      leaseTtlMs: 10_000,
+      halfLifeMs: 60_000,
+      ramBytesPerWorker: 256 << 20,
+      ssdBytesPerWorker: 1 << 30,
+      maxReplicas: 4,
+      minDemand: 2,
+      spread: 2,
+      maxChanges: 256,
+      demandWindowMs: 2_000,
+    },
   },
   worker: {
     index: 0,
@@ -284,6 +327,18 @@ const rules: Record<string, Rule> = {
   "controller.routing": { kind: "enum", values: ["ttft", "round_robin"] },
   "controller.workerTokens": { kind: "record" },
   "controller.ui": { kind: "bool" },
+  "controller.id": str,
+  "controller.placement.enabled": { kind: "bool" },
+  "controller.placement.intervalMs": int(50, 600_000),
+  "controller.placement.leaseTtlMs": int(150, 3_600_000),
+  "controller.placement.halfLifeMs": int(1, 86_400_000),
+  "controller.placement.ramBytesPerWorker": int(0),
+  "controller.placement.ssdBytesPerWorker": int(0),
+  "controller.placement.maxReplicas": int(1, 1024),
+  "controller.placement.minDemand": { kind: "number", min: 0, max: 1e9 },
+  "controller.placement.spread": { kind: "number", min: 0, max: 1024 },
+  "controller.placement.maxChanges": int(0, 4096),
+  "controller.placement.demandWindowMs": int(10, 600_000),
   "worker.index": int(0, 4096),
   "worker.id": str,
   "worker.controllerUrl": str,

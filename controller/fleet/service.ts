@@ -30,6 +30,7 @@ import { liveWorkers } from "../heartbeat-view.ts";
 import { type RouterPolicy, route } from "../router.ts";
 import type { RecentDecisions } from "../ui/recent-decisions.ts";
 import { type DecisionRecorder, decisionOps } from "./decisions.ts";
+import type { DemandWindow } from "./demand.ts";
 import type { AssignmentMessage, WorkerHub } from "./hub.ts";
 
 /**
@@ -78,6 +79,8 @@ export interface FleetOptions {
   readonly log: Logger;
   /** The web view's ring of recent decisions (absent: no web view). */
   readonly recent?: Pick<RecentDecisions, "routed" | "measured">;
+  /** Demand observations for placement, proposed through the recorder every `everyMs` (absent: none). */
+  readonly demand?: { readonly window: DemandWindow; readonly everyMs: number };
 }
 
 interface Flight {
@@ -110,6 +113,7 @@ export class FleetService implements InferenceService {
   private turn = 0;
   private readonly info: ModelInfo;
   private readonly timer: NodeJS.Timeout;
+  private readonly demandTimer: NodeJS.Timeout | null;
   private readonly cacheTokens: Record<string, number> = {
     resident: 0,
     ram: 0,
@@ -162,6 +166,11 @@ export class FleetService implements InferenceService {
       onWorkerLost: (id, reason) => this.onWorkerLost(id, reason),
     });
     this.timer = setInterval(() => this.tick(), opts.tickMs);
+    const demand = opts.demand;
+    this.demandTimer =
+      demand && recorder
+        ? setInterval(() => recorder.add(demand.window.drain(Date.now())), demand.everyMs)
+        : null;
   }
 
   catalogQuery?: InferenceService["catalogQuery"];
@@ -173,6 +182,9 @@ export class FleetService implements InferenceService {
   /** Fails every open request and stops the tick (the hub and recorder are closed by their owners). */
   close(): void {
     clearInterval(this.timer);
+    if (this.demandTimer) clearInterval(this.demandTimer);
+    const demand = this.opts.demand;
+    if (demand && this.recorder) this.recorder.add(demand.window.drain(Date.now()));
     for (const f of [...this.active.values()])
       this.apply(f, { type: "cancel", reason: "the controller is stopping" });
   }
@@ -272,6 +284,13 @@ export class FleetService implements InferenceService {
       });
   }
 
+  /** Workers placement may put copies on: live now (and, once they say so, ready). */
+  placeableWorkers(): WorkerId[] {
+    return liveWorkers(this.hub.view, this.hub.nowMs(), this.opts.policy.heartbeatTtlMs).map(
+      (l) => l.heartbeat.workerId,
+    );
+  }
+
   /** Requests routed or running now. */
   get inFlight(): number {
     return this.active.size;
@@ -338,12 +357,17 @@ export class FleetService implements InferenceService {
 
   private routeNext(f: Flight, attempt: number, exclude: readonly WorkerId[]): void {
     const now = this.hub.nowMs();
+    const answer = this.catalog ? catalogAnswer(this.catalog.db(), f.routeRequest.chain) : noCatalogAnswer;
+    // Demand, once per request: the deepest chunk of its chain published now.
+    const published = answer.replicas.length;
+    if (attempt === 1 && published > 0)
+      this.opts.demand?.window.observe(f.routeRequest.chain[published - 1]!.nodeId, f.req.tenant);
     const decision = route({
       request: f.routeRequest,
       attempt,
       view: this.hub.view,
       nowMs: now,
-      catalog: this.catalog ? catalogAnswer(this.catalog.db(), f.routeRequest.chain) : noCatalogAnswer,
+      catalog: answer,
       outstanding: outstandingByWorker([...this.active.values()].filter((x) => x !== f).map((x) => x.state)),
       exclude: new Set(exclude),
       policy: this.opts.policy,
