@@ -7,6 +7,7 @@ import type { StoreTier, WorkerStatus } from "../schema/control.ts";
 import { WorkerId } from "../schema/ids.ts";
 import type { CheckpointStats } from "../worker/checkpoint/checkpointer.ts";
 import type { LoadedModel } from "../worker/model/model-dir.ts";
+import type { PrefetchStats } from "../worker/prefetch/prefetcher.ts";
 import type { RestoreStats } from "../worker/restore/restorer.ts";
 import type { RuntimeStats } from "../worker/runtime/runtime.ts";
 import { UsageError } from "./command.ts";
@@ -129,6 +130,7 @@ export interface WorkerStatusSources {
   >;
   readonly restore: Pick<RestoreStats, "chunks" | "bytes" | "tokens">;
   readonly checkpoint: Pick<CheckpointStats, "chunksPublished">;
+  readonly prefetch?: Pick<PrefetchStats, "fetched" | "hits" | "skipped">;
   readonly catalogOffset: number;
   readonly logEnd: number;
   readonly chunkTokens: number;
@@ -163,5 +165,14 @@ export function workerStatus(s: WorkerStatusSources): WorkerStatus {
     publishedBytes: s.checkpoint.chunksPublished * s.chunkTokens * s.kvBytesPerToken,
     catalogOffset: s.catalogOffset,
     catalogLag: Math.max(0, s.logEnd - s.catalogOffset),
+    ...(s.prefetch
+      ? {
+          prefetch: {
+            chunks: s.prefetch.fetched.ram + s.prefetch.fetched.ssd,
+            hits: s.prefetch.hits,
+            skipped: Object.values(s.prefetch.skipped).reduce((a, b) => a + b, 0),
+          },
+        }
+      : {}),
   };
 }

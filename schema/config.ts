@@ -173,6 +173,26 @@ export interface Config {
     durableReuse: boolean;
     /** This worker's token for the controller's socket (controller.workerTokens); empty: auth.clusterSecret. */
     token: string;
+    /**
+     * Prefetch (worker/prefetch/): chunks the placement authority placed on
+     * this worker are pulled into its RAM/SSD ahead of demand, beside the
+     * runtime loop. Needs durableReuse.
+     */
+    prefetch: {
+      enabled: boolean;
+      /** Prefetches waiting at once; one more placement is skipped (and logged). */
+      maxQueued: number;
+      /** Placed bytes held pinned in RAM at most (clamped below store.ram.maxBytes by one chunk). */
+      ramBytes: number;
+      /** Placed bytes this worker fetches into its chunk files at most. */
+      ssdBytes: number;
+      /** Deadline of one fetch from one source (a peer, S3). */
+      fetchTimeoutMs: number;
+      /** A prefetch waits while prompts wait to prefill, at most this long. */
+      maxDeferMs: number;
+      /** Skipped or unreadable placements are tried again this often. */
+      retryMs: number;
+    };
   };
   auth: {
     /** Bearer token → tenant. Empty: no auth, every request is tenant "default". */
@@ -260,6 +280,15 @@ export const defaultConfig: Config = {
     backend: "auto",
     durableReuse: true,
     token: "",
+    prefetch: {
+      enabled: true,
+      maxQueued: 16,
+      ramBytes: 256 << 20,
+      ssdBytes: 1 << 30,
+      fetchTimeoutMs: 10_000,
+      maxDeferMs: 10_000,
+      retryMs: 5_000,
+    },
   },
   auth: { tokens: {}, clusterSecret: "" },
 };
@@ -349,6 +378,13 @@ const rules: Record<string, Rule> = {
   "worker.backend": { kind: "enum", values: ["auto", "cpu", "cuda"] },
   "worker.durableReuse": { kind: "bool" },
   "worker.token": optStr,
+  "worker.prefetch.enabled": { kind: "bool" },
+  "worker.prefetch.maxQueued": int(1, 4096),
+  "worker.prefetch.ramBytes": int(0),
+  "worker.prefetch.ssdBytes": int(0),
+  "worker.prefetch.fetchTimeoutMs": int(100, 600_000),
+  "worker.prefetch.maxDeferMs": int(0, 3_600_000),
+  "worker.prefetch.retryMs": int(100, 3_600_000),
   "auth.tokens": { kind: "record" },
   "auth.clusterSecret": optStr,
 };

@@ -164,6 +164,12 @@ const WorkerStatus = Schema.Struct({
   /** The worker's catalog replica: transactions applied, and how many the log holds beyond them. */
   catalogOffset: Count,
   catalogLag: Count,
+  /**
+   * Prefetch of placed chunks (worker/prefetch/): chunks pulled ahead of
+   * demand, reads served from placed RAM copies, placements skipped (queue
+   * or store full, no source). Absent where prefetch is off.
+   */
+  prefetch: Schema.optional(Schema.Struct({ chunks: Count, hits: Count, skipped: Count })),
 });
 export type WorkerStatus = (typeof WorkerStatus)["Type"];
 

@@ -1,6 +1,7 @@
 import { Effect } from "effect";
 import { createLogger } from "../../schema/log.ts";
 import { WorkerAgent } from "../../worker/agent/agent.ts";
+import { Prefetcher } from "../../worker/prefetch/prefetcher.ts";
 import { DurableCache } from "../../worker/restore/durable-cache.ts";
 import { loadEngine } from "../../worker/runtime/engine-load.ts";
 import { WorkerRuntime } from "../../worker/runtime/runtime.ts";
@@ -39,6 +40,8 @@ const usage = [
   "  catalog.log           must be kafka (catalog.brokers, catalog.topics)",
   "  store.dir.path        this worker's chunk files (default <store.dataDir>/workers/<id>/store)",
   "  worker.durableReuse   false: no checkpoints and no restores (only resident pages are reused)",
+  "  worker.prefetch.*     chunks placed on this worker (controller.placement) pulled into its",
+  "                        RAM/SSD ahead of demand, on a bounded queue beside the runtime",
   "",
   "Environment overrides: CONTINUUM_WORKER_INDEX, CONTINUUM_WORKER_CONTROLLER_URL,",
   "CONTINUUM_AUTH_CLUSTER_SECRET, CONTINUUM_CATALOG_BROKERS, ... Ctrl-C stops it cleanly.",
@@ -119,6 +122,36 @@ const command: Command = {
           },
           (rt) => rt.stop(),
         );
+        // Prefetch of placed chunks: released before the durable cache (it uses its tiers and replica).
+        const pf = config.worker.prefetch;
+        const prefetcher =
+          reuse && pf.enabled
+            ? yield* resource(
+                () =>
+                  new Prefetcher({
+                    tiers: durable.tiers,
+                    catalog: durable.catalog,
+                    peerSecret: config.auth.clusterSecret,
+                    maxQueued: pf.maxQueued,
+                    // Pinned bytes leave room for one more chunk of any other put (a checkpoint's).
+                    ramBytes: Math.max(
+                      0,
+                      Math.min(
+                        pf.ramBytes,
+                        cacheConfig.store.ram.maxBytes -
+                          2 * config.pages.chunkTokens * kvBytesPerToken(model),
+                      ),
+                    ),
+                    ssdBytes: pf.ssdBytes,
+                    fetchTimeoutMs: pf.fetchTimeoutMs,
+                    maxDeferMs: pf.maxDeferMs,
+                    retryMs: pf.retryMs,
+                    busy: () => runtime.stats().waiting > 0,
+                    logger: log.child({ part: "prefetch" }),
+                  }),
+                (p) => p.stop(),
+              )
+            : null;
         const agent = yield* resource(
           () => {
             const a = new WorkerAgent(runtime, {
@@ -145,6 +178,7 @@ const command: Command = {
                   runtime: runtime.stats(),
                   restore: durable.restorer.stats(),
                   checkpoint: durable.checkpointer.stats(),
+                  ...(prefetcher ? { prefetch: prefetcher.stats() } : {}),
                   catalogOffset: durable.replica.offset(),
                   logEnd: logEnd.value,
                   chunkTokens: config.pages.chunkTokens,
