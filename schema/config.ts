@@ -111,6 +111,13 @@ export interface Config {
      * live data and Datalog box sit behind auth.tokens like the API); false: no /ui.
      */
     ui: boolean;
+    /**
+     * Multipliers of the router's TTFT terms: predicted = max(queue·q, fetch·f)
+     * + upload·u + prefill·p + firstToken·t. 1 each is the calibrated cost
+     * model; `continuum replay` says which term the measured outcomes disagree
+     * with and predicts the recorded workload under other weights.
+     */
+    ttftWeights: { queue: number; fetch: number; upload: number; prefill: number; firstToken: number };
     /** This controller's name in the catalog (proposals, the placement lease's holder, with a per-process suffix). */
     id: string;
     /**
@@ -254,6 +261,7 @@ export const defaultConfig: Config = {
     routing: "ttft",
     workerTokens: {},
     ui: true,
+    ttftWeights: { queue: 1, fetch: 1, upload: 1, prefill: 1, firstToken: 1 },
     id: "controller",
     placement: {
       enabled: true,
@@ -356,6 +364,11 @@ const rules: Record<string, Rule> = {
   "controller.routing": { kind: "enum", values: ["ttft", "round_robin"] },
   "controller.workerTokens": { kind: "record" },
   "controller.ui": { kind: "bool" },
+  "controller.ttftWeights.queue": { kind: "number", min: 0, max: 100 },
+  "controller.ttftWeights.fetch": { kind: "number", min: 0, max: 100 },
+  "controller.ttftWeights.upload": { kind: "number", min: 0, max: 100 },
+  "controller.ttftWeights.prefill": { kind: "number", min: 0, max: 100 },
+  "controller.ttftWeights.firstToken": { kind: "number", min: 0, max: 100 },
   "controller.id": str,
   "controller.placement.enabled": { kind: "bool" },
   "controller.placement.intervalMs": int(50, 600_000),

@@ -272,6 +272,13 @@ const ResultBody = Schema.Struct({
   tokensTotal: Count,
   /** Measured time to first token on the worker (from accept); null when no token was produced. */
   measuredTtftMs: Schema.NullOr(Ms),
+  /**
+   * That time by the router's terms, measured on the worker: queue (accept →
+   * admitted), fetch (the durable restore's load), prefill (the rest, to the
+   * first token). Absent when no token was produced, or from a worker that
+   * does not report it.
+   */
+  measuredTerms: Schema.optional(Schema.Struct({ queueMs: Ms, fetchMs: Ms, prefillMs: Ms })),
   /** Empty when completed. */
   reason: Schema.String,
 });

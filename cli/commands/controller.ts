@@ -130,6 +130,7 @@ const command: Command = {
                 },
                 policy: {
                   ...(c.routing === "round_robin" ? roundRobinRouterPolicy : defaultRouterPolicy),
+                  weights: { ...c.ttftWeights },
                   heartbeatTtlMs: c.heartbeatTtlMs,
                   residentFreshMs: c.residentFreshMs,
                 },

@@ -29,6 +29,7 @@ import { catalogAnswer } from "../catalog-answer.ts";
 import { liveWorkers } from "../heartbeat-view.ts";
 import { type RouterPolicy, route } from "../router.ts";
 import type { RecentDecisions } from "../ui/recent-decisions.ts";
+import { type DecisionContext, decisionContext, type MeasuredOutcome } from "./decision-text.ts";
 import { type DecisionRecorder, decisionOps } from "./decisions.ts";
 import type { DemandWindow } from "./demand.ts";
 import type { AssignmentMessage, WorkerHub } from "./hub.ts";
@@ -89,8 +90,11 @@ interface Flight {
   readonly routeRequest: RouteRequest;
   readonly stream: StreamQueue<GenerationEvent>;
   state: AssignmentState;
-  /** The decision of the current attempt, until it ends. */
+  /** The decision of the current attempt, until it ends, with the inputs it was made from. */
   decision: DecisionRecord | null;
+  context: DecisionContext | null;
+  /** The worker's split of its time to first token, from its result (current attempt). */
+  measuredTerms: MeasuredOutcome["terms"] | null;
   offeredAtMs: number;
   firstTokenAtMs: number | null;
 }
@@ -227,6 +231,8 @@ export class FleetService implements InferenceService {
       stream,
       state: started.state,
       decision: null,
+      context: null,
+      measuredTerms: null,
       offeredAtMs: now,
       firstTokenAtMs: null,
     };
@@ -362,18 +368,32 @@ export class FleetService implements InferenceService {
     const published = answer.replicas.length;
     if (attempt === 1 && published > 0)
       this.opts.demand?.window.observe(f.routeRequest.chain[published - 1]!.nodeId, f.req.tenant);
+    const outstanding = outstandingByWorker(
+      [...this.active.values()].filter((x) => x !== f).map((x) => x.state),
+    );
+    const turn = attempt === 1 ? this.turn++ : this.turn - 1;
     const decision = route({
       request: f.routeRequest,
       attempt,
       view: this.hub.view,
       nowMs: now,
       catalog: answer,
-      outstanding: outstandingByWorker([...this.active.values()].filter((x) => x !== f).map((x) => x.state)),
+      outstanding,
       exclude: new Set(exclude),
       policy: this.opts.policy,
-      turn: attempt === 1 ? this.turn++ : this.turn - 1,
+      turn,
     });
     f.decision = decision;
+    f.measuredTerms = null;
+    f.context = decisionContext({
+      routedAtMs: Date.now(),
+      turn,
+      weights: this.opts.policy.weights,
+      chain: f.routeRequest.chain,
+      published,
+      live: liveWorkers(this.hub.view, now, this.opts.policy.heartbeatTtlMs),
+      outstanding,
+    });
     this.opts.recent?.routed(decision, Date.now());
     this.opts.log.log("info", "assignment.routed", {
       requestId: f.req.requestId,
@@ -427,8 +447,12 @@ export class FleetService implements InferenceService {
     if (d === null) return;
     f.decision = null;
     const streamed = f.state.streamAttempt === d.attempt && f.firstTokenAtMs !== null;
-    const measured = streamed ? f.firstTokenAtMs! - f.offeredAtMs : null;
-    this.recorder?.add(decisionOps(d, f.req.tenant, Date.now(), measured));
+    const measured: MeasuredOutcome | null = streamed
+      ? { ttftMs: f.firstTokenAtMs! - f.offeredAtMs, ...(f.measuredTerms ? { terms: f.measuredTerms } : {}) }
+      : null;
+    const ctx = f.context;
+    f.context = null;
+    this.recorder?.add(decisionOps(d, f.req.tenant, ctx?.routedAtMs ?? Date.now(), measured, ctx));
   }
 
   private finish(f: Flight, cmd: Extract<AssignmentCommand, { type: "finish" }>): void {
@@ -473,6 +497,8 @@ export class FleetService implements InferenceService {
         detail: m.msg.detail,
       });
     }
+    if (m.type === "result" && f?.decision?.attempt === m.msg.attempt && m.msg.measuredTerms)
+      f.measuredTerms = m.msg.measuredTerms;
     if (f === undefined || isTerminal(f.state)) {
       // A message for a request that already ended: late. An accept or tokens
       // means the worker is spending pages on it, so it is told to stop.

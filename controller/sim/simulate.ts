@@ -20,10 +20,11 @@ import {
   type SimCosts,
   type SimOffer,
   SimWorker,
+  type SimWorkerShape,
   type WorkerMessage,
   type WorkerTimer,
 } from "./worker.ts";
-import { makeWorkload, type SimRequest, type WorkloadShape } from "./workload.ts";
+import { makeWorkload, type SimRequest, type Workload, type WorkloadShape } from "./workload.ts";
 
 /**
  * The deterministic failure simulator: the real router, assignment machine
@@ -67,6 +68,25 @@ export interface SimOptions {
   readonly ramBytes: number;
   /** Whether workers have a local SSD tier below RAM. */
   readonly ssdTier: boolean;
+  /**
+   * A recorded world instead of the generated one (continuum replay): its
+   * workload and its workers (then `workers`, `requests`, `workload`,
+   * `totalPages`, `ramBytes` and `ssdTier` are not read).
+   */
+  readonly world?: SimWorld;
+}
+
+/** One worker of a recorded world: its shape, its true costs and the costs its heartbeats report. */
+export interface SimWorldWorker {
+  readonly id: WorkerId;
+  readonly costs: SimCosts;
+  readonly reported: SimCosts;
+  readonly shape: Omit<SimWorkerShape, "fingerprint" | "frameTokens" | "maxQueuedJobs">;
+}
+
+export interface SimWorld {
+  readonly workload: Workload;
+  readonly workers: readonly SimWorldWorker[];
 }
 
 /** Defaults sized so the workload keeps a fleet busy but not saturated. */
@@ -233,31 +253,47 @@ export function simulate(opts: SimOptions): SimSummary {
   const netRng = root.fork();
   const faultRng = root.fork();
   const costRng = root.fork();
-  const workload = makeWorkload(workloadRng, opts.seed, opts.requests, opts.workload);
+  const world = opts.world;
+  const workload = world?.workload ?? makeWorkload(workloadRng, opts.seed, opts.requests, opts.workload);
   const catalog = new SimCatalog();
   const workers: SimWorker[] = [];
-  for (let i = 0; i < opts.workers; i++) {
-    workers.push(
-      new SimWorker(
-        `w${String(i).padStart(3, "0")}` as WorkerId,
-        makeCosts(costRng),
-        {
-          fingerprint: workload.fingerprint,
-          totalPages: opts.totalPages,
-          pageTokens: 16,
-          kvBytesPerToken: KV_BYTES_PER_TOKEN,
-          maxContext: 8192,
-          frameTokens: 8,
-          maxQueuedJobs: 256,
-          ssdTier: opts.ssdTier,
-          ramChunks: Math.floor(opts.ramBytes / (opts.workload.chunkTokens * KV_BYTES_PER_TOKEN)),
-        },
-        workload.tenantChains,
-      ),
-    );
+  if (world) {
+    if (world.workers.length < 1 || world.workers.length > 1024)
+      throw new RangeError(`a recorded world needs 1..1024 workers, got ${world.workers.length}`);
+    for (const w of world.workers)
+      workers.push(
+        new SimWorker(
+          w.id,
+          w.costs,
+          { ...w.shape, fingerprint: workload.fingerprint, frameTokens: 8, maxQueuedJobs: 256 },
+          workload.tenantChains,
+          w.reported,
+        ),
+      );
+  } else {
+    for (let i = 0; i < opts.workers; i++) {
+      workers.push(
+        new SimWorker(
+          `w${String(i).padStart(3, "0")}` as WorkerId,
+          makeCosts(costRng),
+          {
+            fingerprint: workload.fingerprint,
+            totalPages: opts.totalPages,
+            pageTokens: 16,
+            kvBytesPerToken: KV_BYTES_PER_TOKEN,
+            maxContext: 8192,
+            frameTokens: 8,
+            maxQueuedJobs: 256,
+            ssdTier: opts.ssdTier,
+            ramChunks: Math.floor(opts.ramBytes / (opts.workload.chunkTokens * KV_BYTES_PER_TOKEN)),
+          },
+          workload.tenantChains,
+        ),
+      );
+    }
   }
   const indexOf = new Map<WorkerId, number>(workers.map((w, i) => [w.id, i]));
-  const net = new Network(netRng, opts.faults, opts.workers);
+  const net = new Network(netRng, opts.faults, workers.length);
   const agenda = new Agenda<SimEvent>(MAX_AGENDA);
   const trace: Hash = createHash("sha256");
   const records = new Map<RequestId, RequestRecord>();
@@ -437,18 +473,18 @@ export function simulate(opts: SimOptions): SimSummary {
   agenda.push(opts.tickMs, { k: "tick" });
   const horizon = (workload.requests.at(-1)?.arrivalMs ?? 0) + warmupMs;
   if (opts.faults.has("crash")) {
-    const n = faultRng.int(1, Math.max(1, Math.floor(opts.workers / 2)));
+    const n = faultRng.int(1, Math.max(1, Math.floor(workers.length / 2)));
     for (let i = 0; i < n; i++) {
-      const w = faultRng.int(0, opts.workers - 1);
+      const w = faultRng.int(0, workers.length - 1);
       const at = faultRng.float() * horizon;
       agenda.push(at, { k: "crash", w });
       if (opts.faults.has("restart")) agenda.push(at + 200 + faultRng.float() * 2_000, { k: "restart", w });
     }
   }
   if (opts.faults.has("partition")) {
-    const n = faultRng.int(1, Math.max(1, opts.workers));
+    const n = faultRng.int(1, Math.max(1, workers.length));
     for (let i = 0; i < n; i++) {
-      const w = faultRng.int(0, opts.workers - 1);
+      const w = faultRng.int(0, workers.length - 1);
       const at = faultRng.float() * horizon;
       agenda.push(at, { k: "partition", w, on: true });
       agenda.push(at + 100 + faultRng.exponential(800), { k: "partition", w, on: false });

@@ -37,7 +37,12 @@ import {
 import type { Logger } from "../../schema/log.ts";
 import { encodeMessage, MAX_MESSAGE_BYTES, type MessageKind, WireError } from "../../schema/wire.ts";
 import { PageHashChain } from "../runtime/page-hashes.ts";
-import { type RuntimeGeneration, SubmitError, type WorkerRuntime } from "../runtime/runtime.ts";
+import {
+  type RequestTiming,
+  type RuntimeGeneration,
+  SubmitError,
+  type WorkerRuntime,
+} from "../runtime/runtime.ts";
 import { ResidentLedger } from "./resident-ledger.ts";
 
 /**
@@ -118,6 +123,16 @@ export interface AgentCounters {
   completed: number;
   failed: number;
   badFrames: number;
+}
+
+/** A measured TTFT split by the router's terms; prefill is the rest (never below 0). */
+export function measuredTerms(
+  ttftMs: number,
+  t: RequestTiming,
+): { queueMs: number; fetchMs: number; prefillMs: number } {
+  const queueMs = Math.max(0, Math.min(ttftMs, t.queueMs ?? 0));
+  const fetchMs = Math.max(0, Math.min(ttftMs - queueMs, t.fetchMs));
+  return { queueMs, fetchMs, prefillMs: Math.max(0, ttftMs - queueMs - fetchMs) };
 }
 
 /** The runtime's id for one attempt: attempts of one request never share a runtime slot. */
@@ -505,6 +520,7 @@ export class WorkerAgent {
     if (outcome === "completed") this.counters.completed++;
     else this.counters.failed++;
     if (run.fenced) return;
+    const ttft = run.firstTokenAt === null ? null : run.firstTokenAt - run.acceptedAt;
     this.send(ResultMessage, {
       requestId: run.requestId,
       attempt: run.attempt,
@@ -512,7 +528,8 @@ export class WorkerAgent {
       outcome,
       finishReason: finish,
       tokensTotal: run.sent,
-      measuredTtftMs: run.firstTokenAt === null ? null : run.firstTokenAt - run.acceptedAt,
+      measuredTtftMs: ttft,
+      ...(ttft === null ? {} : { measuredTerms: measuredTerms(ttft, run.generation.timing()) }),
       reason,
     });
     this.opts.log.log("info", "agent.result", {

@@ -77,6 +77,19 @@ export interface RuntimeGeneration {
   readonly events: AsyncIterable<RuntimeEvent>;
   /** Fences the request at once: no token is emitted after this call. */
   cancel(): void;
+  /** Where the request's time went so far (the router's terms, measured). */
+  timing(): RequestTiming;
+}
+
+/**
+ * Measured counterparts of the router's TTFT terms (controller/router.ts):
+ * queue = submission → first admission (null until admitted); fetch = the
+ * durable restore's load, begin → settled (0 without one). The rest of the
+ * time to the first token is prefill and the first token's step.
+ */
+export interface RequestTiming {
+  readonly queueMs: number | null;
+  readonly fetchMs: number;
 }
 
 /** Refused at submission; nothing was queued. `status` is the HTTP status that fits. */
@@ -144,6 +157,8 @@ export class WorkerRuntime {
   private readonly cache = new Map<ContinuationId, CacheRoute>();
   /** Requests whose restore is loading pages: not runnable, not preemptible, until it settles. */
   private readonly restoring = new Set<RequestId>();
+  /** Each sequence's restore load, begin → settled, in ms (RequestTiming.fetchMs). */
+  private readonly restoreMs = new WeakMap<Sequence, number>();
   private readonly calibrator: CostCalibrator;
   private readonly pacer: PrefillPacer | null;
   private wake: (() => void) | null = null;
@@ -281,6 +296,10 @@ export class WorkerRuntime {
         seq.cancelled = true;
         this.signal();
       },
+      timing: () => ({
+        queueMs: seq.cachedTokens < 0 ? null : seq.admittedAt - seq.submittedAt,
+        fetchMs: this.restoreMs.get(seq) ?? 0,
+      }),
     };
   }
 
@@ -692,8 +711,10 @@ export class WorkerRuntime {
     });
     if (!ticket) return;
     this.restoring.add(seq.id);
+    const began = performance.now();
     void ticket.done.then((ok) => {
       this.restoring.delete(seq.id);
+      this.restoreMs.set(seq, performance.now() - began);
       if (ok && this.seqs.get(seq.id) === seq && !seq.cancelled) {
         this.counters.cachedPromptTokens += ticket.restoreTo - seq.processed;
         seq.processed = ticket.restoreTo;
