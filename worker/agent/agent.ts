@@ -101,7 +101,7 @@ interface RunningAttempt {
   readonly generation: RuntimeGeneration;
   readonly prompt: readonly number[];
   readonly salt: string | undefined;
-  /** Prompt tokens still to prefill (for the heartbeat's queue). */
+  /** Prompt tokens still to prefill (for the heartbeat's queue): not those resident or planned to be restored. */
   readonly queuedTokens: number;
   readonly acceptedAt: number;
   /** Set by a cancel or a lost connection: nothing more of this attempt is sent. */
@@ -442,7 +442,11 @@ export class WorkerAgent {
       generation,
       prompt: offer.prompt,
       salt,
-      queuedTokens: Math.max(0, offer.prompt.length - pool.sharedPages * this.opts.pageTokens),
+      // To prefill: the prompt less what is resident here or, by the router's plan, restored.
+      queuedTokens: Math.max(
+        0,
+        offer.prompt.length - Math.max(pool.sharedPages * this.opts.pageTokens, offer.plan.cachedTokens),
+      ),
       acceptedAt: performance.now(),
       fenced: false,
       firstTokenAt: null,
