@@ -60,6 +60,8 @@ export function kvBytesPerToken(model: LoadedModel): number {
  * chunk files default to <dataDir>/workers/<id>/store, so workers sharing a
  * data dir (one machine, `continuum cluster up`) never share a local store.
  * An explicit store.dir.path is the operator's choice for this one worker.
+ * Its auth is what the peer port uses: no secret when worker.peerTransfer is
+ * false, so no peer chunk is served or read.
  */
 export function workerCacheConfig(
   config: Config,
@@ -68,7 +70,8 @@ export function workerCacheConfig(
   const dir = config.store.dir.path || join(config.store.dataDir, "workers", id, "store");
   return {
     pages: config.pages,
-    auth: config.auth,
+    // Peer chunks are served and read with the cluster secret; worker.peerTransfer false: with none (refused, never read).
+    auth: config.worker.peerTransfer ? config.auth : { ...config.auth, clusterSecret: "" },
     worker: { ...config.worker, id },
     store: { ...config.store, dir: { ...config.store.dir, path: dir } },
   };

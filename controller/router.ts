@@ -87,6 +87,8 @@ export interface RouterPolicy {
   readonly loadFactor: number;
   /** Below this many in-flight requests (counting the new one) a worker is never overloaded. */
   readonly loadSlack: number;
+  /** Workers read each other's RAM/SSD chunks (worker.peerTransfer): peer candidates exist. */
+  readonly peers: boolean;
 }
 
 export const defaultRouterPolicy: RouterPolicy = {
@@ -97,6 +99,7 @@ export const defaultRouterPolicy: RouterPolicy = {
   residentFreshMs: 1_500,
   loadFactor: 1.25,
   loadSlack: 4,
+  peers: true,
 };
 
 /** Requests in flight on a worker: the larger of its heartbeat's and the controller's count. */
@@ -214,6 +217,15 @@ export function route(input: RouteInput): DecisionRecord {
     dropped.push({ workerId: id, source: "recompute", reason: "offline", detail: "no live heartbeat" });
   }
   const eligible = live.filter((l) => {
+    if (!l.heartbeat.ready) {
+      dropped.push({
+        workerId: l.heartbeat.workerId,
+        source: "recompute",
+        reason: "warming",
+        detail: "the worker has not finished warming up",
+      });
+      return false;
+    }
     if (!input.exclude.has(l.heartbeat.workerId)) return true;
     dropped.push({
       workerId: l.heartbeat.workerId,
@@ -226,6 +238,7 @@ export function route(input: RouteInput): DecisionRecord {
   const derived = deriveCandidates(request, eligible, input.catalog, {
     residentFreshMs: policy.residentFreshMs,
     liveHolders: liveIds,
+    peers: policy.peers,
   });
   dropped.push(...derived.dropped);
 

@@ -181,6 +181,13 @@ export interface Config {
     /** This worker's token for the controller's socket (controller.workerTokens); empty: auth.clusterSecret. */
     token: string;
     /**
+     * Workers read each other's RAM/SSD chunks over the peer port; false: S3
+     * is the only tier they share (the worker neither serves nor reads peer
+     * chunks, and the controller, reading the same fleet config, derives no
+     * peer candidates).
+     */
+    peerTransfer: boolean;
+    /**
      * Prefetch (worker/prefetch/): chunks the placement authority placed on
      * this worker are pulled into its RAM/SSD ahead of demand, beside the
      * runtime loop. Needs durableReuse.
@@ -288,6 +295,7 @@ export const defaultConfig: Config = {
     backend: "auto",
     durableReuse: true,
     token: "",
+    peerTransfer: true,
     prefetch: {
       enabled: true,
       maxQueued: 16,
@@ -391,6 +399,7 @@ const rules: Record<string, Rule> = {
   "worker.backend": { kind: "enum", values: ["auto", "cpu", "cuda"] },
   "worker.durableReuse": { kind: "bool" },
   "worker.token": optStr,
+  "worker.peerTransfer": { kind: "bool" },
   "worker.prefetch.enabled": { kind: "bool" },
   "worker.prefetch.maxQueued": int(1, 4096),
   "worker.prefetch.ramBytes": int(0),

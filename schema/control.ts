@@ -100,6 +100,7 @@ export const DropReasons = [
   "stale_resident",
   "already_tried",
   "overloaded",
+  "warming",
 ] as const;
 export type DropReason = (typeof DropReasons)[number];
 
@@ -189,6 +190,13 @@ const HeartbeatBody = Schema.Struct({
   durableTiers: Schema.Array(Schema.Literals(StoreTiers)).check(Schema.isMaxLength(StoreTiers.length)),
   queue: QueueState,
   costs: CalibratedCosts,
+  /**
+   * The worker is warm: model loaded, prepared catalog queries run once, store
+   * tiers opened and probed, one warm-up step run through the engine, and its
+   * catalog registration applied. The router offers nothing to a worker
+   * that is not.
+   */
+  ready: Schema.Boolean,
   /** Absent from a worker that reports none (the field came later; routing never needs it). */
   status: Schema.optional(WorkerStatus),
 });

@@ -131,6 +131,7 @@ const command: Command = {
                 policy: {
                   ...(c.routing === "round_robin" ? roundRobinRouterPolicy : defaultRouterPolicy),
                   weights: { ...c.ttftWeights },
+                  peers: config.worker.peerTransfer,
                   heartbeatTtlMs: c.heartbeatTtlMs,
                   residentFreshMs: c.residentFreshMs,
                 },

@@ -204,9 +204,16 @@ export class FleetService implements InferenceService {
         "rate_limit_error",
       );
     const now = this.hub.nowMs();
-    if (liveWorkers(this.hub.view, now, this.opts.policy.heartbeatTtlMs).length === 0) {
+    const live = liveWorkers(this.hub.view, now, this.opts.policy.heartbeatTtlMs);
+    if (!live.some((l) => l.heartbeat.ready)) {
       this.counters.refusedNoWorker++;
-      throw new ApiError(503, "no live worker is connected to the controller", "server_error");
+      throw new ApiError(
+        503,
+        live.length === 0
+          ? "no live worker is connected to the controller"
+          : `no worker is ready: ${live.length} connected, still warming up`,
+        "server_error",
+      );
     }
     const salt = req.tenant === "default" ? "" : req.tenant;
     const chain: ChainBoundary[] = planChain(
@@ -280,6 +287,7 @@ export class FleetService implements InferenceService {
         return {
           workerId,
           live: live.has(workerId),
+          ready: hb?.ready ?? null,
           heartbeatAgeMs: hb ? Math.max(0, now - e.receivedAtMs) : null,
           freePages: hb?.freePages ?? null,
           evictablePages: hb?.evictablePages ?? null,
@@ -290,11 +298,11 @@ export class FleetService implements InferenceService {
       });
   }
 
-  /** Workers placement may put copies on: live now (and, once they say so, ready). */
+  /** Workers placement may put copies on: live and ready now. */
   placeableWorkers(): WorkerId[] {
-    return liveWorkers(this.hub.view, this.hub.nowMs(), this.opts.policy.heartbeatTtlMs).map(
-      (l) => l.heartbeat.workerId,
-    );
+    return liveWorkers(this.hub.view, this.hub.nowMs(), this.opts.policy.heartbeatTtlMs)
+      .filter((l) => l.heartbeat.ready)
+      .map((l) => l.heartbeat.workerId);
   }
 
   /** Requests routed or running now. */

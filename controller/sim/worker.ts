@@ -226,6 +226,7 @@ export class SimWorker {
       evictablePages: evictable as never,
       residentPrefixes,
       durableTiers: this.shape.ssdTier ? ["ram", "ssd", "s3"] : ["ram", "s3"],
+      ready: true,
       queue: {
         queuedTokens: queuedTokens as TokenCount,
         queuedRequests,

@@ -54,8 +54,8 @@ const codec = (vocab: number): TextCodec => ({
 export interface FleetSpec {
   readonly workers: number;
   readonly policy?: Partial<RouterPolicy>;
-  /** Extra agent options per worker index (e.g. a ready gate). */
-  readonly agent?: (i: number) => Partial<ConstructorParameters<typeof WorkerAgent>[1]>;
+  /** Whether worker i says it is warm from its first heartbeat (default: every worker). */
+  readonly ready?: (i: number) => boolean;
 }
 
 export async function startFleet(model: LoadedModel, spec: FleetSpec): Promise<InProcessFleet> {
@@ -119,14 +119,14 @@ export async function startFleet(model: LoadedModel, spec: FleetSpec): Promise<I
       fenceMemory: 1024,
       maxQueuedBytes: 8 << 20,
       log: silentLogger,
-      ...spec.agent?.(i),
     });
+    if (spec.ready?.(i) ?? true) agent.markReady();
     agent.start();
     workers.push({ worker, agent });
   }
   for (const w of workers) await w.agent.connected;
   const deadline = Date.now() + 30_000;
-  while (service.placeableWorkers().length < spec.workers) {
+  while (service.workers().filter((w) => w.live).length < spec.workers) {
     if (Date.now() > deadline) throw new Error("the fleet's workers sent no heartbeat in 30 s");
     await new Promise((r) => setTimeout(r, 20));
   }

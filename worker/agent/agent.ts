@@ -153,6 +153,8 @@ export class WorkerAgent {
   private readonly running = new Map<RequestId, RunningAttempt>();
   private readonly ledger: ResidentLedger;
   private connectedOnce: (() => void) | null = null;
+  /** Heartbeats say `ready` from markReady() on (warm start: cli/commands/worker.ts). */
+  private ready = false;
   readonly connected: Promise<void>;
   readonly counters: AgentCounters = {
     connects: 0,
@@ -194,6 +196,21 @@ export class WorkerAgent {
 
   start(): void {
     this.connect();
+  }
+
+  /**
+   * The worker is warm: heartbeats say `ready` from now on (one goes at once),
+   * and the controller starts offering it work. Before this the worker is
+   * connected and visible, but receives no offer.
+   */
+  markReady(): void {
+    if (this.ready) return;
+    this.ready = true;
+    this.sendHeartbeat();
+  }
+
+  get isReady(): boolean {
+    return this.ready;
   }
 
   /** Stops reconnecting, cancels every running attempt and closes the socket. */
@@ -333,6 +350,7 @@ export class WorkerAgent {
       evictablePages: PageCount(pool.evictablePages),
       residentPrefixes: this.ledger.resident(resident, MAX_RESIDENT_PREFIXES),
       durableTiers: [...this.opts.durableTiers],
+      ready: this.ready,
       queue: {
         queuedTokens: TokenCount(queuedTokens),
         queuedRequests: stats.waiting,

@@ -37,6 +37,12 @@ export interface DurableCacheOptions {
   readonly storeReport?: StoreReporter;
   /** Catalog snapshots to start the replica from (read only: the fleet's controller writes them). */
   readonly snapshots?: SnapshotStore;
+  /**
+   * Register the model and worker (and withdraw RAM replicas of an earlier
+   * life) in open() (default), or leave it to register() once the worker is
+   * warm (worker/warm/: nobody plans on a worker before it is ready).
+   */
+  readonly deferRegistration?: boolean;
 }
 
 /**
@@ -51,6 +57,8 @@ export interface DurableCacheOptions {
  * replica stops, then the store drains its write-behind and closes.
  */
 export class DurableCache {
+  private registered = false;
+
   private constructor(
     readonly tiers: ChunkTiers,
     readonly replica: Replica,
@@ -90,8 +98,6 @@ export class DurableCache {
         layout: o.layout,
         chunkTokens: config.pages.chunkTokens,
       });
-      await catalog.register(peer.address, 30_000);
-      await catalog.forgetRamApplied(30_000);
       const cp = o.checkpoint ?? {};
       const checkpointer = new Checkpointer({
         engine,
@@ -118,11 +124,25 @@ export class DurableCache {
         fetchTimeoutMs: o.fetchTimeoutMs ?? 5_000,
         logger: o.logger,
       });
-      return new DurableCache(tiers, replica, catalog, peer, checkpointer, restorer);
+      const cache = new DurableCache(tiers, replica, catalog, peer, checkpointer, restorer);
+      if (!o.deferRegistration) await cache.register();
+      return cache;
     } catch (err) {
       for (const u of undo) await u().catch(() => undefined);
       throw err;
     }
+  }
+
+  /**
+   * Registers the model and this worker (with its peer address) and withdraws
+   * its RAM replicas of an earlier life, waiting until the replica shows both
+   * (bounded: 30 s each). Once per cache.
+   */
+  async register(): Promise<void> {
+    if (this.registered) return;
+    await this.catalog.register(this.peer.address, 30_000);
+    await this.catalog.forgetRamApplied(30_000);
+    this.registered = true;
   }
 
   /** Every capture queued so far stored, proposed and applied here (or given up); every restore settled. */
