@@ -15,16 +15,9 @@ import { disconnect, emptyView, expire, type HeartbeatView, observe } from "../h
 import { defaultRouterPolicy, type RouterPolicy, route } from "../router.ts";
 import { Agenda } from "./heap.ts";
 import { Prng } from "./prng.ts";
-import {
-  SimCatalog,
-  type SimCosts,
-  type SimOffer,
-  SimWorker,
-  type SimWorkerShape,
-  type WorkerMessage,
-  type WorkerTimer,
-} from "./worker.ts";
-import { makeWorkload, type SimRequest, type Workload, type WorkloadShape } from "./workload.ts";
+import { SimCatalog, type SimOffer, type WorkerMessage, type WorkerTimer } from "./worker.ts";
+import { makeWorkload, type SimRequest, type WorkloadShape } from "./workload.ts";
+import { makeWorkers, type SimWorld } from "./world.ts";
 
 /**
  * The deterministic failure simulator: the real router, assignment machine
@@ -76,19 +69,6 @@ export interface SimOptions {
   readonly world?: SimWorld;
 }
 
-/** One worker of a recorded world: its shape, its true costs and the costs its heartbeats report. */
-export interface SimWorldWorker {
-  readonly id: WorkerId;
-  readonly costs: SimCosts;
-  readonly reported: SimCosts;
-  readonly shape: Omit<SimWorkerShape, "fingerprint" | "frameTokens" | "maxQueuedJobs">;
-}
-
-export interface SimWorld {
-  readonly workload: Workload;
-  readonly workers: readonly SimWorldWorker[];
-}
-
 /** Defaults sized so the workload keeps a fleet busy but not saturated. */
 export function defaultSimOptions(seed: number, workers: number, requests: number): SimOptions {
   return {
@@ -114,6 +94,8 @@ export function defaultSimOptions(seed: number, workers: number, requests: numbe
     ssdTier: true,
   };
 }
+
+export type { SimWorld, SimWorldWorker } from "./world.ts";
 
 export class InvariantViolation extends Error {
   override readonly name = "InvariantViolation";
@@ -168,9 +150,6 @@ type SimEvent =
   | { readonly k: "restart"; readonly w: number }
   | { readonly k: "closed"; readonly w: number }
   | { readonly k: "partition"; readonly w: number; readonly on: boolean };
-
-/** Attention state per token of a Llama-3-8B-shaped model: 32 layers × 8 KV heads × 128 × (K, V) × 2 bytes. */
-const KV_BYTES_PER_TOKEN = 128 * 1024;
 
 /** Bound on agenda events (a runaway schedule is a bug, not a long run). */
 const MAX_AGENDA = 1 << 20;
@@ -228,18 +207,6 @@ interface RequestRecord {
   source: CandidateSource | null;
 }
 
-function makeCosts(rng: Prng): SimCosts {
-  // Heterogeneous hardware: each worker's costs scaled by a factor in [0.8, 1.25].
-  const f = 0.8 + rng.float() * 0.45;
-  return {
-    prefillPerTokenMs: 0.15 * f,
-    firstTokenMs: 20 * f,
-    decodeMsPerToken: 12 * f,
-    uploadMsPerMiB: 0.04 * f,
-    restoreMsPerMiB: { ram: 0.05, ssd: 0.3, peer: 0.8, s3: 2.5 },
-  };
-}
-
 /** Runs one simulation to quiescence; throws InvariantViolation on the first broken invariant. */
 export function simulate(opts: SimOptions): SimSummary {
   if (!Number.isSafeInteger(opts.workers) || opts.workers < 1 || opts.workers > 1024) {
@@ -253,45 +220,9 @@ export function simulate(opts: SimOptions): SimSummary {
   const netRng = root.fork();
   const faultRng = root.fork();
   const costRng = root.fork();
-  const world = opts.world;
-  const workload = world?.workload ?? makeWorkload(workloadRng, opts.seed, opts.requests, opts.workload);
+  const workload = opts.world?.workload ?? makeWorkload(workloadRng, opts.seed, opts.requests, opts.workload);
   const catalog = new SimCatalog();
-  const workers: SimWorker[] = [];
-  if (world) {
-    if (world.workers.length < 1 || world.workers.length > 1024)
-      throw new RangeError(`a recorded world needs 1..1024 workers, got ${world.workers.length}`);
-    for (const w of world.workers)
-      workers.push(
-        new SimWorker(
-          w.id,
-          w.costs,
-          { ...w.shape, fingerprint: workload.fingerprint, frameTokens: 8, maxQueuedJobs: 256 },
-          workload.tenantChains,
-          w.reported,
-        ),
-      );
-  } else {
-    for (let i = 0; i < opts.workers; i++) {
-      workers.push(
-        new SimWorker(
-          `w${String(i).padStart(3, "0")}` as WorkerId,
-          makeCosts(costRng),
-          {
-            fingerprint: workload.fingerprint,
-            totalPages: opts.totalPages,
-            pageTokens: 16,
-            kvBytesPerToken: KV_BYTES_PER_TOKEN,
-            maxContext: 8192,
-            frameTokens: 8,
-            maxQueuedJobs: 256,
-            ssdTier: opts.ssdTier,
-            ramChunks: Math.floor(opts.ramBytes / (opts.workload.chunkTokens * KV_BYTES_PER_TOKEN)),
-          },
-          workload.tenantChains,
-        ),
-      );
-    }
-  }
+  const workers = makeWorkers(opts, workload, costRng);
   const indexOf = new Map<WorkerId, number>(workers.map((w, i) => [w.id, i]));
   const net = new Network(netRng, opts.faults, workers.length);
   const agenda = new Agenda<SimEvent>(MAX_AGENDA);
