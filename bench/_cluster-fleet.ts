@@ -15,6 +15,10 @@ import type { Job } from "./_cluster-workloads.ts";
  * fleet's decision records back from its catalog.
  */
 
+/** The fleet has API tokens (one per tenant), so /metrics and /workers take a scrape token. */
+export const SCRAPE_TOKEN = "bench-scrape";
+const SCRAPE = { authorization: `Bearer ${SCRAPE_TOKEN}` };
+
 export async function freePort(): Promise<number> {
   const s = createServer();
   await new Promise<void>((r) => s.listen(0, "127.0.0.1", r));
@@ -111,7 +115,9 @@ export async function settledTotals(api: string): Promise<Totals> {
   let last = "";
   const deadline = Date.now() + 30_000;
   for (;;) {
-    const fleet = ((await (await fetch(`${api}/workers`)).json()) as { workers: FleetWorkerView[] }).workers;
+    const fleet = (
+      (await (await fetch(`${api}/workers`, { headers: SCRAPE })).json()) as { workers: FleetWorkerView[] }
+    ).workers;
     const t = totals(fleet);
     const key = JSON.stringify(t);
     if (key === last || Date.now() > deadline) return t;
@@ -122,7 +128,7 @@ export async function settledTotals(api: string): Promise<Totals> {
 
 /** The controller's prompt tokens by the source its router chose (resident, ram, ssd, peer, s3, recompute). */
 export async function routedTokens(api: string): Promise<Record<string, number>> {
-  const m = parseMetrics(await (await fetch(`${api}/metrics`)).text());
+  const m = parseMetrics(await (await fetch(`${api}/metrics`, { headers: SCRAPE })).text());
   const out: Record<string, number> = {};
   for (const [k, v] of Object.entries(m)) {
     const hit = /^continuum_cache_tokens\{source="(\w+)"\}$/.exec(k);

@@ -25,6 +25,7 @@ import {
   type PhaseResult,
   routedToHolderFraction,
   routedTokens,
+  SCRAPE_TOKEN,
   settledTotals,
   type Totals,
 } from "./_cluster-fleet.ts";
@@ -184,7 +185,7 @@ function fleetConfig(
   const placed = Math.max(0, ram - 4 * CHUNK_TOKENS * 12_288);
   const config: Config = {
     ...base,
-    model: { dir: MODEL_DIR, preset: "small" },
+    model: { ...base.model, dir: MODEL_DIR, preset: "small" },
     pages: { pageTokens: PAGE_TOKENS, physicalPages: spec.physicalPages, chunkTokens: CHUNK_TOKENS },
     store: {
       ...base.store,
@@ -220,7 +221,7 @@ function fleetConfig(
       peerTransfer: spec.peers,
       prefetch: { ...base.worker.prefetch, ramBytes: placed, retryMs: 1_000 },
     },
-    auth: { tokens, clusterSecret: "" },
+    auth: { ...base.auth, tokens, clusterSecret: "", metricsToken: SCRAPE_TOKEN },
   };
   return { config, topics };
 }

@@ -1,10 +1,11 @@
 import { join } from "node:path";
-import { defaultThreads, type Engine, features } from "../native/index.ts";
+import { defaultThreads, type Engine, features, kernels } from "../native/index.ts";
 import type { Decoder } from "../worker/model/decoder.ts";
 import { ContiguousDecoder } from "../worker/model/decoder-contiguous.ts";
 import { PageAllocator, PagedDecoder } from "../worker/model/decoder-paged.ts";
 import { openEngine } from "../worker/model/engine.ts";
 import { generateModel } from "../worker/model/generate.ts";
+import { quantizeModelDir } from "../worker/model/gguf-quantize.ts";
 import { type LoadedModel, loadModelDir } from "../worker/model/model-dir.ts";
 import { Rng, seedRng } from "../worker/model/prng.ts";
 import { BANDWIDTH_BYTES, BandwidthProbe } from "./_bandwidth.ts";
@@ -26,12 +27,23 @@ const median = (xs: readonly number[]): number => percentile(xs, 50);
  * cache, but the preset's 164 MB of weights may partly stay in a large one
  * between steps, so the ratio can exceed 1 there.
  *
+ * Issue 22: the same model quantized to Q8_0 and Q4_0 (GGUF, written once
+ * beside it) decodes at batch 1 beside bf16 in the same rounds:
+ * q8_0_over_bf16_decode_b1 (goal ≥ 1.7) and q4_0_over_bf16_decode_b1 (goal
+ * ≥ 2.5), each format's weight bytes per token × tokens/s over the read
+ * bandwidth; prefill_over_gemm_rate divides the batch-16 prefill's weight
+ * math (2 · matrix parameters · tokens / step time) by the bf16 GEMM rate at
+ * the model's up-projection shape measured in the same rounds (goal ≥ 0.8).
+ *
  * The model is generated once under .continuum/models/small (seed 0) and
  * reused. Then a sliding-window run (bench/_sliding.ts): decode tokens/s of
  * the small shape with a 256-position window on every layer at a context of
  * 8 windows, beside the same weights with every layer global.
  */
-const MODEL_DIR = join(process.env.CONTINUUM_DATA_DIR ?? ".continuum", "models", "small");
+const MODELS = join(process.env.CONTINUUM_DATA_DIR ?? ".continuum", "models");
+const MODEL_DIR = join(MODELS, "small");
+/** The same model in GGUF block formats, beside bf16 (issue 22). */
+const QUANTIZED = ["q8_0", "q4_0"] as const;
 const PAGE = 16;
 const BATCHES = [1, 4, 16] as const;
 
@@ -43,6 +55,54 @@ async function smallModel(log: (l: string) => void): Promise<LoadedModel> {
     await generateModel({ preset: "small", out: MODEL_DIR, seed: 0, force: true });
     return loadModelDir(MODEL_DIR, { variant: "bench" });
   }
+}
+
+/** The small model quantized to `scheme` (written once beside the bf16 one). */
+async function quantizedModel(
+  scheme: (typeof QUANTIZED)[number],
+  log: (l: string) => void,
+): Promise<LoadedModel> {
+  const file = join(MODELS, `small-${scheme}.gguf`);
+  try {
+    return await loadModelDir(file, { variant: "bench" });
+  } catch {
+    log(`quantizing the small preset to ${file} (once)`);
+    await quantizeModelDir(MODEL_DIR, file, scheme, { force: true });
+    return loadModelDir(file, { variant: "bench" });
+  }
+}
+
+/** Bytes one decode token streams from weights: every matrix once, the embedding only one row. */
+function weightBytesPerToken(model: LoadedModel): number {
+  let n = 0;
+  for (const [name, t] of model.weights.tensors)
+    n += name === "model.embed_tokens.weight" && !model.config.spec.tiedEmbeddings ? 0 : t.data.byteLength;
+  return n;
+}
+
+/** Multiply-adds of the weight matrices per token (the embedding is a lookup): prefill FLOPs = 2 · this · tokens. */
+function matrixParams(model: LoadedModel): number {
+  let n = 0;
+  for (const [name, t] of model.weights.tensors)
+    if (t.shape.length === 2 && (name !== "model.embed_tokens.weight" || model.config.spec.tiedEmbeddings))
+      n += t.shape[0]! * t.shape[1]!;
+  return n;
+}
+
+/** GFLOP/s of the bf16 GEMM at the model's up-projection shape with `T` rows (kernels.matmul, median of `reps`). */
+function gemmRate(K: number, N: number, T: number, reps: number): number {
+  const x = new Float32Array(T * K).map((_, i) => Math.cos(i) * 0.1);
+  const w = new Uint16Array(N * K).map((_, i) => 0x3c00 + (i % 977));
+  const y = new Float32Array(T * N);
+  const wb = new Uint8Array(w.buffer);
+  kernels.matmul(x, T, K, wb, "bf16", N, null, y);
+  const ts: number[] = [];
+  for (let i = 0; i < reps; i++) {
+    const t0 = performance.now();
+    kernels.matmul(x, T, K, wb, "bf16", N, null, y);
+    ts.push((performance.now() - t0) / 1000);
+  }
+  return (2 * T * K * N) / median(ts) / 1e9;
 }
 
 interface Run {
@@ -152,6 +212,49 @@ const bench: Bench = {
     } finally {
       for (const e of engines) e.free();
     }
+    // The same model at Q8_0 and Q4_0 beside bf16: batch-1 paged decode,
+    // rounds alternating the formats' order; and the bf16 prefill's weight
+    // math against the GEMM rate measured here.
+    const formats: { key: string; model: LoadedModel }[] = [{ key: "bf16", model }];
+    for (const q of QUANTIZED) formats.push({ key: q, model: await quantizedModel(q, log) });
+    const qRuns = new Map<string, Run[]>();
+    const gemm: number[] = [];
+    const qEngines: Engine[] = [];
+    try {
+      const decoders = new Map<string, Decoder>();
+      for (const { key, model: m } of formats) {
+        const e = await openEngine(m.config.spec, m.weights);
+        qEngines.push(e);
+        decoders.set(key, new PagedDecoder(e, new PageAllocator(16 * Math.ceil(ctx / PAGE)), PAGE, 16));
+      }
+      for (let round_ = 0; round_ < rounds; round_++) {
+        const keys = [...decoders.keys()];
+        if (round_ % 2 === 1) keys.reverse();
+        for (const key of keys) {
+          const r = await measure(decoders.get(key)!, 1, promptLen, steps, spec.vocab);
+          qRuns.set(key, [...(qRuns.get(key) ?? []), r]);
+        }
+        gemm.push(gemmRate(spec.hidden, spec.ffn, 16 * promptLen, quick ? 1 : 3));
+      }
+    } finally {
+      for (const e of qEngines) e.free();
+    }
+    for (const { key, model: m } of formats) {
+      const rs = qRuns.get(key)!;
+      const tokS = 1 / (median(rs.flatMap((r) => r.stepMs)) / 1000);
+      const bytes = weightBytesPerToken(m);
+      figures[`${key}_b1_decode_tok_per_s`] = round(tokS);
+      figures[`${key}_weight_bytes_per_token`] = bytes;
+      figures[`${key}_b1_decode_weight_gb_per_s`] = round((bytes * tokS) / 1e9);
+      log(`${key}: batch-1 decode ${round(tokS)} tok/s, ${bytes} weight bytes per token`);
+    }
+    const gemmGflops = median(gemm);
+    const prefillGflops = (2 * matrixParams(model) * figures.paged_b16_prefill_tok_per_s!) / 1e9;
+    figures.gemm_bf16_gflop_per_s = round(gemmGflops);
+    figures.paged_b16_prefill_weight_gflop_per_s = round(prefillGflops);
+    log(
+      `prefill (16 × ${promptLen} tokens) ${round(prefillGflops)} GFLOP/s of weight math; GEMM ${round(gemmGflops)} GFLOP/s`,
+    );
     const sliding = await slidingDecode(quick, log);
     Object.assign(figures, sliding.figures);
     const f = (k: string) => figures[k]!;
@@ -176,6 +279,12 @@ const bench: Bench = {
           (16 * f("paged_b1_decode_cpu_ms_per_step")) / f("paged_b16_decode_cpu_ms_per_step"),
         ),
         paged_b1_decode_over_read_bandwidth: round(b1Bw / bw.read_gb_per_s),
+        q8_0_over_bf16_decode_b1: round(f("q8_0_b1_decode_tok_per_s") / f("bf16_b1_decode_tok_per_s")),
+        q4_0_over_bf16_decode_b1: round(f("q4_0_b1_decode_tok_per_s") / f("bf16_b1_decode_tok_per_s")),
+        bf16_b1_decode_over_read_bandwidth: round(f("bf16_b1_decode_weight_gb_per_s") / bw.read_gb_per_s),
+        q8_0_b1_decode_over_read_bandwidth: round(f("q8_0_b1_decode_weight_gb_per_s") / bw.read_gb_per_s),
+        q4_0_b1_decode_over_read_bandwidth: round(f("q4_0_b1_decode_weight_gb_per_s") / bw.read_gb_per_s),
+        prefill_over_gemm_rate: round(prefillGflops / gemmGflops),
         paged_b1_decode_over_memcpy_bandwidth: round(b1Bw / bw.memcpy_gb_per_s),
         ...sliding.ratios,
       },

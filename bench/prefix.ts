@@ -12,12 +12,12 @@ import { type Calibration, initialCalibration, type RestoreTier } from "../worke
 import { KvGeometry } from "../worker/checkpoint/chunk-format.ts";
 import { generateModel } from "../worker/model/generate.ts";
 import { type LoadedModel, loadModelDir } from "../worker/model/model-dir.ts";
+import { PageHashChain } from "../worker/pages/page-hashes.ts";
 import { PageManager } from "../worker/pages/page-manager.ts";
 import { DurableCache } from "../worker/restore/durable-cache.ts";
 import { Restorer } from "../worker/restore/restorer.ts";
 import { buildBatch } from "../worker/runtime/batch.ts";
 import { loadEngine } from "../worker/runtime/engine-load.ts";
-import { PageHashChain } from "../worker/runtime/page-hashes.ts";
 import { type Bench, round } from "./contract.ts";
 
 /**
@@ -141,7 +141,7 @@ const bench: Bench = {
           pages: { pageTokens: PAGE, physicalPages, chunkTokens: CHUNK },
           store: storeConfig(dir, s3, bucket),
           worker: { ...defaultConfig.worker, id },
-          auth: { tokens: {}, clusterSecret: "bench-secret" },
+          auth: { ...defaultConfig.auth, clusterSecret: "bench-secret" },
         },
         log: embeddedLog,
         logger: silentLogger,
@@ -173,13 +173,15 @@ const bench: Bench = {
       const prefillPerTokenMs = coldMs / N;
       log(`cold ttft ${round(coldMs)} ms; checkpointing`);
       const whole = Math.floor((N - 1) / CHUNK) * CHUNK;
+      const chain = new PageHashChain(PAGE, undefined).extend(prompt, N);
       const t1 = performance.now();
       a.checkpointer.offer({
-        route: cold,
+        prefix: chain.slice(0, whole / PAGE),
         tokens: prompt.slice(0, whole),
         salt: undefined,
         hits: 0,
         pages,
+        released: () => undefined,
         // Admission weighs the measured prefill against configured restore and capture costs.
         calibration: initialCalibration({
           prefillPerTokenMs,
@@ -238,6 +240,7 @@ const bench: Bench = {
           const ticket = restorer.begin({
             route,
             tokens: prompt.slice(0, cached),
+            pageHashes: chain.slice(0, Math.floor(cached / PAGE)),
             salt: undefined,
             residentTokens: 0,
             pages,

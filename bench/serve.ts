@@ -1,5 +1,5 @@
 import { join } from "node:path";
-import type { ContiguousBatch, Engine, StepBatch } from "../native/index.ts";
+import type { ContiguousBatch, Engine, StepBatch, StepProfile } from "../native/index.ts";
 import { type PageId, RequestId } from "../schema/ids.ts";
 import { silentLogger } from "../schema/log.ts";
 import { generateModel } from "../worker/model/generate.ts";
@@ -130,6 +130,12 @@ class MeteredEngine implements Engine {
   }
   stepContiguous(batch: ContiguousBatch): Promise<Float32Array> {
     return this.inner.stepContiguous(batch);
+  }
+  setProfiling(on: boolean): void {
+    this.inner.setProfiling(on);
+  }
+  profile(): StepProfile {
+    return this.inner.profile();
   }
   downloadPages(pageIds: Int32Array | readonly PageId[]): Promise<Uint8Array> {
     return this.inner.downloadPages(pageIds);

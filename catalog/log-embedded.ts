@@ -1,6 +1,7 @@
-import { type FileHandle, open } from "node:fs/promises";
-import { crc32 } from "node:zlib";
+import { open } from "node:fs/promises";
+import { abortable } from "../schema/abort.ts";
 import { MAX_MESSAGE_BYTES } from "../schema/wire.ts";
+import { encodeCommit, frame, Journal, replayFile, TYPE_COMMIT, TYPE_PROPOSAL } from "./embedded-file.ts";
 import {
   CatalogLogError,
   checkOffset,
@@ -12,34 +13,24 @@ import {
 
 /**
  * The embedded catalog log: the three streams in one process, optionally
- * persisted to one append-only file. Same semantics as the Kafka log (the
- * same contract suite runs against both): dense offsets, a proposal
- * acknowledged only once durable, and a writer commit (transactions,
- * rejections, consumed proposal offset) that is all-or-nothing.
+ * persisted to one append-only file (its format: catalog/embedded-file.ts).
+ * Same semantics as the Kafka log (the same contract suite runs against
+ * both): dense offsets, a proposal acknowledged only once durable, and a
+ * writer commit (transactions, rejections, consumed proposal offset) that is
+ * all-or-nothing.
  *
- * File format (little-endian), a sequence of frames:
+ * Appends are group-committed: every frame queued while a write+fsync is in
+ * flight goes out in the next single write+fsync; a caller is answered only
+ * after its fsync. On open the file is replayed; a torn tail (a crash
+ * mid-write) is truncated. Nothing acknowledged can be in a torn tail, since
+ * acknowledgement follows fsync.
  *
- *     u32 payloadLength | u32 crc32(type ‖ payload) | u8 type | payload
- *
- *   type 1 (proposal): payload = the proposal bytes
- *   type 2 (commit):   payload = f64 proposalsConsumed | u32 nTx | u32 nRej
- *                                 | (u32 len | bytes) × (nTx + nRej)
- *
- * A commit is one frame, so it is atomic on disk. Appends are group-committed:
- * every frame queued while a write+fsync is in flight goes out in the next
- * single write+fsync; a caller is answered only after its fsync. On open the
- * file is replayed; the first frame that is short or fails its checksum is a
- * torn tail (a crash mid-write) and the file is truncated there. Nothing
- * acknowledged can be in a torn tail, since acknowledgement follows fsync.
- *
- * One process owns the file; a second process opening it is not supported.
+ * One process owns the file: the process that opens it for writing holds
+ * its lock (worker/store/dir-lock.ts). Should a second one append anyway,
+ * the first stops writing at once (its journal sees the file grow under it),
+ * and a commit at a stale proposal offset already in the file is refused on
+ * replay (InconsistentLogError) — `continuum catalog repair` mends that.
  */
-
-const FRAME_HEADER_BYTES = 9;
-const TYPE_PROPOSAL = 1;
-const TYPE_COMMIT = 2;
-/** A commit frame may carry a whole writer batch; bound it so one frame stays readable in one allocation. */
-const MAX_FRAME_BYTES = 256 * 1024 * 1024;
 
 export interface EmbeddedLogOptions {
   /** Persist to this file; omitted = memory only. */
@@ -61,98 +52,6 @@ class Signal {
     this.waiters = [];
     for (const w of ws) w();
   }
-}
-
-/** Append-only file with group commit: append() resolves once its bytes are fsync'd. */
-class Journal {
-  private queue: Array<{ frame: Buffer; done: () => void; fail: (e: Error) => void }> = [];
-  private flushing = false;
-  private failed: Error | undefined;
-
-  constructor(
-    private readonly file: FileHandle,
-    private size: number,
-  ) {}
-
-  append(frame: Buffer): Promise<void> {
-    if (this.failed) return Promise.reject(this.failed);
-    return new Promise((done, fail) => {
-      this.queue.push({ frame, done, fail });
-      if (!this.flushing) void this.flush();
-    });
-  }
-
-  private async flush(): Promise<void> {
-    this.flushing = true;
-    while (this.queue.length > 0) {
-      const group = this.queue;
-      this.queue = [];
-      const bytes = Buffer.concat(group.map((g) => g.frame));
-      try {
-        await this.file.write(bytes, 0, bytes.length, this.size);
-        await this.file.datasync();
-        this.size += bytes.length;
-        for (const g of group) g.done();
-      } catch (err) {
-        // A failed write may have left a partial frame: the journal is unusable
-        // until reopened (recovery truncates the torn tail).
-        this.failed = new CatalogLogError(`embedded log write failed: ${(err as Error).message}`);
-        for (const g of [...group, ...this.queue]) g.fail(this.failed);
-        this.queue = [];
-      }
-    }
-    this.flushing = false;
-  }
-
-  async close(): Promise<void> {
-    while (this.flushing) await new Promise((r) => setTimeout(r, 1));
-    await this.file.close();
-  }
-}
-
-function frame(type: number, payload: Buffer): Buffer {
-  if (payload.length > MAX_FRAME_BYTES) {
-    throw new CatalogLogError(`embedded log frame of ${payload.length} bytes exceeds ${MAX_FRAME_BYTES}`);
-  }
-  const out = Buffer.allocUnsafe(FRAME_HEADER_BYTES + payload.length);
-  out.writeUInt32LE(payload.length, 0);
-  out.writeUInt8(type, 8);
-  payload.copy(out, FRAME_HEADER_BYTES);
-  out.writeUInt32LE(crc32(out.subarray(8)), 4);
-  return out;
-}
-
-function encodeCommit(consumed: number, c: WriterCommit): Buffer {
-  const records = [...c.tx, ...c.rejections];
-  let size = 16;
-  for (const r of records) size += 4 + r.length;
-  const out = Buffer.allocUnsafe(size);
-  out.writeDoubleLE(consumed, 0);
-  out.writeUInt32LE(c.tx.length, 8);
-  out.writeUInt32LE(c.rejections.length, 12);
-  let at = 16;
-  for (const r of records) {
-    out.writeUInt32LE(r.length, at);
-    out.set(r, at + 4);
-    at += 4 + r.length;
-  }
-  return out;
-}
-
-function decodeCommit(p: Buffer): { consumed: number; tx: Uint8Array[]; rejections: Uint8Array[] } {
-  const consumed = p.readDoubleLE(0);
-  const nTx = p.readUInt32LE(8);
-  const nRej = p.readUInt32LE(12);
-  const records: Uint8Array[] = [];
-  let at = 16;
-  for (let i = 0; i < nTx + nRej; i++) {
-    const len = p.readUInt32LE(at);
-    if (at + 4 + len > p.length) throw new CatalogLogError("commit frame: record overruns the frame");
-    records.push(new Uint8Array(p.subarray(at + 4, at + 4 + len)));
-    at += 4 + len;
-  }
-  if (at !== p.length) throw new CatalogLogError("commit frame: trailing bytes");
-  return { consumed, tx: records.slice(0, nTx), rejections: records.slice(nTx) };
 }
 
 interface Subscription {
@@ -191,50 +90,18 @@ export class EmbeddedLog implements FullCatalogLog {
     const file = await open(opts.path, "a+");
     try {
       const bytes = await file.readFile();
-      const log = new EmbeddedLog(undefined, opts);
-      const validEnd = log.replay(bytes, opts.path);
-      if (validEnd < bytes.length) await file.truncate(validEnd);
-      const withJournal = new EmbeddedLog(new Journal(file, validEnd), opts);
-      withJournal.proposals.push(...log.proposals);
-      withJournal.tx.push(...log.tx);
-      withJournal.rejections.push(...log.rejections);
-      withJournal.consumed = log.consumed;
-      return withJournal;
+      const state = replayFile(bytes, opts.path);
+      if (state.validEnd < bytes.length) await file.truncate(state.validEnd);
+      const log = new EmbeddedLog(new Journal(file, opts.path, state.validEnd), opts);
+      log.proposals.push(...state.proposals);
+      log.tx.push(...state.tx);
+      log.rejections.push(...state.rejections);
+      log.consumed = state.consumed;
+      return log;
     } catch (err) {
       await file.close();
       throw err;
     }
-  }
-
-  /** Loads frames; returns the byte length of the valid prefix (a torn tail starts there). */
-  private replay(bytes: Buffer, path: string): number {
-    let at = 0;
-    while (at + FRAME_HEADER_BYTES <= bytes.length) {
-      const len = bytes.readUInt32LE(at);
-      const end = at + FRAME_HEADER_BYTES + len;
-      if (len > MAX_FRAME_BYTES || end > bytes.length) break;
-      if (crc32(bytes.subarray(at + 8, end)) !== bytes.readUInt32LE(at + 4)) break;
-      const type = bytes.readUInt8(at + 8);
-      const payload = bytes.subarray(at + FRAME_HEADER_BYTES, end);
-      if (type === TYPE_PROPOSAL) {
-        this.proposals.push(new Uint8Array(payload));
-      } else if (type === TYPE_COMMIT) {
-        const c = decodeCommit(payload);
-        // Invariant: a commit consumes proposals that precede it in the file.
-        if (!(c.consumed >= this.consumed && c.consumed <= this.proposals.length)) {
-          throw new CatalogLogError(
-            `${path}: commit at byte ${at} consumes up to ${c.consumed}, but ${this.proposals.length} proposals precede it (consumed ${this.consumed})`,
-          );
-        }
-        this.consumed = c.consumed;
-        this.tx.push(...c.tx);
-        this.rejections.push(...c.rejections);
-      } else {
-        break;
-      }
-      at = end;
-    }
-    return at;
   }
 
   private checkOpen(what: string): void {
@@ -322,8 +189,7 @@ export class EmbeddedLog implements FullCatalogLog {
         this.lease = new EmbeddedLease(this, this.tx.length, this.consumed);
         return this.lease;
       }
-      const onAbort = new Promise<void>((resolve) => signal?.addEventListener("abort", () => resolve()));
-      await Promise.race([this.leaseReleased.wait(), onAbort]);
+      await abortable(this.leaseReleased.wait(), signal);
     }
   }
 
@@ -387,6 +253,7 @@ export class EmbeddedLog implements FullCatalogLog {
 
 class EmbeddedLease implements WriterLease {
   private stopped = false;
+  commits = 0;
   private running: Promise<void> | undefined;
 
   constructor(
@@ -409,6 +276,7 @@ class EmbeddedLease implements WriterLease {
           const result = await handler(batch);
           const consumed = batch[batch.length - 1]!.offset + 1;
           await this.log.commit(this, consumed, result);
+          this.commits++;
           next = consumed;
         }
       } finally {

@@ -13,6 +13,7 @@ import {
   type Producer,
   type Transaction,
 } from "kafkajs";
+import { abortable, sleep } from "../schema/abort.ts";
 import { producerWithCachedCoordinators } from "./kafka-coordinators.ts";
 import {
   mayBePacked,
@@ -298,7 +299,7 @@ export async function waitForKafka(brokers: readonly string[], timeoutMs: number
     } finally {
       await admin.disconnect().catch(() => undefined);
     }
-    await new Promise((r) => setTimeout(r, 250));
+    await sleep(250);
   }
   throw new CatalogLogError(
     `Kafka at ${brokers.join(",")} not ready after ${timeoutMs} ms: ${(last as Error | undefined)?.message ?? "no answer"}`,
@@ -382,7 +383,7 @@ export async function retryConcurrent<T>(op: () => Promise<T>): Promise<T> {
     } catch (err) {
       const type = (err as { type?: string }).type;
       if (type !== "CONCURRENT_TRANSACTIONS" || i >= attempts) throw err;
-      await new Promise((r) => setTimeout(r, delay));
+      await sleep(delay);
       delay = Math.min(500, delay * 2);
     }
   }
@@ -822,6 +823,7 @@ type LeaseState = "joining" | "ready" | "running" | "stopped" | "lost";
 class KafkaWriterLease implements WriterLease {
   txEnd = 0;
   proposalsOffset = 0;
+  commits = 0;
   private rejEnd = 0;
   private state: LeaseState = "joining";
   private readonly consumer: Consumer;
@@ -928,12 +930,8 @@ class KafkaWriterLease implements WriterLease {
       partitionsConsumedConcurrently: 1,
       eachBatch: (payload) => this.onProposals(payload),
     });
-    const aborted = new Promise<void>((_, reject) => {
-      if (signal?.aborted) reject(signal.reason);
-      signal?.addEventListener("abort", () => reject(signal.reason));
-    });
     try {
-      await Promise.race([gotPartition, aborted]);
+      await abortable(gotPartition, signal);
       // Fencing: bumps the epoch of the transactional id and aborts (or waits out) the previous holder's open transaction.
       await this.producer.connect();
       const st = await this.log.writerState();
@@ -970,7 +968,7 @@ class KafkaWriterLease implements WriterLease {
   }: EachBatchPayload): Promise<void> {
     // Before run(): hold the batch (heartbeating) until the writer has caught up and calls run().
     while (this.state === "joining" || this.state === "ready") {
-      await Promise.race([this.waitState(), new Promise((r) => setTimeout(r, 1_000))]);
+      await Promise.race([this.waitState(), sleep(1_000)]);
       if (isRunning()) await heartbeat().catch(() => undefined);
     }
     if (this.state !== "running" || !isRunning() || isStale()) return;
@@ -1074,6 +1072,7 @@ class KafkaWriterLease implements WriterLease {
     this.committing = true;
     const commit = this.commit(g, g.consumed).then(() => {
       this.proposalsOffset = g.consumed;
+      this.commits++;
       this.committing = false;
       this.kick();
     });

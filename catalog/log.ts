@@ -87,6 +87,12 @@ export interface WriterLease {
   /** Offset in catalog.proposals of the first proposal not yet committed. */
   readonly proposalsOffset: number;
   /**
+   * Batches this lease has committed so far (a handler call is not a
+   * commit: a commit that fails after its batch was decided never counts).
+   * The writer's retry loop reads it to tell progress from a failed try.
+   */
+  readonly commits: number;
+  /**
    * Delivers uncommitted proposals in batches (offsets non-decreasing from
    * `proposalsOffset`; proposals a transport packed in one record share its
    * offset, and are committed together) and commits the results of one or more consecutive

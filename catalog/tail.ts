@@ -1,3 +1,4 @@
+import { abortable } from "../schema/abort.ts";
 import { TxMsg, type TxRecord } from "../schema/catalog.ts";
 import { decodeMessage } from "../schema/wire.ts";
 import type { TxLogReader } from "./log.ts";
@@ -55,8 +56,8 @@ export async function tailLog(
       if (!opts.follow && r.offset + 1 >= end) finish();
     }
   });
-  opts.signal?.addEventListener("abort", () => finish(), { once: true });
-  await done;
+  // An abort ends the wait (and removes its listener): a follow runs until it.
+  await abortable(done, opts.signal).catch(() => undefined);
   await sub.stop();
   return printed;
 }

@@ -1,3 +1,4 @@
+import { abortable, sleep } from "../schema/abort.ts";
 import {
   type Proposal,
   ProposalMsg,
@@ -15,6 +16,7 @@ import {
   type LogRecord,
   type TxLogReader,
   type WriterCommit,
+  type WriterLease,
   type WriterLog,
 } from "./log.ts";
 
@@ -181,6 +183,8 @@ export interface CatalogWriterOptions<D extends WriterDb> {
    */
   readonly maxConsecutiveFailures?: number;
   readonly clock?: () => number;
+  /** Told of each lease loss (after it is logged): its cause and the consecutive count. */
+  readonly onLeaseLost?: (err: Error, failures: number) => void;
 }
 
 export class CatalogWriter<D extends WriterDb> {
@@ -208,35 +212,34 @@ export class CatalogWriter<D extends WriterDb> {
     while (!this.stopping.signal.aborted) {
       const db = this.opts.newDb();
       this.db = db;
-      let committedSinceAcquire = false;
+      let lease: WriterLease | undefined;
       try {
         const caughtUp = new Tail(db);
         const tail = await log.subscribe(0, (records) => caughtUp.apply(records));
         logger.log("info", "writer.standby", {});
-        let lease: Awaited<ReturnType<WriterLog["acquireWriter"]>>;
+        let granted: WriterLease;
         try {
-          lease = await log.acquireWriter(this.stopping.signal);
-          await caughtUp.reach(lease.txEnd, this.stopping.signal);
+          granted = await log.acquireWriter(this.stopping.signal);
+          lease = granted;
+          await caughtUp.reach(granted.txEnd, this.stopping.signal);
         } finally {
           await tail.stop();
         }
-        if (db.lastTxNo !== lease.txEnd) {
-          throw new CatalogLogError(`writer db holds ${db.lastTxNo} txs, the log ${lease.txEnd}`);
+        if (db.lastTxNo !== granted.txEnd) {
+          throw new CatalogLogError(`writer db holds ${db.lastTxNo} txs, the log ${granted.txEnd}`);
         }
-        this.stopLease = () => lease.stop();
+        this.stopLease = () => granted.stop();
         if (this.stopping.signal.aborted) {
-          await lease.stop();
+          await granted.stop();
           break;
         }
         logger.log("info", "writer.active", {
           pid: process.pid,
-          txEnd: lease.txEnd,
-          proposalsOffset: lease.proposalsOffset,
+          txEnd: granted.txEnd,
+          proposalsOffset: granted.proposalsOffset,
         });
-        await lease.run((proposals) => {
+        await granted.run((proposals) => {
           const out = decideBatch(db, proposals, clock(), limits);
-          committedSinceAcquire = true;
-          failures = 0;
           logger.log("debug", "writer.batch", {
             from: proposals[0]?.offset,
             count: proposals.length,
@@ -247,8 +250,10 @@ export class CatalogWriter<D extends WriterDb> {
         });
       } catch (err) {
         if (this.stopping.signal.aborted) break;
-        failures = committedSinceAcquire ? 1 : failures + 1;
+        // Progress is a commit that succeeded; a batch decided and then lost with its commit is not.
+        failures = (lease?.commits ?? 0) > 0 ? 1 : failures + 1;
         logger.log("warn", "writer.lease_lost", { error: (err as Error).message, failures });
+        this.opts.onLeaseLost?.(err as Error, failures);
         if (failures >= maxFailures) throw err;
         // Backoff 100 ms · 2^(failures−1), at most 5 s.
         await sleep(Math.min(5_000, 100 * 2 ** (failures - 1)), this.stopping.signal);
@@ -278,25 +283,7 @@ class Tail {
 
   async reach(txEnd: number, signal: AbortSignal): Promise<void> {
     while (this.db.lastTxNo < txEnd) {
-      signal.throwIfAborted();
-      await new Promise<void>((resolve) => {
-        this.waiters.push(resolve);
-        signal.addEventListener("abort", () => resolve(), { once: true });
-      });
+      await abortable(new Promise<void>((resolve) => this.waiters.push(resolve)), signal);
     }
   }
-}
-
-function sleep(ms: number, signal: AbortSignal): Promise<void> {
-  return new Promise((resolve) => {
-    const t = setTimeout(resolve, ms);
-    signal.addEventListener(
-      "abort",
-      () => {
-        clearTimeout(t);
-        resolve();
-      },
-      { once: true },
-    );
-  });
 }

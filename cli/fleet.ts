@@ -6,7 +6,6 @@ import { type Config, defaultConfig } from "../schema/config.ts";
 import type { StoreTier, WorkerStatus } from "../schema/control.ts";
 import { WorkerId } from "../schema/ids.ts";
 import type { CheckpointStats } from "../worker/checkpoint/checkpointer.ts";
-import type { LoadedModel } from "../worker/model/model-dir.ts";
 import type { PrefetchStats } from "../worker/prefetch/prefetcher.ts";
 import type { RestoreStats } from "../worker/restore/restorer.ts";
 import type { RuntimeStats } from "../worker/runtime/runtime.ts";
@@ -46,12 +45,6 @@ export function workerIdentity(config: Config): { id: WorkerId; peerPort: number
   if (peerPort > 65535)
     throw new UsageError(`worker.peerPortBase + worker.index = ${peerPort} is not a port`);
   return { id: WorkerId(id), peerPort };
-}
-
-/** Bytes of attention state per token: every layer's K and V rows in f16 pages. */
-export function kvBytesPerToken(model: LoadedModel): number {
-  const s = model.config.spec;
-  return s.nLayers * s.nKvHeads * (s.headDim + s.vHeadDim) * 2;
 }
 
 /**
@@ -129,7 +122,7 @@ export function pollLogEnd(
 export interface WorkerStatusSources {
   readonly runtime: Pick<
     RuntimeStats,
-    "pagesTotal" | "pagesAvailable" | "cachedPromptTokens" | "computedPromptTokens"
+    "pagesTotal" | "pagesFree" | "cachedPromptTokens" | "computedPromptTokens"
   >;
   readonly restore: Pick<RestoreStats, "chunks" | "bytes" | "tokens">;
   readonly checkpoint: Pick<CheckpointStats, "chunksPublished">;
@@ -153,10 +146,8 @@ export function workerStatus(s: WorkerStatusSources): WorkerStatus {
   const restoredTokens = r.tokens.ram + r.tokens.ssd + r.tokens.peer + r.tokens.s3;
   return {
     totalPages: s.runtime.pagesTotal as WorkerStatus["totalPages"],
-    residentPages: Math.max(
-      0,
-      s.runtime.pagesTotal - s.runtime.pagesAvailable,
-    ) as WorkerStatus["residentPages"],
+    // Cached prefixes hold attention state too, though they are evicted on demand.
+    residentPages: Math.max(0, s.runtime.pagesTotal - s.runtime.pagesFree) as WorkerStatus["residentPages"],
     residentHitTokens: Math.max(
       0,
       s.runtime.cachedPromptTokens - restoredTokens,

@@ -1,12 +1,20 @@
 /**
- * A small Prometheus text-format registry. Histograms have fixed buckets
- * (bounded memory whatever the traffic); label sets are bounded per metric so
- * a client cannot grow memory by inventing label values.
+ * A small Prometheus text-format registry. Memory is bounded whatever the
+ * traffic: histograms have fixed buckets, and a labelled counter declares
+ * every value each label may take, so its series are at most the product of
+ * those sets — fixed when the counter is made, never grown by a client. A
+ * value outside its declared set is a programming error (it throws), never a
+ * series dropped silently.
  */
 
-const MAX_LABEL_SETS = 256;
+/** Most series one counter may declare (the product of its label sets). */
+const MAX_SERIES = 4096;
 
 type Labels = Readonly<Record<string, string>>;
+/** Each label's allowed values. */
+export type LabelSets = Readonly<Record<string, readonly string[]>>;
+/** A label set drawn from declared sets: one allowed value per label. */
+export type LabelsOf<S extends LabelSets> = { readonly [K in keyof S]: S[K][number] };
 
 function labelKey(labels: Labels): string {
   return Object.keys(labels)
@@ -23,19 +31,40 @@ abstract class Metric {
   abstract render(): string[];
 }
 
-export class Counter extends Metric {
+export class Counter<S extends LabelSets = Record<never, readonly string[]>> extends Metric {
   private readonly values = new Map<string, number>();
-  inc(labels: Labels = {}, by = 1): void {
-    const key = labelKey(labels);
-    if (!this.values.has(key) && this.values.size >= MAX_LABEL_SETS) return;
+  private readonly allowed: ReadonlyMap<string, ReadonlySet<string>>;
+
+  constructor(name: string, help: string, labels?: S) {
+    super(name, help);
+    const sets = Object.entries(labels ?? {});
+    const series = sets.reduce((n, [, values]) => n * values.length, 1);
+    if (series > MAX_SERIES)
+      throw new RangeError(`${name}: ${series} label sets declared, over ${MAX_SERIES}`);
+    this.allowed = new Map(sets.map(([k, values]) => [k, new Set(values)]));
+  }
+
+  inc(labels: LabelsOf<S> = {} as LabelsOf<S>, by = 1): void {
+    const given = labels as Labels;
+    const keys = Object.keys(given);
+    if (keys.length !== this.allowed.size)
+      throw new RangeError(
+        `${this.name}: labels ${keys.join(",")} are not ${[...this.allowed.keys()].join(",")}`,
+      );
+    for (const k of keys)
+      if (!this.allowed.get(k)?.has(given[k]!))
+        throw new RangeError(
+          `${this.name}: ${k}=${JSON.stringify(given[k]).slice(0, 64)} is not a declared value`,
+        );
+    const key = labelKey(given);
     this.values.set(key, (this.values.get(key) ?? 0) + by);
   }
-  get(labels: Labels = {}): number {
-    return this.values.get(labelKey(labels)) ?? 0;
+  get(labels: LabelsOf<S> = {} as LabelsOf<S>): number {
+    return this.values.get(labelKey(labels as Labels)) ?? 0;
   }
   render(): string[] {
     const out = [`# HELP ${this.name} ${this.help}`, `# TYPE ${this.name} counter`];
-    if (this.values.size === 0) out.push(`${this.name} 0`);
+    if (this.values.size === 0 && this.allowed.size === 0) out.push(`${this.name} 0`);
     for (const [k, v] of this.values) out.push(`${this.name}${k ? `{${k}}` : ""} ${v}`);
     return out;
   }
@@ -53,7 +82,8 @@ abstract class ReadMetric extends Metric {
   }
   render(): string[] {
     const out = [`# HELP ${this.name} ${this.help}`, `# TYPE ${this.name} ${this.type}`];
-    for (const [labels, v] of this.read().slice(0, MAX_LABEL_SETS)) {
+    // The owner's label values come from a fixed enum it defines (tiers, sources, outcomes).
+    for (const [labels, v] of this.read()) {
       const k = labelKey(labels);
       out.push(`${this.name}${k ? `{${k}}` : ""} ${v}`);
     }

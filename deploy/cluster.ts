@@ -7,6 +7,7 @@ import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import type { FleetWorkerView } from "../controller/api/service.ts";
+import { sleep } from "../schema/abort.ts";
 import type { Config } from "../schema/config.ts";
 import { NODE_HEAP_FLAGS } from "./node-flags.ts";
 
@@ -33,7 +34,7 @@ const BIN = join(ROOT, "bin", "continuum.mjs");
 const KAFKA_SH = join(ROOT, "deploy", "kafka.sh");
 const S3_SH = join(ROOT, "deploy", "s3proxy.sh");
 
-export type Role = "writer" | "controller" | "worker";
+export type Role = "writer" | "controller" | "worker" | "serve";
 
 export interface ClusterProcess {
   readonly name: string;
@@ -76,6 +77,8 @@ export interface UpOptions {
    * with its own catalog topics and bucket from the config.
    */
   readonly services?: RunningServices;
+  /** Extra environment of every role's process (e.g. CONTINUUM_LOG_LEVEL). */
+  readonly env?: Readonly<Record<string, string>>;
 }
 
 export interface RunningServices {
@@ -247,7 +250,7 @@ export async function waitForLog(
       if (!alive(q.pid)) throw new Error(`${q.name} exited before ${what}; see ${q.log}:\n${tail(q.log)}`);
     if (Date.now() > deadline)
       throw new Error(`${p.name}: no ${what} within ${timeoutMs} ms; see ${p.log}:\n${tail(p.log)}`);
-    await new Promise((r) => setTimeout(r, 200));
+    await sleep(200);
   }
 }
 
@@ -315,7 +318,7 @@ export async function clusterUp(o: UpOptions): Promise<ClusterState> {
       await script(S3_SH, ["start", "--port", String(o.s3Port), "--data", s3Data], 600_000);
     }
     const add = (name: string, role: Role, env: Record<string, string> = {}) => {
-      const p = spawnRole(name, role, configPath, logs, env);
+      const p = spawnRole(name, role, configPath, logs, { ...o.env, ...env });
       processes.push(p);
       return p;
     };
@@ -372,7 +375,7 @@ export async function stopProcess(pid: number, graceMs: number): Promise<"stoppe
   const deadline = Date.now() + graceMs;
   while (Date.now() < deadline) {
     if (!alive(pid)) return "stopped";
-    await new Promise((r) => setTimeout(r, 100));
+    await sleep(100);
   }
   try {
     process.kill(pid, "SIGKILL");
@@ -446,6 +449,20 @@ export function workersFromLog(lines: readonly Record<string, unknown>[]): Recor
   return out;
 }
 
+/**
+ * The credentials for the controller's operator endpoints (/metrics, /workers)
+ * from the fleet's config: the scrape token, else an admin tenant's API token.
+ */
+async function operatorHeaders(configPath: string): Promise<Record<string, string>> {
+  const auth = await readFile(configPath, "utf8").then(
+    (text) => (JSON.parse(text) as Partial<Config>).auth,
+    () => undefined,
+  );
+  const admin = Object.entries(auth?.tokens ?? {}).find(([, tenant]) => auth?.adminTenants?.includes(tenant));
+  const token = auth?.metricsToken || admin?.[0];
+  return token ? { authorization: `Bearer ${token}` } : {};
+}
+
 export async function clusterStatus(state: ClusterState): Promise<ClusterStatus> {
   const ok = (p: Promise<unknown>) =>
     p.then(
@@ -467,14 +484,15 @@ export async function clusterStatus(state: ClusterState): Promise<ClusterStatus>
   try {
     const h = await fetch(`${state.api}/health`, { signal: AbortSignal.timeout(5_000) });
     controllerHealthy = h.status === 200;
-    const m = await fetch(`${state.api}/metrics`, { signal: AbortSignal.timeout(5_000) });
+    const headers = await operatorHeaders(state.configPath);
+    const m = await fetch(`${state.api}/metrics`, { headers, signal: AbortSignal.timeout(5_000) });
     const all = parseMetrics(await m.text());
     metrics = Object.fromEntries(
       Object.entries(all).filter(([k]) =>
         /^continuum_(pages_|catalog_lag|catalog_offset|cache_tokens|queue_depth)/.test(k),
       ),
     );
-    const w = await fetch(`${state.api}/workers`, { signal: AbortSignal.timeout(5_000) });
+    const w = await fetch(`${state.api}/workers`, { headers, signal: AbortSignal.timeout(5_000) });
     if (w.status === 200) fleet = ((await w.json()) as { workers: FleetWorkerView[] }).workers;
   } catch {
     controllerHealthy = false;

@@ -22,9 +22,13 @@
         "src/kernels_cpu.cc",
         "src/kernels_avx2.cc",
         "src/attention_simd.cc",
+        "src/quant_cpu.cc",
+        "src/quant_avx2.cc",
+        "src/fma_peak.cc",
         "src/backend.cc",
         "src/engine.cc",
         "src/async_queue.cc",
+        "src/file_lock.cc",
         "src/binding.cc"
       ],
       "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],

@@ -2,9 +2,10 @@
 # Builds the CUDA kernels and engine, the CPU kernels and engine (native/src)
 # and the C++ harness with nvcc (no Node, no CMake needed), then runs the
 # harness: every CUDA kernel against the CPU kernel on fresh random data, GPU
-# determinism (batch and chunking invariance), page transfers, the CUDA
-# engine's step() logits against the CPU engine's on a small random model,
-# and timings against the device copy bandwidth measured in the same run.
+# determinism (batch and chunking invariance, also through the CUDA engine's
+# step), page transfers, the CUDA engine's step() logits against the CPU
+# engine's on a small random model, and timings against the device copy
+# bandwidth and cuBLAS measured in the same run.
 #
 #   native/gpu-check.sh [--build-only] [--quick] [seed]
 #
@@ -27,6 +28,8 @@ command -v nvcc >/dev/null || { echo "gpu-check: nvcc not found on PATH" >&2; ex
 ARCH="${CUDA_ARCH:-90}"
 BUILD="${BUILD_DIR:-$(mktemp -d /tmp/ck-gpu-check.XXXXXX)}"
 mkdir -p "$BUILD"
+# A temporary build of a build-only run (CI) is not left behind.
+if [ "$BUILD_ONLY" = 1 ] && [ -z "${BUILD_DIR:-}" ]; then trap 'rm -rf "$BUILD"' EXIT; fi
 
 # cuBLAS: linked when its header is reachable (the GPU image has it; this
 # project's CI machine does not).
@@ -53,9 +56,11 @@ t0=$(date +%s)
 objs=()
 pids=()
 # The harness links the CUDA engine and the CPU engine (backend.cc, engine.cc)
-# directly, to compare their step() logits without Node.
-for src in native/cuda/*.cu native/cuda/harness/*.cu native/src/kernels_cpu.cc native/src/kernels_avx2.cc \
-  native/src/attention_simd.cc native/src/thread_pool.cc native/src/backend.cc native/src/engine.cc; do
+# directly, to compare their step() logits without Node. The CPU sources are the
+# addon's own list in binding.gyp, less the N-API glue, so a new kernel file is
+# never left out here.
+cpu_srcs=$(grep -o '"src/[a-z0-9_]*\.cc"' native/binding.gyp | tr -d '"' | grep -v -e binding.cc -e async_queue.cc | sed 's|^|native/|')
+for src in native/cuda/*.cu native/cuda/harness/*.cu $cpu_srcs; do
   obj="$BUILD/$(basename "${src%.*}").o"
   objs+=("$obj")
   nvcc "${NVFLAGS[@]}" -c "$src" -o "$obj" &

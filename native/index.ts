@@ -21,7 +21,33 @@
 import { createRequire } from "node:module";
 import type { PageId } from "../schema/ids.ts";
 
-export type WeightDType = "f32" | "f16" | "bf16";
+/**
+ * Weight element types: one value per element (f32, f16, bf16), or one of
+ * llama.cpp's block formats (native/src/quant.h: a row of K elements is K /
+ * block blocks), which only weight matrices and the embedding may use.
+ */
+export type WeightDType = "f32" | "f16" | "bf16" | "q8_0" | "q4_0" | "q4_k" | "q6_k";
+
+/** Elements and bytes of one block of each weight type (a value of f32/f16/bf16 is a block of one). */
+export const WEIGHT_BLOCKS: Readonly<
+  Record<WeightDType, { readonly elems: number; readonly bytes: number }>
+> = {
+  f32: { elems: 1, bytes: 4 },
+  f16: { elems: 1, bytes: 2 },
+  bf16: { elems: 1, bytes: 2 },
+  q8_0: { elems: 32, bytes: 34 },
+  q4_0: { elems: 32, bytes: 18 },
+  q4_k: { elems: 256, bytes: 144 },
+  q6_k: { elems: 256, bytes: 210 },
+};
+
+/** Bytes of a tensor of `shape` in `dtype`, or null when its rows are not whole blocks. */
+export function weightBytes(dtype: WeightDType, shape: readonly number[]): number | null {
+  const b = WEIGHT_BLOCKS[dtype];
+  const row = shape.length > 0 ? shape[shape.length - 1]! : 1;
+  if (row % b.elems !== 0) return null;
+  return (shape.reduce((a, d) => a * d, 1) / b.elems) * b.bytes;
+}
 
 /** Llama-3 rotary frequency scaling, with Hugging Face's `rope_scaling` field names. */
 export interface Llama3RopeScaling {
@@ -146,6 +172,12 @@ export interface CudaStatus {
   readonly devices: number;
   /** Why no device is usable (absent when devices > 0). */
   readonly reason?: string;
+  /** Device 0's compute capability, e.g. "sm90" (absent without a device). */
+  readonly arch?: string;
+  /** The CUDA toolkit the backend was compiled with, e.g. "13.0" (absent when not built). */
+  readonly toolkit?: string;
+  /** The kernels' numerics tag (kNumerics, native/cuda/kernels_cuda.cuh; absent when not built). */
+  readonly numerics?: string;
 }
 
 export interface NativeBackends {
@@ -181,10 +213,26 @@ export interface Engine {
   /** Copy-on-write: every layer's K and V of page src into page dst. */
   copyPage(src: PageId, dst: PageId): Promise<void>;
   /**
+   * Times later steps by part on the device (CUDA events; the CUDA engine
+   * only: the CPU engine throws). Enabling clears the totals; it costs host
+   * time per GEMM and attention call, so leave it off when serving.
+   */
+  setProfiling(on: boolean): void;
+  /** Device time of the steps since profiling was enabled (zeros when it never was). */
+  profile(): StepProfile;
+  /**
    * Releases native memory. Waits for the job running on each thread, rejects
    * queued ones with "engine freed"; afterwards every call throws "engine freed".
    */
   free(): void;
+}
+
+/** Milliseconds of device time summed over `steps` steps; the rest of a step is stepMs − gemmMs − attentionMs. */
+export interface StepProfile {
+  readonly steps: number;
+  readonly stepMs: number;
+  readonly gemmMs: number;
+  readonly attentionMs: number;
 }
 
 // ---- the addon --------------------------------------------------------------
@@ -199,6 +247,8 @@ interface NativeEngine {
   downloadPages(ids: Int32Array): Promise<Uint8Array>;
   uploadPages(ids: Int32Array, bytes: Uint8Array): Promise<void>;
   copyPage(src: number, dst: number): Promise<void>;
+  setProfiling(on: boolean): void;
+  profile(): StepProfile;
   free(): void;
   readonly threads: number;
   readonly pageBytes: number;
@@ -302,8 +352,16 @@ export interface Kernels {
   /** In place: x = cap · tanh(x / cap), cap > 0. */
   softcap(x: Float32Array, cap: number): void;
   embed(ids: Int32Array, table: Uint8Array, dtype: WeightDType, D: number, out: Float32Array): void;
+  /** out = the exact values of src's out.length elements of dtype (whole blocks), on the active ISA's path. */
+  dequantize(src: Uint8Array, dtype: WeightDType, out: Float32Array): void;
   /** Multi-threaded copy: the memory-bandwidth yardstick. */
   memcpy(dst: Uint8Array, src: Uint8Array): void;
+  /**
+   * FLOPs of `iters` rounds of 12 independent register-only FMA chains on
+   * every kernel thread at the active ISA's vector width (time the call):
+   * the FMA-peak yardstick.
+   */
+  fmaPeak(iters: number): number;
   /** Multi-threaded streaming read (a checksum of src's 64-bit words): the read-bandwidth yardstick. */
   memread(src: Uint8Array): number;
   /**
@@ -322,9 +380,11 @@ interface Addon {
     backend: BackendName,
   ) => NativeEngine;
   cudaProbe(): CudaStatus;
+  cudaCopyGbPerS(bytes: number): number;
   readonly features: CpuFeatures;
   readonly defaultThreads: number;
   readonly kernels: Kernels;
+  lockFileExclusive(fd: number): boolean;
 }
 
 const addonPath = new URL("./build/Release/continuum_native.node", import.meta.url).pathname;
@@ -357,6 +417,25 @@ export function nativeBackends(): NativeBackends {
     cpu: { isa: kernels.isa(), threads: defaultThreads, ...features },
     cuda: addon.cudaProbe(),
   };
+}
+
+/**
+ * The device's copy bandwidth: GB/s read + written by a device-to-device copy
+ * of `bytes` (median of 10; the yardstick GPU benchmarks divide by, measured
+ * as native/gpu-check.sh does). Throws without a usable CUDA device.
+ */
+export function cudaCopyGbPerS(bytes: number = 2 ** 31): number {
+  return addon.cudaCopyGbPerS(bytes);
+}
+
+/**
+ * flock(fd, LOCK_EX | LOCK_NB): true when this open file (the descriptor's
+ * open file description) now holds the exclusive lock, false when another
+ * holds it; never waits. The kernel drops the lock when the descriptor
+ * closes or the process dies, kill -9 included.
+ */
+export function lockFileExclusive(fd: number): boolean {
+  return addon.lockFileExclusive(fd);
 }
 
 export class BackendUnavailableError extends Error {
@@ -539,8 +618,6 @@ export function weightNames(spec: ModelSpec): { name: string; shape: number[] }[
   return out;
 }
 
-const DTYPE_BYTES: Record<WeightDType, number> = { f32: 4, f16: 2, bf16: 2 };
-
 /** Checks every tensor (presence, no extras, shape, dtype, byte length) and returns them in load order. */
 function orderWeights(spec: ModelSpec, weights: Weights): { dtype: WeightDType; data: Uint8Array }[] {
   const byName: ReadonlyMap<string, WeightTensor> =
@@ -554,14 +631,21 @@ function orderWeights(spec: ModelSpec, weights: Weights): { dtype: WeightDType; 
   return wanted.map(({ name, shape }) => {
     const t = byName.get(name);
     if (t === undefined) throw new WeightError(`missing tensor ${name} [${shape.join(", ")}]`);
-    if (!(t.dtype in DTYPE_BYTES)) {
-      throw new WeightError(`tensor ${name}: dtype ${String(t.dtype)} is not f32, f16 or bf16`);
+    if (!Object.hasOwn(WEIGHT_BLOCKS, t.dtype)) {
+      throw new WeightError(
+        `tensor ${name}: dtype ${String(t.dtype)} is not one of ${Object.keys(WEIGHT_BLOCKS).join(", ")}`,
+      );
     }
     if (t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
       throw new WeightError(`tensor ${name}: shape [${t.shape.join(", ")}], expected [${shape.join(", ")}]`);
     }
     if (!(t.data instanceof Uint8Array)) throw new WeightError(`tensor ${name}: data must be a Uint8Array`);
-    const bytes = shape.reduce((a, b) => a * b, 1) * DTYPE_BYTES[t.dtype];
+    const bytes = weightBytes(t.dtype, shape);
+    if (bytes === null) {
+      throw new WeightError(
+        `tensor ${name}: rows of ${shape[shape.length - 1]} elements are not whole ${t.dtype} blocks of ${WEIGHT_BLOCKS[t.dtype].elems}`,
+      );
+    }
     if (t.data.byteLength !== bytes) {
       throw new WeightError(`tensor ${name}: ${t.data.byteLength} bytes, expected ${bytes} for ${t.dtype}`);
     }
@@ -644,6 +728,12 @@ class NativeBackedEngine implements Engine {
   }
   copyPage(src: PageId, dst: PageId): Promise<void> {
     return this.#live().copyPage(src, dst);
+  }
+  setProfiling(on: boolean): void {
+    this.#live().setProfiling(on);
+  }
+  profile(): StepProfile {
+    return this.#live().profile();
   }
   free(): void {
     const n = this.#native;

@@ -18,6 +18,17 @@ export interface Config {
     dir: string;
     /** Preset written under data dir when `dir` is empty. */
     preset: "tiny" | "small" | "bench";
+    /**
+     * The execution variant in the model fingerprint: the numerics the K/V
+     * bytes depend on (worker/model/variant.ts), so chunks are shared only
+     * between engines that compute the same bits. "auto": a worker or `serve`
+     * takes its engine's own (cpu-f32acc/v1, or cuda-sm90-cu13.0/… on a
+     * GPU); the controller routes to workers of the CPU engine's. A named
+     * variant: the controller routes to workers of that variant (set it for a
+     * fleet of GPU workers; a worker logs its variant at start), and a worker
+     * or `serve` whose engine computes another refuses to start.
+     */
+    variant: string;
   };
   pages: {
     /** Tokens per KV page (16–32). */
@@ -147,6 +158,47 @@ export interface Config {
       /** Demand observations are summed over this window before they are proposed. */
       demandWindowMs: number;
     };
+    /** The HTTP API's connection bounds (controller/api/connections.ts says what each does). */
+    http: {
+      /** A new connection's first request headers, and any later request's headers, must arrive within this. */
+      headersTimeoutMs: number;
+      /** A whole request (headers and body) must arrive within this; else 408. */
+      requestTimeoutMs: number;
+      /** A kept-alive connection with no request in flight is closed after this. */
+      idleTimeoutMs: number;
+      /** Open connections at most: one more sheds the longest-idle one, or is answered 503 when none is idle. */
+      maxConnections: number;
+      /** Stream bytes a client may leave unread; past it the request is cancelled and the connection closed. */
+      maxUnsentBytes: number;
+    };
+    /** Request size limits, checked before anything is tokenized (controller/api/limits.ts). */
+    limits: {
+      /** Largest request body; more is answered 413. */
+      maxBodyBytes: number;
+      /** UTF-8 bytes of all prompt text of one request; more is answered 400. */
+      maxPromptBytes: number;
+      /** Chat messages in one request; more is answered 400. */
+      maxMessages: number;
+      /** Threads that tokenize and render large prompts beside the event loop. */
+      tokenizerThreads: number;
+      /** Requests waiting for a tokenizer thread at most; one more is answered 503. */
+      tokenizerQueue: number;
+    };
+    /** Bounds of POST /v1/catalog/query (catalog/query-engine.ts). */
+    catalogQuery: {
+      /** A query running longer is cancelled (its thread terminated); 400. */
+      timeoutMs: number;
+      /** A result with more rows is refused; 400. */
+      maxResultRows: number;
+      /** A result with more bytes of JSON is refused; 400. */
+      maxResultBytes: number;
+      /** The query thread's heap (its catalog copy included); a query that reaches it is cancelled; 400. */
+      maxHeapMb: number;
+      /** Queries waiting at most while one runs; one more is answered 503. */
+      maxQueued: number;
+    };
+    /** Origins allowed to call the API from a browser ("*": any); empty: CORS off. */
+    corsOrigins: string[];
   };
   worker: {
     index: number;
@@ -174,8 +226,6 @@ export interface Config {
      * published prefix from any tier or peer instead of recomputing it).
      * false: neither; the worker reuses only prefixes still resident in its own
      * page pool and advertises no durable tiers (a baseline to compare with).
-     * A worker on the CUDA engine keeps it off whatever this says
-     * (cli/embedded/model.ts engineMatchesVariant).
      */
     durableReuse: boolean;
     /** This worker's token for the controller's socket (controller.workerTokens); empty: auth.clusterSecret. */
@@ -213,11 +263,15 @@ export interface Config {
     tokens: Record<string, string>;
     /** Shared secret workers present to the controller and to peers. */
     clusterSecret: string;
+    /** Tenants (values of `tokens`) that are admins: the whole catalog, /metrics and /workers. */
+    adminTenants: string[];
+    /** The scrape token for /metrics and /workers (an admin's token works too); empty: none. */
+    metricsToken: string;
   };
 }
 
 export const defaultConfig: Config = {
-  model: { dir: "", preset: "tiny" },
+  model: { dir: "", preset: "tiny", variant: "auto" },
   pages: { pageTokens: 16, physicalPages: 4096, chunkTokens: 256 },
   scheduler: {
     maxBatchTokens: 512,
@@ -283,6 +337,28 @@ export const defaultConfig: Config = {
       maxChanges: 256,
       demandWindowMs: 2_000,
     },
+    http: {
+      headersTimeoutMs: 10_000,
+      requestTimeoutMs: 60_000,
+      idleTimeoutMs: 5_000,
+      maxConnections: 1024,
+      maxUnsentBytes: 4 * 1024 * 1024,
+    },
+    limits: {
+      maxBodyBytes: 8 * 1024 * 1024,
+      maxPromptBytes: 4 * 1024 * 1024,
+      maxMessages: 4096,
+      tokenizerThreads: 2,
+      tokenizerQueue: 64,
+    },
+    catalogQuery: {
+      timeoutMs: 10_000,
+      maxResultRows: 100_000,
+      maxResultBytes: 8 * 1024 * 1024,
+      maxHeapMb: 512,
+      maxQueued: 8,
+    },
+    corsOrigins: [],
   },
   worker: {
     index: 0,
@@ -306,13 +382,13 @@ export const defaultConfig: Config = {
       retryMs: 5_000,
     },
   },
-  auth: { tokens: {}, clusterSecret: "" },
+  auth: { tokens: {}, clusterSecret: "", adminTenants: [], metricsToken: "" },
 };
 
 type Rule =
   | { kind: "int"; min: number; max: number }
   | { kind: "number"; min: number; max: number }
-  | { kind: "string"; allowEmpty?: boolean }
+  | { kind: "string"; allowEmpty?: boolean; pattern?: { readonly re: RegExp; readonly means: string } }
   | { kind: "enum"; values: readonly string[] }
   | { kind: "bool" }
   | { kind: "strings" }
@@ -326,6 +402,13 @@ const optStr: Rule = { kind: "string", allowEmpty: true };
 const rules: Record<string, Rule> = {
   "model.dir": optStr,
   "model.preset": { kind: "enum", values: ["tiny", "small", "bench"] },
+  "model.variant": {
+    kind: "string",
+    pattern: {
+      re: /^(?=.{1,200}$)[a-z0-9][a-z0-9.+_-]*(\/[a-z0-9][a-z0-9.+_-]*)*$/,
+      means: "auto, or a variant name: lowercase letters, digits and . + _ - in /-separated parts",
+    },
+  },
   "pages.pageTokens": int(16, 32),
   "pages.physicalPages": int(1, 1 << 24),
   "pages.chunkTokens": int(128, 512),
@@ -389,6 +472,22 @@ const rules: Record<string, Rule> = {
   "controller.placement.spread": { kind: "number", min: 0, max: 1024 },
   "controller.placement.maxChanges": int(0, 4096),
   "controller.placement.demandWindowMs": int(10, 600_000),
+  "controller.http.headersTimeoutMs": int(50, 3_600_000),
+  "controller.http.requestTimeoutMs": int(50, 3_600_000),
+  "controller.http.idleTimeoutMs": int(50, 3_600_000),
+  "controller.http.maxConnections": int(1, 1 << 20),
+  "controller.http.maxUnsentBytes": int(1024, 1 << 30),
+  "controller.limits.maxBodyBytes": int(1024, 1 << 30),
+  "controller.limits.maxPromptBytes": int(1, 1 << 30),
+  "controller.limits.maxMessages": int(1, 1 << 20),
+  "controller.limits.tokenizerThreads": int(1, 64),
+  "controller.limits.tokenizerQueue": int(0, 1 << 16),
+  "controller.catalogQuery.timeoutMs": int(10, 3_600_000),
+  "controller.catalogQuery.maxResultRows": int(1, 1 << 30),
+  "controller.catalogQuery.maxResultBytes": int(1024, 1 << 30),
+  "controller.catalogQuery.maxHeapMb": int(32, 1 << 20),
+  "controller.catalogQuery.maxQueued": int(0, 1024),
+  "controller.corsOrigins": { kind: "strings" },
   "worker.index": int(0, 4096),
   "worker.id": str,
   "worker.controllerUrl": str,
@@ -409,6 +508,8 @@ const rules: Record<string, Rule> = {
   "worker.prefetch.retryMs": int(100, 3_600_000),
   "auth.tokens": { kind: "record" },
   "auth.clusterSecret": optStr,
+  "auth.adminTenants": { kind: "strings" },
+  "auth.metricsToken": optStr,
 };
 
 export class ConfigError extends Error {
@@ -450,6 +551,8 @@ function coerce(
     case "string":
       if (typeof raw !== "string") return { error: `${path}: expected a string, got ${JSON.stringify(raw)}` };
       if (!rule.allowEmpty && raw === "") return { error: `${path}: must not be empty` };
+      if (rule.pattern && !rule.pattern.re.test(raw))
+        return { error: `${path}: expected ${rule.pattern.means}, got ${JSON.stringify(raw)}` };
       return { ok: raw };
     case "enum":
       if (typeof raw !== "string" || !rule.values.includes(raw)) {
@@ -547,6 +650,11 @@ export function resolveConfig(file: unknown, env: Record<string, string | undefi
       else setPath(config, path, r.ok);
     }
   }
+  const http = (config as unknown as Config).controller.http;
+  if (http.headersTimeoutMs > http.requestTimeoutMs)
+    problems.push(
+      `controller.http.headersTimeoutMs: ${http.headersTimeoutMs} exceeds controller.http.requestTimeoutMs (${http.requestTimeoutMs})`,
+    );
   if (problems.length > 0) throw new ConfigError(problems);
   return config as unknown as Config;
 }

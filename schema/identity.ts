@@ -114,6 +114,15 @@ export interface ModelManifest {
   readonly weightsDigest: string;
   /** The architecture config that shapes the computation (layers, heads, dims, rope, eps…). */
   readonly architecture: Record<string, unknown>;
+  /**
+   * How a block-quantized model's weights are stored, which decides the
+   * numbers computed from them: a GGUF file's mix such as "f32+q4_k+q6_k" (the
+   * distinct tensor types, lowercase, sorted, joined by "+"). So chunks
+   * computed from a Q4 model are never reused by an F16 one, whatever else
+   * they share. Absent for f32/f16/bf16 models, whose dtypes the weights
+   * digest names (their fingerprints predate this field).
+   */
+  readonly weightFormat?: string;
   /** KV page element type, e.g. "f16". */
   readonly kvDtype: string;
   /** Attention-state layout, e.g. "kv-gqa/v1". */

@@ -44,6 +44,8 @@ declare module "datascript" {
   export function q(query: string, ...inputs: unknown[]): unknown;
   export function pull(db: DB, pattern: string | unknown[], eid: number | unknown[]): unknown;
   export function datoms(db: DB, index: Index, ...components: unknown[]): Datom[];
+  /** A view of `db` holding only the datoms `pred` admits (queries over it see nothing else). */
+  export function filter(db: DB, pred: (db: DB, datom: Datom) => boolean): DB;
   export function serializable(db: DB): unknown;
   export function from_serializable(value: unknown): DB;
 
@@ -58,6 +60,7 @@ declare module "datascript" {
     q: typeof q;
     pull: typeof pull;
     datoms: typeof datoms;
+    filter: typeof filter;
     serializable: typeof serializable;
     from_serializable: typeof from_serializable;
   };

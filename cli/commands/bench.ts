@@ -17,6 +17,34 @@ async function benchNames(): Promise<string[]> {
     .sort();
 }
 
+/**
+ * Runs one benchmark and prints its report: progress lines and figures on
+ * stdout, or under `json` progress on stderr and the BenchJson as the last
+ * stdout line.
+ */
+export async function runBench(
+  name: string,
+  bench: Bench,
+  opts: { quick: boolean; json: boolean },
+): Promise<void> {
+  const { quick, json } = opts;
+  const log = json ? (l: string) => process.stderr.write(`${l}\n`) : (l: string) => console.log(l);
+  const report = await bench.run({ quick, log });
+  const out: BenchJson = {
+    bench: name,
+    quick,
+    figures: report.figures,
+    ratios: report.ratios,
+    env: { ...benchEnv(), ...report.env },
+  };
+  if (json) {
+    console.log(JSON.stringify(out));
+  } else {
+    for (const [k, v] of Object.entries(out.figures)) console.log(`${k.padEnd(40)} ${v}`);
+    for (const [k, v] of Object.entries(out.ratios)) console.log(`${k.padEnd(40)} ${v}`);
+  }
+}
+
 const command: Command = {
   summary: "run a benchmark: continuum bench NAME [--quick] [--json]",
   usage: [
@@ -51,23 +79,7 @@ const command: Command = {
       throw new UsageError(`unknown benchmark '${name}'; known: ${names.join(", ") || "(none)"}`);
     }
     const mod = (await import(join(benchDir, `${name}.ts`))) as { default: Bench };
-    const quick = values.quick ?? false;
-    const json = values.json ?? false;
-    const log = json ? (l: string) => process.stderr.write(`${l}\n`) : (l: string) => console.log(l);
-    const report = await mod.default.run({ quick, log });
-    const out: BenchJson = {
-      bench: name,
-      quick,
-      figures: report.figures,
-      ratios: report.ratios,
-      env: { ...benchEnv(), ...report.env },
-    };
-    if (json) {
-      console.log(JSON.stringify(out));
-    } else {
-      for (const [k, v] of Object.entries(out.figures)) console.log(`${k.padEnd(40)} ${v}`);
-      for (const [k, v] of Object.entries(out.ratios)) console.log(`${k.padEnd(40)} ${v}`);
-    }
+    await runBench(name, mod.default, { quick: values.quick ?? false, json: values.json ?? false });
     return 0;
   },
 };

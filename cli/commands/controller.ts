@@ -1,7 +1,5 @@
 import { Effect } from "effect";
-import { runQuery } from "../../catalog/console.ts";
 import { replicaResource } from "../../catalog/replica.ts";
-import { ApiServer } from "../../controller/api/server.ts";
 import { defaultAssignmentLimits } from "../../controller/assignments.ts";
 import { DecisionRecorder } from "../../controller/fleet/decisions.ts";
 import { DemandWindow } from "../../controller/fleet/demand.ts";
@@ -12,6 +10,7 @@ import { PlacementAuthority } from "../../controller/placement/authority.ts";
 import { defaultRouterPolicy, roundRobinRouterPolicy } from "../../controller/router.ts";
 import { RecentDecisions } from "../../controller/ui/recent-decisions.ts";
 import { createLogger } from "../../schema/log.ts";
+import { openFrontDoor } from "../api-server.ts";
 import type { Command } from "../command.ts";
 import { ensureModelIdentity } from "../embedded/model.ts";
 import { textCodec } from "../embedded/service.ts";
@@ -111,7 +110,6 @@ const command: Command = {
               hub,
               {
                 db: () => replica.catalog,
-                query: (q, rules) => runQuery(replica.datalog(), q, rules),
                 lag: () => Math.max(0, logEnd - replica.offset()),
               },
               recorder,
@@ -178,27 +176,30 @@ const command: Command = {
             (a) => a.stop(),
           );
         }
-        const server = new ApiServer(service, {
-          host: c.host,
-          port: c.httpPort,
-          tokens: config.auth.tokens,
-          log: ({ event, ...fields }) => log.log("info", String(event), fields),
+        const frontDoor = openFrontDoor({
+          config,
+          service,
+          models: [
+            { id: modelId, dir: model.dir, eosTokenIds: model.eosTokenIds, vocab: model.config.spec.vocab },
+          ],
+          catalog: replica,
+          log,
         });
-        registerFleetMetrics(server.metrics, {
+        registerFleetMetrics(frontDoor.server.metrics, {
           hub,
           service,
           heartbeatTtlMs: c.heartbeatTtlMs,
           catalogOffset: () => replica.offset(),
         });
-        yield* webViewResource(config, server, {
+        yield* webViewResource(config, frontDoor.server, {
           mode: "fleet",
           workers: () => service.workers(),
           catalog: () => ({ offset: replica.offset(), lag: Math.max(0, logEnd - replica.offset()) }),
           decisions: recent ?? null,
         });
         const port = yield* resource(
-          () => server.start(),
-          () => server.close(),
+          () => frontDoor.server.start(),
+          () => frontDoor.close(),
         );
         log.log("info", "controller.ready", {
           url: `http://${c.host}:${port}`,

@@ -2,13 +2,15 @@ import { parseArgs } from "node:util";
 import type { DType } from "../../worker/model/dtype.ts";
 import { generateModel, PRESETS, type Preset } from "../../worker/model/generate.ts";
 import { ARCHS, type Arch } from "../../worker/model/generate-arch.ts";
+import { QUANT_SCHEMES, type QuantScheme, quantizeModelDir } from "../../worker/model/gguf-quantize.ts";
 import { loadModelDir } from "../../worker/model/model-dir.ts";
 import { numel } from "../../worker/model/safetensors.ts";
+import { chooseEngine } from "../../worker/runtime/engine-load.ts";
 import { type Command, UsageError } from "../command.ts";
 
 const DTYPES: Record<string, DType> = { f32: "F32", f16: "F16", bf16: "BF16" };
-const DEFAULT_VARIANT = "cpu-f32acc/v1";
 const MODEL_ERRORS = new Set([
+  "GgufError",
   "ModelConfigError",
   "SafetensorsError",
   "WeightsError",
@@ -20,7 +22,8 @@ const MODEL_ERRORS = new Set([
 const usage = [
   "Usage:",
   "  continuum model init --preset tiny|small|bench --out DIR [--arch ARCH] [--seed N] [--dtype f32|f16|bf16] [--force]",
-  "  continuum model info DIR [--variant NAME] [--json]",
+  "  continuum model info DIR|FILE.gguf [--variant NAME] [--json]",
+  "  continuum model quantize DIR --to q8_0|q4_0|q4_k_m --out FILE.gguf [--force]",
   "",
   "init   writes a deterministic model in Hugging Face format (config.json, model.safetensors or",
   "       shards, tokenizer.json with a byte-level BPE, tokenizer_config.json, generation_config.json).",
@@ -32,9 +35,14 @@ const usage = [
   "       mistral-sw, gemma2, gemma3 and phi3 have sliding-window layers (24 positions at tiny).",
   "       An existing non-empty DIR is refused unless --force.",
   "info   loads a model directory (a Hugging Face Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 or",
-  "       Phi-3 checkpoint) and prints its config, tensor count and bytes, its attention layout,",
-  "       and the model fingerprint for the execution",
-  `       variant (default ${DEFAULT_VARIANT}).`,
+  "       Phi-3 checkpoint) or a GGUF file and prints its config, tensor count and bytes, its",
+  "       attention layout, and the model fingerprint for the execution variant NAME (default: the",
+  "       variant of the engine a worker gets on this machine, cpu-f32acc/v1 or a CUDA one; the",
+  "       value for model.variant of a fleet of such workers).",
+  "quantize  writes the model directory DIR as one GGUF file (llama.cpp's format): q8_0 (every",
+  "       matrix Q8_0), q4_0 (Q4_0, the LM head Q6_K) or q4_k_m (Q4_K, with Q6_K for the LM head and",
+  "       llama.cpp's choice of attn_v/ffn_down layers); norms and biases stay F32. An existing",
+  "       FILE is refused unless --force.",
 ].join("\n");
 
 async function init(argv: readonly string[]): Promise<number> {
@@ -97,7 +105,9 @@ async function info(argv: readonly string[]): Promise<number> {
   const [dir, ...extra] = positionals;
   if (dir === undefined) throw new UsageError("missing model DIR");
   if (extra.length > 0) throw new UsageError(`unexpected arguments: ${extra.join(" ")}`);
-  const m = await loadModelDir(dir, { variant: values.variant ?? DEFAULT_VARIANT });
+  // A named variant is taken as given (what a worker elsewhere would fingerprint).
+  const variant = values.variant ?? chooseEngine("auto", "auto").variant;
+  const m = await loadModelDir(dir, { variant });
   let params = 0;
   let bytes = 0;
   const dtypes = new Set<string>();
@@ -141,17 +151,44 @@ async function info(argv: readonly string[]): Promise<number> {
   return 0;
 }
 
+async function quantizeCmd(argv: readonly string[]): Promise<number> {
+  const { values, positionals } = parseArgs({
+    args: [...argv],
+    options: { to: { type: "string" }, out: { type: "string" }, force: { type: "boolean" } },
+    allowPositionals: true,
+    strict: true,
+  });
+  const [dir, ...extra] = positionals;
+  if (dir === undefined) throw new UsageError("missing model DIR");
+  if (extra.length > 0) throw new UsageError(`unexpected arguments: ${extra.join(" ")}`);
+  if (values.to === undefined || !QUANT_SCHEMES.includes(values.to as QuantScheme))
+    throw new UsageError(
+      `--to must be one of ${QUANT_SCHEMES.join(", ")}${values.to ? `, got '${values.to}'` : ""}`,
+    );
+  if (values.out === undefined || !values.out.endsWith(".gguf"))
+    throw new UsageError("--out FILE.gguf is required");
+  const r = await quantizeModelDir(dir, values.out, values.to as QuantScheme, {
+    force: values.force ?? false,
+  });
+  const types = Object.entries(r.formats)
+    .map(([f, n]) => `${n} ${f}`)
+    .join(", ");
+  console.log(`wrote ${r.file}: ${r.tensors} tensors (${types}), ${r.bytes} bytes`);
+  return 0;
+}
+
 const command: Command = {
-  summary: "generate a deterministic test model, or inspect a Hugging Face model directory",
+  summary:
+    "generate a deterministic test model, inspect a model directory or GGUF file, or quantize one to GGUF",
   usage,
   async run(argv) {
     const [sub, ...rest] = argv;
-    if (sub !== "init" && sub !== "info")
+    if (sub !== "init" && sub !== "info" && sub !== "quantize")
       throw new UsageError(
-        sub === undefined ? "missing subcommand (init or info)" : `unknown subcommand '${sub}'`,
+        sub === undefined ? "missing subcommand (init, info or quantize)" : `unknown subcommand '${sub}'`,
       );
     try {
-      return await (sub === "init" ? init(rest) : info(rest));
+      return await (sub === "init" ? init(rest) : sub === "info" ? info(rest) : quantizeCmd(rest));
     } catch (err) {
       // Bad models and bad directories are the user's input: one clear line, exit 1.
       if (err instanceof Error && MODEL_ERRORS.has(err.name)) {

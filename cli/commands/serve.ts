@@ -1,16 +1,22 @@
 import { Effect } from "effect";
-import { ConsoleError, runQuery } from "../../catalog/console.ts";
-import { badRequest } from "../../controller/api/errors.ts";
 import { registerRestoreMetrics } from "../../controller/api/restore-metrics.ts";
-import { ApiServer } from "../../controller/api/server.ts";
 import { createLogger } from "../../schema/log.ts";
+import { KvGeometry } from "../../worker/checkpoint/chunk-format.ts";
 import { openEmbeddedCache } from "../../worker/restore/embedded.ts";
-import { loadEngine } from "../../worker/runtime/engine-load.ts";
+import { chooseEngine, loadEngine } from "../../worker/runtime/engine-load.ts";
 import { WorkerRuntime } from "../../worker/runtime/runtime.ts";
+import { openFrontDoor } from "../api-server.ts";
 import { type Command, UsageError } from "../command.ts";
-import { durableReuseAllowed, ensureModel } from "../embedded/model.ts";
+import { ensureModel } from "../embedded/model.ts";
 import { EmbeddedService } from "../embedded/service.ts";
-import { kvBytesPerToken, workerStatus } from "../fleet.ts";
+import {
+  explainStartupError,
+  lockDirs,
+  registerDegradedMetric,
+  requireFreeSpace,
+  serveDirs,
+} from "../embedded/startup.ts";
+import { workerStatus } from "../fleet.ts";
 import { parseRoleArgs } from "../options.ts";
 import { resource, runScoped } from "../run-scoped.ts";
 import { runtimeOptions } from "../runtime-options.ts";
@@ -42,58 +48,66 @@ const command: Command = {
     const log = createLogger({ fields: { role: "embedded" } });
     return runScoped(
       Effect.gen(function* () {
-        const { model, id } = yield* Effect.promise(() => ensureModel(config, log));
+        const explain = (err: unknown) => {
+          throw explainStartupError(err, config.store.dataDir);
+        };
+        // One owner per data dir, before anything is written to it (the generated model included).
+        yield* resource(
+          () => {
+            try {
+              const locks = lockDirs(serveDirs(config));
+              requireFreeSpace(config.store.dataDir);
+              return locks;
+            } catch (err) {
+              return explain(err);
+            }
+          },
+          (locks) => {
+            for (const l of locks.reverse()) l.release();
+          },
+        );
+        // The engine's execution variant names the model's fingerprint, so its
+        // chunks are restored as exact only by engines computing the same bits.
+        const choice = chooseEngine(config.worker.backend, config.model.variant);
+        const { model, id } = yield* Effect.promise(() =>
+          ensureModel(config, log, choice.variant).catch(explain),
+        );
         const engine = yield* resource(
           () =>
             loadEngine(model, config.pages, {
               ...(config.worker.threads ? { threads: config.worker.threads } : {}),
-              backend: config.worker.backend,
+              backend: choice.backend,
             }),
           (e) => e.free(),
         );
         // Durable prefixes (embedded catalog log + local chunk files): released after the runtime stops.
         const durable = yield* resource(
-          () => openEmbeddedCache({ engine, model, modelName: id, config, logger: log }),
+          () => openEmbeddedCache({ engine, model, modelName: id, config, logger: log }).catch(explain),
           (c) => c.close(),
         );
-        // No checkpoints or restores from an engine whose numerics are not the fingerprint's: see engineMatchesVariant.
-        const exact = durableReuseAllowed(true, engine.backend, model.manifest.variant, log);
         const runtime = yield* resource(
           () => {
             const rt = new WorkerRuntime(engine, {
               ...runtimeOptions(config, model, log),
-              ...(exact ? durable.hooks : {}),
+              ...durable.hooks,
             });
             rt.start();
             return rt;
           },
           (rt) => rt.stop(),
         );
-        const catalog = durable.cache.catalog;
         const restorer = durable.cache.restorer;
-        const service = new EmbeddedService(
-          runtime,
-          model,
-          id,
-          async (query, _args, rules) => {
-            try {
-              return runQuery(catalog.db.datalog(), query, rules);
-            } catch (err) {
-              if (err instanceof ConsoleError) throw badRequest(err.message, "query");
-              throw err;
-            }
-          },
-          () => restorer.stats().tokens,
-        );
-        const server = new ApiServer(service, {
-          host: config.controller.host,
-          port: config.controller.httpPort,
-          tokens: config.auth.tokens,
-          log: ({ event, ...fields }) => log.log("info", String(event), fields),
+        const service = new EmbeddedService(runtime, model, id, () => restorer.stats().tokens);
+        const frontDoor = openFrontDoor({
+          config,
+          service,
+          models: [{ id, dir: model.dir, eosTokenIds: model.eosTokenIds, vocab: model.config.spec.vocab }],
+          catalog: durable.cache.replica,
+          log,
         });
-        registerRestoreMetrics(server.metrics, () => restorer.stats());
+        registerRestoreMetrics(frontDoor.server.metrics, () => restorer.stats());
         // The embedded log's writer is in this process, so the replica's lag is only what is in flight.
-        yield* webViewResource(config, server, {
+        yield* webViewResource(config, frontDoor.server, {
           mode: "embedded",
           workers: () => {
             const stats = runtime.stats();
@@ -108,7 +122,7 @@ const command: Command = {
                   catalogOffset: offset,
                   logEnd: offset,
                   chunkTokens: config.pages.chunkTokens,
-                  kvBytesPerToken: kvBytesPerToken(model),
+                  kvBytesPerToken: KvGeometry.of(model.config.spec).tokenBytes,
                 }),
               ),
             ];
@@ -116,20 +130,25 @@ const command: Command = {
           catalog: () => ({ offset: durable.cache.replica.offset(), lag: 0 }),
           decisions: null,
         });
+        registerDegradedMetric(frontDoor.server.metrics, config.store.dataDir, durable.cache.tiers.s3);
         const port = yield* resource(
-          () => server.start(),
-          () => server.close(),
+          () => frontDoor.server.start(),
+          () => frontDoor.close(),
         );
         log.log("info", "serve.ready", {
           url: `http://${config.controller.host}:${port}`,
           model: id,
           engine: engine.backend,
+          variant: choice.variant,
           threads: engine.threads,
         });
         process.stderr.write(
           `continuum: serving model '${id}' on http://${config.controller.host}:${port}/v1 (Ctrl-C to stop)\n`,
         );
-        yield* Effect.never;
+        // Serves until stopped, or until the catalog writer gives up for good (its bound on
+        // consecutive failures): then the process fails with the writer's error.
+        const stopped = yield* Effect.promise(() => durable.writerStopped);
+        return yield* Effect.fail(new Error(`the catalog writer stopped: ${stopped.message}`));
       }),
     );
   },

@@ -1,17 +1,18 @@
 import { Effect } from "effect";
 import { createLogger } from "../../schema/log.ts";
 import { WorkerAgent } from "../../worker/agent/agent.ts";
+import { KvGeometry } from "../../worker/checkpoint/chunk-format.ts";
 import { Prefetcher } from "../../worker/prefetch/prefetcher.ts";
 import { DurableCache } from "../../worker/restore/durable-cache.ts";
-import { loadEngine } from "../../worker/runtime/engine-load.ts";
+import { chooseEngine, loadEngine } from "../../worker/runtime/engine-load.ts";
 import { WorkerRuntime } from "../../worker/runtime/runtime.ts";
 import { probeTiers, WarmStart, warmCatalog, warmEngine, warmStep } from "../../worker/warm/warm-start.ts";
 import type { Command } from "../command.ts";
-import { durableReuseAllowed, ensureModel } from "../embedded/model.ts";
+import { ensureModel } from "../embedded/model.ts";
+import { explainStartupError, lockDirs, requireFreeSpace } from "../embedded/startup.ts";
 import {
   durableTiers,
   fleetSnapshots,
-  kvBytesPerToken,
   openCatalogLog,
   pollLogEnd,
   requireKafka,
@@ -44,6 +45,9 @@ const usage = [
   "  worker.peerTransfer   false: no chunks served to or read from other workers (S3 is shared)",
   "  worker.prefetch.*     chunks placed on this worker (controller.placement) pulled into its",
   "                        RAM/SSD ahead of demand, on a bounded queue beside the runtime",
+  "  model.variant         auto (this engine's execution variant) or the variant it must compute:",
+  "                        chunks are reused only between workers of one variant; the controller",
+  "                        routes to the variant its own model.variant names",
   "",
   "Environment overrides: CONTINUUM_WORKER_INDEX, CONTINUUM_WORKER_CONTROLLER_URL,",
   "CONTINUUM_AUTH_CLUSTER_SECRET, CONTINUUM_CATALOG_BROKERS, ... Ctrl-C stops it cleanly.",
@@ -62,12 +66,37 @@ const command: Command = {
         // Warm start (worker/warm/): every one-time cost paid before the worker says it is ready.
         const warm = new WarmStart();
         const loadStart = performance.now();
-        const { model, id: modelId } = yield* Effect.promise(() => ensureModel(config, log));
+        const cacheConfig = workerCacheConfig(config, workerId);
+        const explain = (err: unknown) => {
+          throw explainStartupError(err, cacheConfig.store.dir.path);
+        };
+        // One owner per worker directory (its chunk files), before anything is written there.
+        yield* resource(
+          () => {
+            try {
+              const locks = lockDirs([cacheConfig.store.dir.path]);
+              requireFreeSpace(cacheConfig.store.dir.path);
+              return locks;
+            } catch (err) {
+              return explain(err);
+            }
+          },
+          (locks) => {
+            for (const l of locks.reverse()) l.release();
+          },
+        );
+        // The engine's execution variant names the model's fingerprint: this
+        // worker's chunks are restored as exact only by workers of its variant,
+        // and the controller routes to it only if it routes that variant.
+        const choice = chooseEngine(config.worker.backend, config.model.variant);
+        const { model, id: modelId } = yield* Effect.promise(() =>
+          ensureModel(config, log, choice.variant).catch(explain),
+        );
         const engine = yield* resource(
           () =>
             loadEngine(model, config.pages, {
               ...(config.worker.threads ? { threads: config.worker.threads } : {}),
-              backend: config.worker.backend,
+              backend: choice.backend,
             }),
           (e) => e.free(),
         );
@@ -81,7 +110,6 @@ const command: Command = {
           () => openCatalogLog(config, workerId),
           (l) => l.close(),
         );
-        const cacheConfig = workerCacheConfig(config, workerId);
         // The catalog log's end, polled (not asked per heartbeat), for the replica's lag in the status.
         const logEnd = yield* resource(
           () => pollLogEnd(catalogLog, 2_000),
@@ -112,13 +140,7 @@ const command: Command = {
         // registration) but the runtime gets no checkpoint or restore hooks and
         // the heartbeats advertise no durable tiers, so nothing is captured,
         // published or restored; only this pool's resident prefixes are reused.
-        // A CUDA engine also keeps it off: see engineMatchesVariant.
-        const reuse = durableReuseAllowed(
-          config.worker.durableReuse,
-          engine.backend,
-          model.manifest.variant,
-          log,
-        );
+        const reuse = config.worker.durableReuse;
         const runtime = yield* resource(
           () => {
             const rt = new WorkerRuntime(engine, {
@@ -130,6 +152,7 @@ const command: Command = {
           },
           (rt) => rt.stop(),
         );
+        const kvBytesPerToken = KvGeometry.of(model.config.spec).tokenBytes;
         // Prefetch of placed chunks: released before the durable cache (it uses its tiers and replica).
         const pf = config.worker.prefetch;
         const prefetcher =
@@ -146,8 +169,7 @@ const command: Command = {
                       0,
                       Math.min(
                         pf.ramBytes,
-                        cacheConfig.store.ram.maxBytes -
-                          2 * config.pages.chunkTokens * kvBytesPerToken(model),
+                        cacheConfig.store.ram.maxBytes - 2 * config.pages.chunkTokens * kvBytesPerToken,
                       ),
                     ),
                     ssdBytes: pf.ssdBytes,
@@ -172,7 +194,7 @@ const command: Command = {
               maxContext: model.config.spec.maxPosition,
               pageTokens: config.pages.pageTokens,
               chunkTokens: config.pages.chunkTokens,
-              kvBytesPerToken: kvBytesPerToken(model),
+              kvBytesPerToken,
               durableTiers: reuse ? durableTiers(cacheConfig.store) : [],
               stopTokenIds: model.eosTokenIds,
               heartbeatIntervalMs: config.worker.heartbeatIntervalMs,
@@ -190,7 +212,7 @@ const command: Command = {
                   catalogOffset: durable.replica.offset(),
                   logEnd: logEnd.value,
                   chunkTokens: config.pages.chunkTokens,
-                  kvBytesPerToken: kvBytesPerToken(model),
+                  kvBytesPerToken,
                 }),
             });
             return a;
@@ -216,6 +238,7 @@ const command: Command = {
           fingerprint: model.fingerprint,
           controller: config.worker.controllerUrl,
           engine: engine.backend,
+          variant: choice.variant,
           threads: engine.threads,
           warmMs: Math.round(Object.values(warm.report()).reduce((a, b) => a + (b ?? 0), 0)),
         });

@@ -1,7 +1,6 @@
-import { ApiError } from "../../controller/api/errors.ts";
+import { ApiError, unavailable } from "../../controller/api/errors.ts";
 import { RESTORE_TIERS, type RestoreTierName } from "../../controller/api/restore-metrics.ts";
 import type {
-  ChatMessage,
   Generation,
   GenerationEvent,
   GenerationRequest,
@@ -13,22 +12,11 @@ import type {
 import type { LoadedModel, ModelIdentity } from "../../worker/model/model-dir.ts";
 import { SubmitError, type WorkerRuntime } from "../../worker/runtime/runtime.ts";
 import type { RuntimeEvent } from "../../worker/runtime/sequence.ts";
+import { codecOf } from "./codec.ts";
 
 /** The front door's view of a loaded model: its tokenizer and chat template. */
 export function textCodec(model: ModelIdentity): TextCodec {
-  const tok = model.tokenizer;
-  return {
-    encode: (text) => tok.encode(text),
-    decode: (ids) => tok.decode(ids, { skipSpecialTokens: true }),
-    // The tokenizer's templates know system/user/assistant; a tool result is
-    // shown to the model as a user turn.
-    chatPrompt: (messages: readonly ChatMessage[]) =>
-      tok.encodeChat(
-        messages.map((m) => ({ role: m.role === "tool" ? "user" : m.role, content: m.content })),
-      ),
-    eosTokenIds: model.eosTokenIds,
-    vocabSize: model.config.spec.vocab,
-  };
+  return codecOf(model.tokenizer, model.eosTokenIds, model.config.spec.vocab);
 }
 
 /**
@@ -43,7 +31,6 @@ export class EmbeddedService implements InferenceService {
     private readonly runtime: WorkerRuntime,
     model: LoadedModel,
     readonly modelId: string,
-    catalog?: InferenceService["catalogQuery"],
     /** Prompt tokens restored from each durable tier so far (the restorer's count); absent: no durable cache. */
     private readonly restoredTokens?: () => Readonly<Record<RestoreTierName, number>>,
   ) {
@@ -53,10 +40,7 @@ export class EmbeddedService implements InferenceService {
       maxContext: model.config.spec.maxPosition,
       codec: textCodec(model),
     };
-    if (catalog) this.catalogQuery = catalog;
   }
-
-  catalogQuery?: InferenceService["catalogQuery"];
 
   models(): readonly ModelInfo[] {
     return [this.info];
@@ -77,7 +61,8 @@ export class EmbeddedService implements InferenceService {
         stopTokenIds: req.stopTokenIds,
       });
     } catch (err) {
-      if (err instanceof SubmitError) throw new ApiError(err.status, err.message);
+      if (err instanceof SubmitError)
+        throw err.status === 503 ? unavailable(err.message) : new ApiError(err.status, err.message);
       throw err;
     }
     return { events: mapEvents(gen.events), cancel: () => gen.cancel() };
@@ -97,7 +82,8 @@ export class EmbeddedService implements InferenceService {
     // only, hence the floor at 0.
     bySource.resident = Math.max(0, s.cachedPromptTokens - restored);
     return {
-      pagesFree: s.pagesAvailable,
+      // Free net of reservations, not counting the cached pages the pool would evict (as the fleet's heartbeats).
+      pagesFree: Math.max(0, s.pagesAvailable - s.pagesEvictable),
       pagesTotal: s.pagesTotal,
       queueDepth: s.waiting + s.running,
       catalogLag: 0,

@@ -1,4 +1,5 @@
 import { ApiError, badRequest } from "./errors.ts";
+import { describeValue } from "./limits.ts";
 import type { ChatMessage, SamplingParams } from "./service.ts";
 
 /**
@@ -52,10 +53,7 @@ function optNumber(b: Body, key: string, min: number, max: number, integer: bool
   const v = b[key];
   if (v === undefined || v === null) return undefined;
   if (typeof v !== "number" || !Number.isFinite(v) || (integer && !Number.isInteger(v))) {
-    throw badRequest(
-      `'${key}' must be ${integer ? "an integer" : "a number"}, got ${JSON.stringify(v)}`,
-      key,
-    );
+    throw badRequest(`'${key}' must be ${integer ? "an integer" : "a number"}, got ${describeValue(v)}`, key);
   }
   if (v < min || v > max) throw badRequest(`'${key}' must be between ${min} and ${max}, got ${v}`, key);
   return v;
@@ -64,7 +62,7 @@ function optNumber(b: Body, key: string, min: number, max: number, integer: bool
 function optBool(b: Body, key: string): boolean | undefined {
   const v = b[key];
   if (v === undefined || v === null) return undefined;
-  if (typeof v !== "boolean") throw badRequest(`'${key}' must be a boolean, got ${JSON.stringify(v)}`, key);
+  if (typeof v !== "boolean") throw badRequest(`'${key}' must be a boolean, got ${describeValue(v)}`, key);
   return v;
 }
 

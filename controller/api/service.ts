@@ -98,6 +98,4 @@ export interface InferenceService {
   gauges(): ServiceGauges;
   /** Per worker, the newest heartbeat's figures; absent where the service has no workers (embedded). */
   workers?(): readonly FleetWorkerView[];
-  /** Runs a Datalog query against the catalog replica; absent when no catalog is attached. */
-  catalogQuery?(query: string, args: readonly unknown[], rules: string | undefined): Promise<unknown>;
 }

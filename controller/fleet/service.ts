@@ -3,7 +3,7 @@ import { StreamQueue } from "../../schema/channel.ts";
 import type { DecisionRecord } from "../../schema/control.ts";
 import type { ModelFingerprint, TokenCount, WorkerId } from "../../schema/ids.ts";
 import type { Logger } from "../../schema/log.ts";
-import { ApiError } from "../api/errors.ts";
+import { ApiError, unavailable } from "../api/errors.ts";
 import type {
   FleetWorkerView,
   Generation,
@@ -63,8 +63,6 @@ export interface FleetModel {
 export interface FleetCatalog {
   /** The replica's db now. */
   db(): CatalogDb;
-  /** Datalog against the replica (the front door's /v1/catalog/query). */
-  query(query: string, rules: string | undefined): unknown;
   /** Transactions in the log not yet applied here. */
   lag(): number;
 }
@@ -150,21 +148,6 @@ export class FleetService implements InferenceService {
       maxContext: opts.model.maxContext,
       codec: opts.model.codec,
     };
-    if (catalog)
-      this.catalogQuery = async (query, args, rules) => {
-        if (args.length > 0)
-          throw new ApiError(
-            400,
-            "query arguments are not supported; inline them",
-            "invalid_request_error",
-            "args",
-          );
-        try {
-          return catalog.query(query, rules);
-        } catch (err) {
-          throw new ApiError(400, (err as Error).message, "invalid_request_error", "query");
-        }
-      };
     hub.setListener({
       onAssignment: (m) => this.onAssignment(m),
       onWorkerLost: (id, reason) => this.onWorkerLost(id, reason),
@@ -176,8 +159,6 @@ export class FleetService implements InferenceService {
         ? setInterval(() => recorder.add(demand.window.drain(Date.now())), demand.everyMs)
         : null;
   }
-
-  catalogQuery?: InferenceService["catalogQuery"];
 
   models(): readonly ModelInfo[] {
     return [this.info];
@@ -198,22 +179,14 @@ export class FleetService implements InferenceService {
     if (this.active.has(req.requestId))
       throw new ApiError(400, `request ${req.requestId} is already running`);
     if (this.active.size >= this.opts.maxActive)
-      throw new ApiError(
-        429,
-        `the controller has ${this.opts.maxActive} requests in flight`,
-        "rate_limit_error",
-      );
+      throw new ApiError(429, `the controller has ${this.opts.maxActive} requests in flight`);
     const now = this.hub.nowMs();
     const live = liveWorkers(this.hub.view, now, this.opts.policy.heartbeatTtlMs);
     if (!live.some((l) => l.heartbeat.ready)) {
       this.counters.refusedNoWorker++;
-      throw new ApiError(
-        503,
-        live.length === 0
-          ? "no live worker is connected to the controller"
-          : `no worker is ready: ${live.length} connected, still warming up`,
-        "server_error",
-      );
+      throw live.length === 0
+        ? unavailable("no live worker is connected to the controller", 1, "no_live_worker")
+        : unavailable(`no worker is ready: ${live.length} connected, still warming up`, 1, "no_ready_worker");
     }
     const salt = req.tenant === "default" ? "" : req.tenant;
     const chain: ChainBoundary[] = planChain(

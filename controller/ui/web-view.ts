@@ -1,7 +1,6 @@
 import { readFileSync } from "node:fs";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { createRequire } from "node:module";
-import type { TenantId } from "../../schema/ids.ts";
 import { ApiError } from "../api/errors.ts";
 import type { FleetWorkerView } from "../api/service.ts";
 import type { Histogram } from "../metrics.ts";
@@ -159,12 +158,7 @@ export class WebView {
     };
   }
 
-  async handle(
-    req: IncomingMessage,
-    res: ServerResponse,
-    url: URL,
-    authenticate: () => TenantId,
-  ): Promise<void> {
+  async handle(req: IncomingMessage, res: ServerResponse, url: URL, authenticate: () => void): Promise<void> {
     if (req.method !== "GET" && req.method !== "HEAD")
       throw new ApiError(405, `${req.method} is not served under /ui; use GET`);
     if (url.pathname === "/ui/events") {

@@ -1,4 +1,4 @@
-// Dense ops: deterministic tiled matmul, RMSNorm, RoPE, SwiGLU, embedding.
+// Dense ops: the FMA-chain matmul (f32 weights; gemm.cu has the tensor-core one), RMSNorm, RoPE, SwiGLU, embedding.
 // Each output element is reduced by one thread (matmul) or one fixed-size
 // block (rmsnorm) in an order that depends only on the element's own row, so
 // results never depend on T or on the other rows of the batch.
@@ -8,6 +8,7 @@
 
 #include "f16.cuh"
 #include "kernels_cuda.cuh"
+#include "quant.h"
 
 namespace ck::cuda {
 namespace {
@@ -332,10 +333,11 @@ void require_dtype(ck::DType wt, const char* what) {
 
 }  // namespace
 
-void matmul(const float* x, int32_t T, int32_t K, const void* W, ck::DType wt, int32_t N, const float* bias,
-            float* y, cudaStream_t stream) {
+void matmul_fma(const float* x, int32_t T, int32_t K, const void* W, ck::DType wt, int32_t N, const float* bias,
+                float* y, cudaStream_t stream) {
   CK_REQUIRE(T >= 0 && K > 0 && N > 0, "matmul: bad shape");
   CK_REQUIRE((T + kBM - 1) / kBM <= 65535, "matmul: T too large for one launch");
+  if (ck::is_quantized(wt)) return quant_matmul(x, T, K, W, wt, N, bias, y, stream);
   require_dtype(wt, "matmul");
   if (T == 0) return;
   const bool aligned = (reinterpret_cast<uintptr_t>(x) & 15u) == 0 && (reinterpret_cast<uintptr_t>(W) & 15u) == 0;
@@ -344,6 +346,7 @@ void matmul(const float* x, int32_t T, int32_t K, const void* W, ck::DType wt, i
       case ck::DType::F32: matmul_small_t<ck::DType::F32>(x, T, K, W, N, bias, y, stream); break;
       case ck::DType::F16: matmul_small_t<ck::DType::F16>(x, T, K, W, N, bias, y, stream); break;
       case ck::DType::BF16: matmul_small_t<ck::DType::BF16>(x, T, K, W, N, bias, y, stream); break;
+      default: break;  // block formats never get here (dispatched above; never norms)
     }
     CK_LAUNCH("matmul_small_t_kernel");
     return;
@@ -353,6 +356,7 @@ void matmul(const float* x, int32_t T, int32_t K, const void* W, ck::DType wt, i
     case ck::DType::F32: matmul_kernel<ck::DType::F32><<<grid, block, 0, stream>>>(x, T, K, W, N, bias, y); break;
     case ck::DType::F16: matmul_kernel<ck::DType::F16><<<grid, block, 0, stream>>>(x, T, K, W, N, bias, y); break;
     case ck::DType::BF16: matmul_kernel<ck::DType::BF16><<<grid, block, 0, stream>>>(x, T, K, W, N, bias, y); break;
+    default: break;  // block formats never get here (dispatched above; never norms)
   }
   CK_LAUNCH("matmul_kernel");
 }
@@ -366,6 +370,7 @@ void rmsnorm(const float* x, const void* w, ck::DType wt, int32_t T, int32_t D, 
     case ck::DType::F32: rmsnorm_kernel<ck::DType::F32><<<T, kNormThreads, 0, stream>>>(x, w, D, eps, y); break;
     case ck::DType::F16: rmsnorm_kernel<ck::DType::F16><<<T, kNormThreads, 0, stream>>>(x, w, D, eps, y); break;
     case ck::DType::BF16: rmsnorm_kernel<ck::DType::BF16><<<T, kNormThreads, 0, stream>>>(x, w, D, eps, y); break;
+    default: break;  // block formats never get here (dispatched above; never norms)
   }
   CK_LAUNCH("rmsnorm_kernel");
 }
@@ -390,6 +395,7 @@ void swiglu(const float* gate, const float* up, int32_t T, int32_t F, float* out
 void embed(const int32_t* ids, int32_t T, const void* embedding, ck::DType wt, int32_t vocab, int32_t D, float* out,
            cudaStream_t stream) {
   CK_REQUIRE(T >= 0 && vocab > 0 && D > 0, "embed: bad shape");
+  if (ck::is_quantized(wt)) return quant_embed(ids, T, embedding, wt, D, out, stream);
   require_dtype(wt, "embed");
   if (T == 0) return;
   const int threads = D >= 1024 ? 256 : 128;
@@ -399,6 +405,7 @@ void embed(const int32_t* ids, int32_t T, const void* embedding, ck::DType wt, i
     case ck::DType::BF16:
       embed_kernel<ck::DType::BF16><<<T, threads, 0, stream>>>(ids, embedding, vocab, D, out);
       break;
+    default: break;  // block formats are dispatched above (quant.cu)
   }
   CK_LAUNCH("embed_kernel");
 }

@@ -15,6 +15,8 @@ namespace ck {
 CudaProbe cuda_probe() {
   CudaProbe p;
   p.built = true;
+  p.toolkit = std::to_string(CUDART_VERSION / 1000) + "." + std::to_string(CUDART_VERSION % 1000 / 10);
+  p.numerics = cuda::kNumerics;
   int n = 0;
   // With the static runtime this is where libcuda.so is first looked for: on
   // a machine without a driver it fails here, with the reason, and nothing
@@ -26,12 +28,60 @@ CudaProbe cuda_probe() {
     return p;
   }
   p.devices = n;
-  if (n == 0) p.reason = "no CUDA device";
+  if (n == 0) {
+    p.reason = "no CUDA device";
+    return p;
+  }
+  // The engine runs on the current device (0 unless the process chose
+  // another): its compute capability selects the machine code that runs.
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) == cudaSuccess &&
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess) {
+    p.arch = "sm" + std::to_string(major) + std::to_string(minor);
+  } else {
+    (void)cudaGetLastError();
+    p.reason = "device 0: compute capability unreadable";
+  }
   return p;
 }
 
 std::unique_ptr<Backend> make_cuda_engine(const ModelSpec& spec, std::vector<float> inv_freq) {
   return std::make_unique<cuda::CudaEngine>(spec, std::move(inv_freq));
+}
+
+double cuda_copy_gb_per_s(size_t bytes) {
+  const CudaProbe probe = cuda_probe();
+  if (probe.devices == 0) throw std::runtime_error("cuda copy bandwidth: no usable device (" + probe.reason + ")");
+  cuda::DeviceBuffer src(bytes), dst(bytes);
+  cudaStream_t stream = nullptr;
+  cudaEvent_t a = nullptr, b = nullptr;
+  std::vector<float> ms;
+  try {
+    CK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    CK_CUDA(cudaEventCreate(&a));
+    CK_CUDA(cudaEventCreate(&b));
+    CK_CUDA(cudaMemsetAsync(src.get(), 0x5a, bytes, stream));
+    for (int i = 0; i < 13; ++i) {
+      CK_CUDA(cudaEventRecord(a, stream));
+      CK_CUDA(cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice, stream));
+      CK_CUDA(cudaEventRecord(b, stream));
+      CK_CUDA(cudaEventSynchronize(b));
+      float t = 0;
+      CK_CUDA(cudaEventElapsedTime(&t, a, b));
+      if (i >= 3) ms.push_back(t);
+    }
+  } catch (...) {
+    if (a != nullptr) cudaEventDestroy(a);
+    if (b != nullptr) cudaEventDestroy(b);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+    throw;
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaStreamDestroy(stream);
+  std::sort(ms.begin(), ms.end());
+  return 2.0 * static_cast<double>(bytes) / (static_cast<double>(ms[ms.size() / 2]) * 1e6);
 }
 
 namespace cuda {
@@ -90,6 +140,9 @@ std::string CudaEngine::unsupported(const ModelSpec& s) {
     return "vHeadDim " + std::to_string(s.v_head_dim) + " differs from headDim; the CUDA attention kernels need them equal";
   if (s.n_heads / s.n_kv > 16)
     return "nHeads / nKvHeads = " + std::to_string(s.n_heads / s.n_kv) + " exceeds the CUDA attention kernels' 16";
+  if (s.hidden % 8 != 0 || s.ffn % 8 != 0)
+    return "hidden " + std::to_string(s.hidden) + " and ffn " + std::to_string(s.ffn) +
+           " must be multiples of 8 (the CUDA GEMM reads 16-byte rows of K)";
   return "";
 }
 
@@ -133,6 +186,7 @@ std::string CudaEngine::set_weight(size_t index, DType dtype, const uint8_t* dat
           case DType::F32: std::memcpy(&x, data + 4 * i, 4); break;
           case DType::F16: std::memcpy(&h, data + 2 * i, 2), x = f16_to_f32_exact(h); break;
           case DType::BF16: std::memcpy(&h, data + 2 * i, 2), x = bf16_to_f32_exact(h); break;
+          default: break;  // check_weight admits block formats only for matrices and the embedding
         }
         f[i] = 1.0f + x;
       }
@@ -155,6 +209,7 @@ std::string CudaEngine::set_weight(size_t index, DType dtype, const uint8_t* dat
         case DType::F32: std::memcpy(&f[i], data + 4 * i, 4); break;
         case DType::F16: std::memcpy(&h, data + 2 * i, 2), f[i] = f16_to_f32_exact(h); break;
         case DType::BF16: std::memcpy(&h, data + 2 * i, 2), f[i] = bf16_to_f32_exact(h); break;
+        default: break;  // biases are never quantized (check_weight)
       }
     }
     b.reserve(n * sizeof(float));
@@ -295,6 +350,7 @@ void CudaEngine::forward(const StepBatch& b, Mode mode, float* logits) {
   const int32_t half = m.head_dim / 2;
   const int32_t max_keys = *std::max_element(b.positions.begin(), b.positions.end()) + 1;
   reserve_scratch(T, R, max_keys);
+  profiler_.begin_step(compute_);
 
   upload(tokens_, b.tokens);
   upload(positions_, b.positions);
@@ -335,9 +391,9 @@ void CudaEngine::forward(const StepBatch& b, Mode mode, float* logits) {
     f16* kc = (mode == Mode::Paged ? k_pages_ : k_ctx_)[static_cast<size_t>(l)].as<f16>();
     f16* vc = (mode == Mode::Paged ? v_pages_ : v_ctx_)[static_cast<size_t>(l)].as<f16>();
     norm(x, L.input_norm, T, m.hidden, h);
-    matmul(h, T, m.hidden, L.q.data.get(), L.q.dtype, qn, L.q_bias.as<float>(), q, compute_);
-    matmul(h, T, m.hidden, L.k.data.get(), L.k.dtype, kn, L.k_bias.as<float>(), k, compute_);
-    matmul(h, T, m.hidden, L.v.data.get(), L.v.dtype, vn, L.v_bias.as<float>(), v, compute_);
+    gemm(h, T, m.hidden, L.q, qn, L.q_bias.as<float>(), q);
+    gemm(h, T, m.hidden, L.k, kn, L.k_bias.as<float>(), k);
+    gemm(h, T, m.hidden, L.v, vn, L.v_bias.as<float>(), v);
     if (m.qk_norm) {
       norm(q, L.q_norm, T * m.n_heads, m.head_dim, q);
       norm(k, L.k_norm, T * m.n_kv, m.head_dim, k);
@@ -350,6 +406,7 @@ void CudaEngine::forward(const StepBatch& b, Mode mode, float* logits) {
     }
     routed_append(k, slots_.as<int32_t>(), T, kn, num_slots, kc, compute_);
     routed_append(v, slots_.as<int32_t>(), T, vn, num_slots, vc, compute_);
+    profiler_.begin(StepPart::Attention, compute_);
     if (mode == Mode::Paged) {
       const PagedAttention a{q, kc, vc, page_table_.as<int32_t>(), row_seq_.as<int32_t>(), pos, attn,
                              T, m.n_heads, m.n_kv, m.head_dim, m.v_head_dim, page_size_, b.pt_stride, num_pages_, attn_scale,
@@ -361,15 +418,16 @@ void CudaEngine::forward(const StepBatch& b, Mode mode, float* logits) {
                                   m.window_of(l), m.attn_softcap};
       contiguous_attention(a, launch);
     }
-    matmul(attn, T, on, L.o.data.get(), L.o.dtype, m.hidden, nullptr, o, compute_);
+    profiler_.end(StepPart::Attention, compute_);
+    gemm(attn, T, on, L.o, m.hidden, nullptr, o);
     if (m.sandwich_norms) norm(o, L.attn_out_norm, T, m.hidden, o);
     add_inplace(x, o, T * H, compute_);
     norm(x, L.mlp_norm, T, m.hidden, h);
-    matmul(h, T, m.hidden, L.gate.data.get(), L.gate.dtype, m.ffn, nullptr, g, compute_);
-    matmul(h, T, m.hidden, L.up.data.get(), L.up.dtype, m.ffn, nullptr, u, compute_);
+    gemm(h, T, m.hidden, L.gate, m.ffn, nullptr, g);
+    gemm(h, T, m.hidden, L.up, m.ffn, nullptr, u);
     if (m.activation == Activation::GeluTanh) geglu(g, u, T, m.ffn, g, compute_);
     else swiglu(g, u, T, m.ffn, g, compute_);
-    matmul(g, T, m.ffn, L.down.data.get(), L.down.dtype, m.hidden, nullptr, o, compute_);
+    gemm(g, T, m.ffn, L.down, m.hidden, nullptr, o);
     if (m.sandwich_norms) norm(o, L.mlp_out_norm, T, m.hidden, o);
     add_inplace(x, o, T * H, compute_);
   }
@@ -380,13 +438,21 @@ void CudaEngine::forward(const StepBatch& b, Mode mode, float* logits) {
                               static_cast<size_t>(H) * sizeof(float), cudaMemcpyDeviceToDevice, compute_));
     norm(sel_.as<float>(), final_norm_, R, m.hidden, nsel_.as<float>());
     const DeviceWeight& head = m.tied_embeddings ? embed_ : lm_head_;
-    matmul(nsel_.as<float>(), R, m.hidden, head.data.get(), head.dtype, m.vocab, nullptr, logits_.as<float>(), compute_);
+    gemm(nsel_.as<float>(), R, m.hidden, head, m.vocab, nullptr, logits_.as<float>());
     if (m.final_softcap > 0.0f) softcap(logits_.as<float>(), int64_t{R} * m.vocab, m.final_softcap, compute_);
     CK_CUDA(cudaMemcpyAsync(logits, logits_.get(), static_cast<size_t>(R) * m.vocab * sizeof(float),
                             cudaMemcpyDeviceToHost, compute_));
   }
   // Also where an error inside any kernel of this step surfaces.
   CK_CUDA(cudaStreamSynchronize(compute_));
+  profiler_.end_step_synchronized(compute_);
+}
+
+void CudaEngine::gemm(const float* x, int32_t T, int32_t K, const DeviceWeight& w, int32_t N, const float* bias,
+                      float* y) {
+  profiler_.begin(StepPart::Gemm, compute_);
+  matmul(x, T, K, w.data.get(), w.dtype, N, bias, y, compute_, &gemm_ws_);
+  profiler_.end(StepPart::Gemm, compute_);
 }
 
 std::string CudaEngine::validate_pages(const std::vector<int32_t>& ids) const {

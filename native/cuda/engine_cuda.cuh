@@ -20,6 +20,7 @@
 
 #include "../src/backend.h"
 #include "kernels_cuda.cuh"
+#include "profile.cuh"
 
 namespace ck::cuda {
 
@@ -94,6 +95,12 @@ class CudaEngine final : public Backend {
   void upload_pages(const std::vector<int32_t>& ids, const uint8_t* in) override;
   void copy_page(int32_t src, int32_t dst) override;
 
+  std::string set_profiling(bool on) override {
+    profiler_.enable(on);
+    return "";
+  }
+  StepProfile profile() const override { return profiler_.totals(); }
+
  protected:
   std::string allocate_pool(int64_t num_pages, int32_t page_size) override;
   std::string allocate_contiguous(int32_t num_seqs, int32_t ctx_cap) override;
@@ -101,6 +108,8 @@ class CudaEngine final : public Backend {
  private:
   enum class Mode { Paged, Contiguous };
   void forward(const StepBatch& b, Mode mode, float* logits);
+  // y = x · w^T (+ bias) on the compute stream, with this engine's GEMM workspace, timed when profiling.
+  void gemm(const float* x, int32_t T, int32_t K, const DeviceWeight& w, int32_t N, const float* bias, float* y);
   // Scratch for a batch of T rows reading at most max_keys keys (grow-only).
   void reserve_scratch(int32_t T, int32_t R, int32_t max_keys);
   template <typename T>
@@ -128,6 +137,8 @@ class CudaEngine final : public Backend {
   // Per-step device scratch.
   DeviceBuffer tokens_, positions_, row_seq_, slots_, page_table_;
   DeviceBuffer x_, h_, o_, q_, k_, v_, attn_, g_, u_, sel_, nsel_, logits_, workspace_;
+  GemmWorkspace gemm_ws_;
+  StepProfiler profiler_;
 };
 
 }  // namespace ck::cuda

@@ -26,6 +26,15 @@
 
 namespace ck::cuda {
 
+// The numerics of these kernels as the model fingerprint's execution variant
+// names them (worker/model/variant.ts adds the device architecture and the
+// toolkit): K/V bytes and logits are bit-reproducible only among engines of
+// one tag. Change it (bump v) with any change to the order or precision of a
+// kernel's per-element arithmetic: GEMM = the tensor-core GEMM below (operands
+// in the weight's 16-bit type, f32 accumulation, K in pieces of kGemmPiece);
+// attention = split-KV at kAttnSplitKeys with q and p split into f16 hi + lo.
+constexpr const char* kNumerics = "gemm-mma16816.f32acc.k256+attn-mma.hilo.s512/v1";
+
 // ---- conversions (element-wise, n elements) ------------------------------
 // f32 -> f16 round-to-nearest-even with the same bits as ck::f32_to_f16.
 void f32_to_f16(const float* x, int64_t n, f16* out, cudaStream_t stream);
@@ -83,12 +92,62 @@ void paged_attention(const ck::PagedAttention& a, const AttentionLaunch& l);
 void contiguous_attention(const ck::ContiguousAttention& a, const AttentionLaunch& l);
 
 // ---- dense ops ----------------------------------------------------------------
-// Deterministic matmul: y[T, N] = x[T, K] · W[N, K]^T (+ bias). Each y element
-// is one thread's f32 FMA chain over k = 0..K-1 in increasing order (tiles of
-// K visited in order), so its bits never depend on T or on the other rows. Use
-// this whenever bit-exact restore matters (the default for the engine).
+// Batch-invariant matmul: y[T, N] = x[T, K] · W[N, K]^T (+ bias). A row's bits
+// never depend on T or on the other rows (ARCHITECTURE invariant 2).
+//
+// f16/bf16 weights (gemm.cu): tensor cores. x is rounded to W's type (round
+// to nearest even), products are summed in f32 by mma.sync m16n8k16 along K
+// in pieces of kGemmPiece, each piece its own chain from zero, the pieces
+// added in increasing order, then + bias. Relative error against float64 of
+// the rounded operands ~1e-6; the rounding of x adds ~2^-12 (f16) or ~2^-9
+// (bf16) relative per product, ~1e-4 / ~1e-3 relative in an output (what
+// cuBLAS GemmEx and a bf16 PyTorch model do too). Needs K % 8 == 0 and
+// 16-byte aligned x and W. With a workspace, T <= kGemmSplitMaxT runs the
+// decode tiling (one block per 64 rows of W and piece, the pieces folded by
+// the last block); without one, and for larger T, the prefill tiling (128 x
+// 128 blocks). Same bits either way.
+//
+// f32 weights: matmul_fma, each y element one f32 FMA chain over k.
+constexpr int32_t kGemmPiece = 256;
+constexpr int32_t kGemmSplitMaxT = 64;
+
+// Scratch of the decode tiling: per-piece partial sums and one counter per 64
+// rows of W (zero between launches). Grow-only; one per stream (the counters
+// order the launches of that stream only).
+class GemmWorkspace {
+ public:
+  GemmWorkspace() = default;
+  ~GemmWorkspace();
+  GemmWorkspace(const GemmWorkspace&) = delete;
+  GemmWorkspace& operator=(const GemmWorkspace&) = delete;
+  // Room for `partial_floats` partial sums and `counters` counters (new ones zeroed on `stream`).
+  void reserve(int64_t partial_floats, int32_t counters, cudaStream_t stream);
+  float* partials() const { return partials_; }
+  int32_t* counters() const { return counters_; }
+
+ private:
+  float* partials_ = nullptr;
+  int32_t* counters_ = nullptr;
+  int64_t partial_cap_ = 0;
+  int32_t counter_cap_ = 0;
+};
+
 void matmul(const float* x, int32_t T, int32_t K, const void* W, ck::DType wt, int32_t N, const float* bias,
-            float* y, cudaStream_t stream);
+            float* y, cudaStream_t stream, GemmWorkspace* ws = nullptr);
+
+// Each y[t,n] one thread's f32 FMA chain over k = 0..K-1 in increasing order
+// (tiles of K visited in order; a small-T kernel streams W for decode with the
+// same chains), + bias. Any weight dtype; matmul uses it for f32 weights.
+void matmul_fma(const float* x, int32_t T, int32_t K, const void* W, ck::DType wt, int32_t N, const float* bias,
+                float* y, cudaStream_t stream);
+
+// The same product with W in a block format (native/src/quant.h), K a whole
+// number of its blocks; matmul() dispatches here (native/cuda/quant.cu).
+void quant_matmul(const float* x, int32_t T, int32_t K, const void* W, ck::DType wt, int32_t N, const float* bias,
+                  float* y, cudaStream_t stream);
+// embed() for a table in a block format, D a whole number of its blocks.
+void quant_embed(const int32_t* ids, int32_t T, const void* table, ck::DType wt, int32_t D, float* out,
+                 cudaStream_t stream);
 
 // y[t,:] = x[t,:] / sqrt(mean(x[t,:]^2) + eps) * w. One block per row; the sum
 // of squares is a fixed tree over a fixed block size.

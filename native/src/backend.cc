@@ -3,6 +3,7 @@
 #include "backend.h"
 
 #include "cpu.h"
+#include "quant.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -102,7 +103,20 @@ std::string check_weight(const ModelSpec& spec, size_t index, DType dtype, size_
   const TensorSlot& slot = slots[index];
   int64_t elems = 1;
   for (int64_t d : slot.shape) elems *= d;
-  const int64_t want = elems * dtype_bytes(dtype);
+  if (is_quantized(dtype)) {
+    // Block formats hold the rows of a matrix the forward multiplies by (or
+    // looks rows up in); norms and biases stay unquantized.
+    const WeightRole role = weight_place(spec, index).role;
+    const bool matrix = role == WeightRole::Embed || role == WeightRole::Q || role == WeightRole::K ||
+                        role == WeightRole::V || role == WeightRole::O || role == WeightRole::Gate ||
+                        role == WeightRole::Up || role == WeightRole::Down || role == WeightRole::LmHead;
+    if (!matrix) return slot.name + ": a quantized type is only allowed for weight matrices";
+    const int32_t block = block_shape(dtype).elems;
+    if (slot.shape.back() % block != 0)
+      return slot.name + ": rows of " + std::to_string(slot.shape.back()) + " elements are not a whole number of " +
+             std::to_string(block) + "-element blocks";
+  }
+  const int64_t want = bytes_of(dtype, elems);
   if (static_cast<int64_t>(bytes) != want)
     return slot.name + ": " + std::to_string(bytes) + " bytes, expected " + std::to_string(want);
   return "";
@@ -246,6 +260,8 @@ CudaProbe cuda_probe() {
 std::unique_ptr<Backend> make_cuda_engine(const ModelSpec&, std::vector<float>) {
   throw std::runtime_error(cuda_probe().reason);
 }
+
+double cuda_copy_gb_per_s(size_t) { throw std::runtime_error(cuda_probe().reason); }
 #endif
 
 }  // namespace ck

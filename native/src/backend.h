@@ -136,6 +136,13 @@ int64_t page_bytes_of(const ModelSpec& spec, int32_t page_size);
 // std::invalid_argument for any other length.
 std::vector<float> per_layer_inv_freq(const ModelSpec& spec, std::vector<float> inv_freq);
 
+// Device time of the steps since profiling was enabled, by part (the CUDA
+// engine's CUDA events; see native/cuda/profile.cuh). Milliseconds.
+struct StepProfile {
+  int64_t steps = 0;
+  double step_ms = 0, gemm_ms = 0, attention_ms = 0;
+};
+
 // ---- the interface ------------------------------------------------------------------
 // Calls that return std::string return "" on success, else the reason (and
 // change nothing). step/step_contiguous/transfers are called only after the
@@ -185,6 +192,13 @@ class Backend {
   virtual void upload_pages(const std::vector<int32_t>& ids, const uint8_t* in) = 0;
   virtual void copy_page(int32_t src, int32_t dst) = 0;
 
+  // Step profiling by part: "" when the backend records it, else why not.
+  // Enabling clears the totals; any thread may call these.
+  virtual std::string set_profiling(bool /*on*/) {
+    return std::string("profiling: the ") + name() + " backend does not time its steps by part";
+  }
+  virtual StepProfile profile() const { return {}; }
+
  protected:
   // The allocations behind create_pool / create_contiguous, called with a
   // valid shape and none allocated yet; an error message, empty on success
@@ -201,8 +215,19 @@ struct CudaProbe {
   bool built = false;
   int32_t devices = 0;
   std::string reason;  // why no device is usable (empty when devices > 0)
+  // What an engine's bits depend on besides the model (the execution variant,
+  // worker/model/variant.ts): device 0's architecture ("sm90"; empty without
+  // a device), the CUDA toolkit the backend was compiled with ("13.0"), and
+  // the kernels' numerics tag (kNumerics in native/cuda/kernels_cuda.cuh).
+  // toolkit and numerics are empty when the backend is not built.
+  std::string arch, toolkit, numerics;
 };
 CudaProbe cuda_probe();
+// Device copy bandwidth in GB/s, bytes read + written, of a device-to-device
+// copy of `bytes` (median of 10 after 3 unmeasured; CUDA events), the
+// yardstick GPU benchmarks compare themselves with (native/gpu-check.sh
+// measures it the same way). Throws when no device is usable.
+double cuda_copy_gb_per_s(size_t bytes);
 // Throws std::runtime_error with the reason when no engine can be made (no
 // device, a spec the CUDA kernels do not support). inv_freq: RoPE inverse
 // frequencies, [head_dim / 2] for every layer or [n_layers, head_dim / 2].

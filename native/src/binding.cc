@@ -19,7 +19,10 @@
 #include "backend.h"
 #include "cpu.h"
 #include "engine.h"
+#include "file_lock.h"
+#include "fma_peak.h"
 #include "kernels.h"
+#include "quant.h"
 #include "thread_pool.h"
 
 namespace ck {
@@ -81,13 +84,19 @@ std::vector<int32_t> i32_vec(Napi::Env env, const Napi::Object& o, const char* k
   return std::vector<int32_t>(a.Data(), a.Data() + a.ElementLength());
 }
 
+constexpr const char* kDtypeNames = "\"f32\", \"f16\", \"bf16\", \"q8_0\", \"q4_0\", \"q4_k\" or \"q6_k\"";
+
 DType dtype_of(Napi::Env env, Napi::Value v, const std::string& name) {
-  if (!v.IsString()) throw Napi::TypeError::New(env, name + " must be \"f32\", \"f16\" or \"bf16\"");
+  if (!v.IsString()) throw Napi::TypeError::New(env, name + " must be " + kDtypeNames);
   const std::string s = v.As<Napi::String>().Utf8Value();
   if (s == "f32") return DType::F32;
   if (s == "f16") return DType::F16;
   if (s == "bf16") return DType::BF16;
-  throw Napi::TypeError::New(env, name + " must be \"f32\", \"f16\" or \"bf16\", got \"" + s + "\"");
+  if (s == "q8_0") return DType::Q8_0;
+  if (s == "q4_0") return DType::Q4_0;
+  if (s == "q4_k") return DType::Q4_K;
+  if (s == "q6_k") return DType::Q6_K;
+  throw Napi::TypeError::New(env, name + " must be " + kDtypeNames + ", got \"" + s + "\"");
 }
 
 void need(Napi::Env env, bool ok, const std::string& message) {
@@ -182,6 +191,8 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
                            InstanceMethod<&EngineWrap::UploadPages>("uploadPages"),
                            InstanceMethod<&EngineWrap::CopyPage>("copyPage"),
                            InstanceMethod<&EngineWrap::Free>("free"),
+                           InstanceMethod<&EngineWrap::SetProfiling>("setProfiling"),
+                           InstanceMethod<&EngineWrap::Profile>("profile"),
                            InstanceAccessor<&EngineWrap::Threads>("threads"),
                            InstanceAccessor<&EngineWrap::PageBytes>("pageBytes"),
                            InstanceAccessor<&EngineWrap::BackendName>("backend"),
@@ -412,6 +423,27 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
     return Napi::Number::New(info.Env(), static_cast<double>(live(info.Env())->page_bytes()));
   }
 
+  // setProfiling(on: boolean): times later steps by part (backend.h
+  // StepProfile); throws where the backend does not.
+  void SetProfiling(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    need(env, info[0].IsBoolean(), "setProfiling: on must be a boolean");
+    const std::string err = live(env)->set_profiling(info[0].As<Napi::Boolean>().Value());
+    if (!err.empty()) throw Napi::Error::New(env, err);
+  }
+
+  // profile() -> {steps, stepMs, gemmMs, attentionMs} since profiling was enabled.
+  Napi::Value Profile(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    const StepProfile p = live(env)->profile();
+    Napi::Object o = Napi::Object::New(env);
+    o.Set("steps", static_cast<double>(p.steps));
+    o.Set("stepMs", p.step_ms);
+    o.Set("gemmMs", p.gemm_ms);
+    o.Set("attentionMs", p.attention_ms);
+    return o;
+  }
+
   std::unique_ptr<Backend> engine_;
   std::unique_ptr<AsyncQueue> compute_, transfer_;
 };
@@ -607,9 +639,11 @@ Napi::Value MatmulJs(const Napi::CallbackInfo& info) {
   Napi::Float32Array y = f32(env, info[7], "y");
   need(env, T >= 0 && K >= 1 && N >= 1, "matmul: bad dimensions");
   need(env, static_cast<int64_t>(x.ElementLength()) == static_cast<int64_t>(T) * K, "x must be [T, K]");
-  need(env, static_cast<int64_t>(w.ByteLength()) == static_cast<int64_t>(N) * K * dtype_bytes(dt), "w must hold [N, K] in dtype");
+  need(env, bytes_of(dt, K) > 0 && static_cast<int64_t>(w.ByteLength()) == static_cast<int64_t>(N) * bytes_of(dt, K),
+       "w must hold [N, K] in dtype (K a whole number of its blocks)");
   need(env, static_cast<int64_t>(y.ElementLength()) == static_cast<int64_t>(T) * N, "y must be [T, N]");
-  need(env, reinterpret_cast<uintptr_t>(w.Data()) % dtype_bytes(dt) == 0, "w must be aligned to its dtype");
+  need(env, is_quantized(dt) || reinterpret_cast<uintptr_t>(w.Data()) % dtype_bytes(dt) == 0,
+       "w must be aligned to its dtype");
   matmul(x.Data(), T, K, w.Data(), dt, N, bias, y.Data(), kernel_pool());
   return env.Undefined();
 }
@@ -620,6 +654,7 @@ Napi::Value RmsnormJs(const Napi::CallbackInfo& info) {
   Napi::Float32Array x = f32(env, info[0], "x");
   Napi::Uint8Array w = u8(env, info[1], "w");
   const DType dt = dtype_of(env, info[2], "dtype");
+  need(env, !is_quantized(dt), "rmsnorm: w must be f32, f16 or bf16");
   const int32_t T = info[3].As<Napi::Number>().Int32Value(), D = info[4].As<Napi::Number>().Int32Value();
   const float eps = info[5].As<Napi::Number>().FloatValue();
   Napi::Float32Array y = f32(env, info[6], "y");
@@ -680,12 +715,34 @@ Napi::Value EmbedJs(const Napi::CallbackInfo& info) {
   const DType dt = dtype_of(env, info[2], "dtype");
   const int32_t D = info[3].As<Napi::Number>().Int32Value();
   Napi::Float32Array out = f32(env, info[4], "out");
-  need(env, D >= 1 && table.ByteLength() % (static_cast<size_t>(D) * dtype_bytes(dt)) == 0, "embed: table must be [vocab, D]");
-  const int64_t vocab = static_cast<int64_t>(table.ByteLength()) / (D * dtype_bytes(dt));
+  need(env, D >= 1 && bytes_of(dt, D) > 0 && table.ByteLength() % static_cast<size_t>(bytes_of(dt, D)) == 0,
+       "embed: table must be [vocab, D]");
+  const int64_t vocab = static_cast<int64_t>(table.ByteLength()) / bytes_of(dt, D);
   need(env, out.ElementLength() == ids.ElementLength() * static_cast<size_t>(D), "embed: out must be [T, D]");
   for (size_t i = 0; i < ids.ElementLength(); ++i)
     need(env, ids[i] >= 0 && ids[i] < vocab, "ids[" + std::to_string(i) + "] = " + std::to_string(ids[i]) + " is outside the vocabulary");
   embed(ids.Data(), static_cast<int32_t>(ids.ElementLength()), table.Data(), dt, D, out.Data(), kernel_pool());
+  return env.Undefined();
+}
+
+// dequantize(src: Uint8Array, dtype, out: Float32Array): out = the exact
+// values of src's out.length elements (a whole number of dtype's blocks), on
+// the active ISA's path.
+Napi::Value DequantizeJs(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Napi::Uint8Array src = u8(env, info[0], "src");
+  const DType dt = dtype_of(env, info[1], "dtype");
+  Napi::Float32Array out = f32(env, info[2], "out");
+  const int64_t n = static_cast<int64_t>(out.ElementLength());
+  need(env, bytes_of(dt, n) >= 0 && static_cast<int64_t>(src.ByteLength()) == bytes_of(dt, n),
+       "dequantize: src must hold out.length elements of dtype (a whole number of its blocks)");
+#ifdef CK_HAVE_AVX2_PATH
+  if (active_isa() != Isa::Generic) {
+    avx2::dequantize(dt, src.Data(), n, out.Data());
+    return env.Undefined();
+  }
+#endif
+  dequantize(dt, src.Data(), n, out.Data());
   return env.Undefined();
 }
 
@@ -716,6 +773,16 @@ Napi::Value MemreadJs(const Napi::CallbackInfo& info) {
   uint64_t total = 0;
   for (uint64_t s : sums) total += s;
   return Napi::Number::New(env, static_cast<double>(static_cast<uint32_t>(total ^ (total >> 32))));
+}
+
+// fmaPeak(iters): the FLOPs of `iters` rounds of independent register-only
+// FMA chains on every kernel-pool thread at the active ISA's width (time it
+// from JS: the FMA-peak yardstick of bench kernels).
+Napi::Value FmaPeakJs(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  const int64_t iters = info[0].As<Napi::Number>().Int64Value();
+  need(env, iters >= 1 && iters <= (int64_t{1} << 40), "fmaPeak: iters must be in [1, 2^40]");
+  return Napi::Number::New(env, fma_peak_flops(iters, kernel_pool()));
 }
 
 // memcpy(dst: Uint8Array, src: Uint8Array): a multi-threaded copy on the
@@ -756,8 +823,9 @@ Napi::Value PoolF16Js(const Napi::CallbackInfo& info) {
   return Napi::Uint16Array::New(env, static_cast<size_t>(b.elems), ab, 0);
 }
 
-// cudaProbe() -> {built, devices, reason}: whether this addon carries the
-// CUDA backend, and how many devices the runtime sees (or why none).
+// cudaProbe() -> {built, devices, reason, arch, toolkit, numerics}: whether
+// this addon carries the CUDA backend, how many devices the runtime sees (or
+// why none), and what a CUDA engine's numerics depend on (backend.h).
 Napi::Value CudaProbeJs(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   const CudaProbe p = cuda_probe();
@@ -765,7 +833,25 @@ Napi::Value CudaProbeJs(const Napi::CallbackInfo& info) {
   o.Set("built", p.built);
   o.Set("devices", p.devices);
   if (!p.reason.empty()) o.Set("reason", p.reason);
+  if (!p.arch.empty()) o.Set("arch", p.arch);
+  if (!p.toolkit.empty()) o.Set("toolkit", p.toolkit);
+  if (!p.numerics.empty()) o.Set("numerics", p.numerics);
   return o;
+}
+
+// cudaCopyGbPerS(bytes) -> GB/s (read + written) of a device-to-device copy
+// (backend.h cuda_copy_gb_per_s); blocks the calling thread ~13 copies long.
+Napi::Value CudaCopyGbPerSJs(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  need(env, info[0].IsNumber(), "cudaCopyGbPerS: bytes must be a number");
+  const double bytes = info[0].As<Napi::Number>().DoubleValue();
+  need(env, bytes >= (1 << 20) && bytes <= 0x1p36 && bytes == static_cast<double>(static_cast<int64_t>(bytes)),
+       "cudaCopyGbPerS: bytes must be an integer in [2^20, 2^36]");
+  try {
+    return Napi::Number::New(env, cuda_copy_gb_per_s(static_cast<size_t>(bytes)));
+  } catch (const std::exception& e) {
+    throw Napi::Error::New(env, e.what());
+  }
 }
 
 Napi::Object Features(Napi::Env env) {
@@ -781,8 +867,10 @@ Napi::Object Features(Napi::Env env) {
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("Engine", EngineWrap::Init(env));
   exports.Set("cudaProbe", Napi::Function::New(env, CudaProbeJs));
+  exports.Set("cudaCopyGbPerS", Napi::Function::New(env, CudaCopyGbPerSJs));
   exports.Set("features", Features(env));
   exports.Set("defaultThreads", Napi::Number::New(env, default_threads()));
+  exports.Set("lockFileExclusive", Napi::Function::New(env, LockFileExclusiveJs));
   Napi::Object k = Napi::Object::New(env);
   k.Set("setThreads", Napi::Function::New(env, SetThreads));
   k.Set("threads", Napi::Function::New(env, GetThreads));
@@ -803,8 +891,10 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   k.Set("geglu", Napi::Function::New(env, GegluJs));
   k.Set("softcap", Napi::Function::New(env, SoftcapJs));
   k.Set("embed", Napi::Function::New(env, EmbedJs));
+  k.Set("dequantize", Napi::Function::New(env, DequantizeJs));
   k.Set("memcpy", Napi::Function::New(env, MemcpyJs));
   k.Set("memread", Napi::Function::New(env, MemreadJs));
+  k.Set("fmaPeak", Napi::Function::New(env, FmaPeakJs));
   k.Set("poolF16", Napi::Function::New(env, PoolF16Js));
   exports.Set("kernels", k);
   return exports;

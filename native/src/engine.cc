@@ -1,6 +1,7 @@
 #include "engine.h"
 
 #include "cpu.h"
+#include "quant.h"
 
 #include <algorithm>
 #include <cmath>
@@ -31,7 +32,8 @@ Engine::Engine(const ModelSpec& spec, std::vector<float> inv_freq, int32_t threa
 std::string Engine::set_weight(size_t index, DType dtype, const uint8_t* data, size_t bytes) {
   const std::string err = check_weight(spec_, index, dtype, bytes);
   if (!err.empty()) return err;
-  const int64_t elems = static_cast<int64_t>(bytes) / dtype_bytes(dtype);
+  const BlockShape block = block_shape(dtype);
+  const int64_t elems = static_cast<int64_t>(bytes) / block.bytes * block.elems;
   const WeightPlace place = weight_place(spec_, index);
   Weight w;
   w.dtype = dtype;
@@ -65,6 +67,7 @@ std::string Engine::set_weight(size_t index, DType dtype, const uint8_t* data, s
         case DType::F32: std::memcpy(&out[static_cast<size_t>(i)], data + 4 * i, 4); break;
         case DType::F16: out[static_cast<size_t>(i)] = f16_to_f32(reinterpret_cast<const f16*>(data)[i]); break;
         case DType::BF16: out[static_cast<size_t>(i)] = bf16_to_f32(reinterpret_cast<const bf16*>(data)[i]); break;
+        default: break;  // biases are never quantized (check_weight)
       }
     }
   };

@@ -22,7 +22,10 @@ namespace ck {
 using f16 = uint16_t;   // IEEE 754 binary16, bit pattern
 using bf16 = uint16_t;  // bfloat16, bit pattern (upper half of an f32)
 
-enum class DType : int32_t { F32 = 0, F16 = 1, BF16 = 2 };
+// F32/F16/BF16 hold one value per element; the block-quantized formats
+// (llama.cpp's ggml layouts, quant.h) hold K elements of a row as K / block
+// blocks and dequantize to exact f32 values (quant.h says why).
+enum class DType : int32_t { F32 = 0, F16 = 1, BF16 = 2, Q8_0 = 3, Q4_0 = 4, Q4_K = 5, Q6_K = 6 };
 
 class ThreadPool;  // defined by the CPU backend; nullptr means run on the caller's thread
 

@@ -3,6 +3,7 @@
 // compiled with -mavx2, so no vector code can leak into the baseline paths;
 // these run only after cpu_features() has confirmed the CPU supports them.
 #include "simd_x86.h"
+#include "quant_simd.h"
 
 #ifdef CK_HAVE_AVX2_PATH
 
@@ -26,7 +27,9 @@ CK_AVX2 inline __m256 load_bf16x8(const bf16* p) {
 
 template <DType WT>
 CK_AVX2 inline __m256 load_w8(const void* W, int64_t i) {
-  if constexpr (WT == DType::F32) {
+  if constexpr (static_cast<int32_t>(WT) >= static_cast<int32_t>(DType::Q8_0)) {
+    return quant_load8<WT>(W, i);
+  } else if constexpr (WT == DType::F32) {
     return _mm256_loadu_ps(static_cast<const float*>(W) + i);
   } else if constexpr (WT == DType::F16) {
     return load_f16x8(static_cast<const f16*>(W) + i);
@@ -37,7 +40,11 @@ CK_AVX2 inline __m256 load_w8(const void* W, int64_t i) {
 
 template <DType WT>
 inline float load_w1(const void* W, int64_t i) {
-  if constexpr (WT == DType::F32) {
+  if constexpr (static_cast<int32_t>(WT) >= static_cast<int32_t>(DType::Q8_0)) {
+    (void)W;
+    (void)i;
+    return 0.0f;  // never called: quantized rows are whole blocks, so K & ~7 == K (no scalar tail)
+  } else if constexpr (WT == DType::F32) {
     return static_cast<const float*>(W)[i];
   } else if constexpr (WT == DType::F16) {
     return f16_to_f32(static_cast<const f16*>(W)[i]);
@@ -48,7 +55,7 @@ inline float load_w1(const void* W, int64_t i) {
 
 template <DType WT>
 inline const void* weight_row(const void* W, int64_t row, int32_t K) {
-  return static_cast<const uint8_t*>(W) + row * K * dtype_bytes(WT);
+  return static_cast<const uint8_t*>(W) + row * bytes_of(WT, K);
 }
 
 // One register tile: rows [r0, r0+R) × columns [c0, c0+C); Wc points at
@@ -65,16 +72,19 @@ inline const void* weight_row(const void* W, int64_t row, int32_t K) {
 template <int R, int C, DType WT, DType PF = WT>
 CK_AVX2 void tile(const float* x, int32_t K, const void* Wc, const float* bias, float* y, int32_t N, int32_t r0,
                   int32_t c0, const void* pf = nullptr) {
-  constexpr int32_t kLine = static_cast<int32_t>(64 / (PF == DType::F32 ? 4 : 2));  // PF elements per line
+  // PF elements per 64-byte line (a block format's: its elements in fewer than
+  // 64 bytes, so every 64 elements touch at most two lines).
+  constexpr int32_t kLine = static_cast<int32_t>(
+      static_cast<int32_t>(PF) >= static_cast<int32_t>(DType::Q8_0) ? 64 : 64 / (PF == DType::F32 ? 4 : 2));
   const char* pfb = static_cast<const char*>(pf);
-  const int64_t pf_row = static_cast<int64_t>(K) * (PF == DType::F32 ? 4 : 2);
+  const int64_t pf_row = bytes_of(PF, K);
   __m256 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   const int32_t K8 = K & ~7;
   for (int32_t k = 0; k < K8; k += 8) {
     if (pfb != nullptr && k % kLine == 0)
-      for (int c = 0; c < C; ++c) _mm_prefetch(pfb + c * pf_row + k * (64 / kLine), _MM_HINT_T0);
+      for (int c = 0; c < C; ++c) _mm_prefetch(pfb + c * pf_row + static_cast<int64_t>(k) * pf_row / K, _MM_HINT_T0);
     __m256 w[C];
     for (int c = 0; c < C; ++c) w[c] = load_w8<WT>(Wc, static_cast<int64_t>(c) * K + k);
     for (int r = 0; r < R; ++r) {
@@ -570,6 +580,10 @@ CK_AVX2 void matmul_columns(const float* x, int32_t T, int32_t K, const void* W,
     case DType::F32: columns<DType::F32>(x, T, K, W, N, bias, y, n0, n1); break;
     case DType::F16: columns<DType::F16>(x, T, K, W, N, bias, y, n0, n1); break;
     case DType::BF16: columns<DType::BF16>(x, T, K, W, N, bias, y, n0, n1); break;
+    case DType::Q8_0: columns<DType::Q8_0>(x, T, K, W, N, bias, y, n0, n1); break;
+    case DType::Q4_0: columns<DType::Q4_0>(x, T, K, W, N, bias, y, n0, n1); break;
+    case DType::Q4_K: columns<DType::Q4_K>(x, T, K, W, N, bias, y, n0, n1); break;
+    case DType::Q6_K: columns<DType::Q6_K>(x, T, K, W, N, bias, y, n0, n1); break;
   }
 }
 
@@ -592,6 +606,7 @@ CK_AVX512BW void matmul_columns_pairs(const float* x, const float* xp, int32_t T
       case DType::F32: columns_row_pairs<DType::F32>(x, xp, T16, K, W, N, bias, y, n0, n1); break;
       case DType::F16: columns_row_pairs<DType::F16>(x, xp, T16, K, W, N, bias, y, n0, n1); break;
       case DType::BF16: columns_row_pairs<DType::BF16>(x, xp, T16, K, W, N, bias, y, n0, n1); break;
+      default: break;  // block formats never get here (quant.h: widened to f32 first)
     }
   }
   if (T16 == T) return;
@@ -601,6 +616,7 @@ CK_AVX512BW void matmul_columns_pairs(const float* x, const float* xp, int32_t T
     case DType::F32: columns_pairs<DType::F32>(xr, T - T16, K, W, N, bias, yr, n0, n1); break;
     case DType::F16: columns_pairs<DType::F16>(xr, T - T16, K, W, N, bias, yr, n0, n1); break;
     case DType::BF16: columns_pairs<DType::BF16>(xr, T - T16, K, W, N, bias, yr, n0, n1); break;
+    default: break;  // block formats never get here (quant.h: widened to f32 first)
   }
 }
 

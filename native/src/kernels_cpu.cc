@@ -13,6 +13,7 @@
 
 #include "attention_simd.h"
 #include "cpu.h"
+#include "quant.h"
 #include "thread_pool.h"
 
 namespace ck {
@@ -195,6 +196,7 @@ inline float weight_at(const void* W, DType wt, int64_t i) {
     case DType::F32: return static_cast<const float*>(W)[i];
     case DType::F16: return f16_to_f32(static_cast<const f16*>(W)[i]);
     case DType::BF16: return bf16_to_f32(static_cast<const bf16*>(W)[i]);
+    default: break;  // block formats are dequantized whole (quant.h)
   }
   return 0.0f;
 }
@@ -248,6 +250,18 @@ inline void f32_to_f16_row(const float* x, f16* y, int32_t n) {
 // xp: x as PackedRows packed it for this ISA.
 inline void matmul_columns(const float* x, const float* xp, int32_t T, int32_t K, const void* W, DType wt, int32_t N,
                            const float* bias, float* y, int32_t n0, int32_t n1) {
+  // Quantized weights: the f32 product of their exact values (quant.h). The
+  // AVX2 tiles dequantize in registers (decode reads only the blocks) and
+  // widen a column triplet for 8+ rows; batches the AVX-512 tiles take get
+  // the columns' rows dequantized once per call, reused by every row tile.
+  if (is_quantized(wt)) {
+#ifdef CK_HAVE_AVX2_PATH
+    if (g_isa == Isa::Avx2 || (g_isa == Isa::Avx512 && (T & ~3) < 8))
+      return avx2::matmul_columns(x, T, K, W, wt, N, bias, y, n0, n1);
+#endif
+    return matmul_columns(x, xp, T, K, widen_quantized(W, wt, K, n0, n1), DType::F32, N,
+                          bias != nullptr ? bias + n0 : nullptr, y + n0, 0, n1 - n0);
+  }
 #ifdef CK_HAVE_AVX2_PATH
   if (g_isa == Isa::Avx512) return avx2::matmul_columns_pairs(x, xp, T, K, W, wt, N, bias, y, n0, n1);
   if (g_isa != Isa::Generic) return avx2::matmul_columns(x, T, K, W, wt, N, bias, y, n0, n1);
@@ -606,6 +620,7 @@ void rmsnorm(const float* x, const void* w, DType wt, int32_t T, int32_t D, floa
           }
           break;
         }
+        default: break;  // norms are never quantized (check_weight)
       }
     }
   });
@@ -659,6 +674,10 @@ void embed(const int32_t* ids, int32_t T, const void* embedding, DType wt, int32
            ThreadPool* pool) {
   parallel_for(pool, T, grain_for(T, D), [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
+      if (is_quantized(wt)) {
+        dequantize(wt, static_cast<const uint8_t*>(embedding) + ids[t] * bytes_of(wt, D), D, out + t * D);
+        continue;
+      }
       const int64_t base = static_cast<int64_t>(ids[t]) * D;
       for (int32_t i = 0; i < D; ++i) out[t * D + i] = generic::weight_at(embedding, wt, base + i);
     }

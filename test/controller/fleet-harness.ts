@@ -79,25 +79,20 @@ export async function startFleet(model: LoadedModel, spec: FleetSpec): Promise<I
     residentFreshMs: 5_000,
     ...spec.policy,
   };
-  const service = new FleetService(
-    hub,
-    { db: () => replica.catalog, query: () => [], lag: () => 0 },
-    recorder,
-    {
-      model: {
-        id: "tiny",
-        fingerprint: model.fingerprint,
-        maxContext: model.config.spec.maxPosition,
-        codec: codec(model.config.spec.vocab),
-      },
-      chunkTokens: CHUNK,
-      limits: { ...defaultAssignmentLimits, offerTimeoutMs: 10_000, progressTimeoutMs: 60_000 },
-      policy,
-      maxActive: 64,
-      tickMs: 20,
-      log: silentLogger,
+  const service = new FleetService(hub, { db: () => replica.catalog, lag: () => 0 }, recorder, {
+    model: {
+      id: "tiny",
+      fingerprint: model.fingerprint,
+      maxContext: model.config.spec.maxPosition,
+      codec: codec(model.config.spec.vocab),
     },
-  );
+    chunkTokens: CHUNK,
+    limits: { ...defaultAssignmentLimits, offerTimeoutMs: 10_000, progressTimeoutMs: 60_000 },
+    policy,
+    maxActive: 64,
+    tickMs: 20,
+    log: silentLogger,
+  });
   const s = model.config.spec;
   const workers: InProcessFleet["workers"] = [];
   for (let i = 0; i < spec.workers; i++) {

@@ -21,9 +21,11 @@ import { type ServeProcess, startServe } from "./serve-process.ts";
  * a core 15× faster with the step's fixed costs gone would be needed to flip it.
  */
 
-/** 300 prompt tokens: one whole 256-token chunk plus a tail. */
-const promptA = Array.from({ length: 300 }, (_, i) => ((i * 7) % 500) + 1);
+/** 257 prompt tokens: one whole 256-token chunk (its 16 pages all in it) and the pending token. */
+const promptA = Array.from({ length: 257 }, (_, i) => ((i * 7) % 500) + 1);
+/** Two unrelated 300-token prompts: together they need every page A's cached prefix holds. */
 const promptB = Array.from({ length: 300 }, (_, i) => ((i * 11 + 3) % 500) + 1);
+const promptC = Array.from({ length: 300 }, (_, i) => ((i * 13 + 5) % 500) + 1);
 
 let dataDir: string;
 const servers: ServeProcess[] = [];
@@ -36,7 +38,12 @@ afterAll(async () => {
   await rm(dataDir, { recursive: true, force: true });
 });
 
-/** The server on the shared data dir; a pool of 24 pages holds one 300-token prompt's pages, not two. */
+/**
+ * The server on the shared data dir, with a pool of 24 pages. The pool evicts
+ * cached pages one at a time, only as allocations need them: B (19 pages)
+ * leaves five of A's 16 cached, and C (19 more) takes those too, A's being
+ * the durable (published, cheap to reload) and oldest ones.
+ */
 async function serve(): Promise<ServeProcess> {
   const s = await startServe({ CONTINUUM_STORE_DATA_DIR: dataDir, CONTINUUM_PAGES_PHYSICAL_PAGES: "24" });
   servers.push(s);
@@ -95,8 +102,9 @@ describe("cache hits by tier on the embedded default's /metrics", () => {
     expect(tierCounters(before, "ram")).toEqual({ chunks: 0, tokens: 0, cacheTokens: 0 });
     expect(await complete(s, promptA)).toBe(0);
     await readyReplicas(s, "ram", 1);
-    // B needs the pages A's cached prefix holds: A's pages are evicted.
+    // B and then C need the pages A's cached prefix holds: A's pages are evicted.
     expect(await complete(s, promptB)).toBe(0);
+    expect(await complete(s, promptC)).toBe(0);
     expect(await complete(s, promptA)).toBe(256);
     const m = await metrics(s);
     expect(tierCounters(m, "ram")).toEqual({ chunks: 1, tokens: 256, cacheTokens: 256 });
@@ -114,6 +122,6 @@ describe("cache hits by tier on the embedded default's /metrics", () => {
     const m = await metrics(s);
     expect(tierCounters(m, "ssd")).toEqual({ chunks: 1, tokens: 256, cacheTokens: 256 });
     expect(tierCounters(m, "ram")).toEqual({ chunks: 0, tokens: 0, cacheTokens: 0 });
-    expect(m.get('continuum_cache_tokens{source="recompute"}')).toBe(300 - 1 - 256);
+    expect(m.get('continuum_cache_tokens{source="recompute"}')).toBe(promptA.length - 1 - 256);
   });
 });

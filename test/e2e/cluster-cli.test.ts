@@ -89,7 +89,7 @@ describe("continuum cluster", () => {
 
   it("builds a worker's status from its parts' counters and prints one line per worker", () => {
     const status = workerStatus({
-      runtime: { pagesTotal: 140, pagesAvailable: 40, cachedPromptTokens: 2000, computedPromptTokens: 700 },
+      runtime: { pagesTotal: 140, pagesFree: 40, cachedPromptTokens: 2000, computedPromptTokens: 700 },
       restore: {
         chunks: { ram: 1, ssd: 0, peer: 2, s3: 3 },
         bytes: { ram: 10, ssd: 0, peer: 20, s3: 30 },

@@ -82,7 +82,7 @@ interface Usage {
 }
 
 async function metricsText(base: string): Promise<string> {
-  const r = await fetch(`${base}/metrics`);
+  const r = await fetch(`${base}/metrics`, { headers: AUTH });
   expect(r.status).toBe(200);
   return r.text();
 }
@@ -142,6 +142,10 @@ async function axeViolations(page: Page): Promise<string[]> {
  * Waits (bounded) until the element's text — or an attribute — matches, as a
  * person reading the page would; fails naming what it last saw.
  */
+// The first catalog query starts the query thread (a DataScript replica of its own);
+// on a loaded 2-core CI machine that took up to 13 s.
+const QUERY_ANSWER_MS = 30_000;
+
 async function expectText(page: Page, selector: string, re: RegExp, attr?: string, timeoutMs = 5_000) {
   try {
     // Evaluated in the page (a string: this file is typed for Node, not the DOM).
@@ -188,7 +192,12 @@ describe.skipIf(!tools)("operating continuum: Prometheus, Grafana's queries and 
     const s3Endpoint = process.env.CONTINUUM_S3_ENDPOINT;
     if (!brokers || !s3Endpoint) throw new Error("the test setup's Kafka broker and S3 server are needed");
     const tokens = JSON.stringify({ [TOKEN]: "ops" });
-    serve = await startServe({ CONTINUUM_AUTH_TOKENS: tokens, CONTINUUM_WORKER_THREADS: "1" });
+    // The test's one tenant is an admin: it reads /metrics, /ui/events and every catalog fact.
+    serve = await startServe({
+      CONTINUUM_AUTH_TOKENS: tokens,
+      CONTINUUM_AUTH_ADMIN_TENANTS: "ops",
+      CONTINUUM_WORKER_THREADS: "1",
+    });
     clusterDir = await mkdtemp(join(tmpdir(), "continuum-ops-"));
     const run = randomBytes(4).toString("hex");
     const httpPort = await freePort();
@@ -217,7 +226,7 @@ describe.skipIf(!tools)("operating continuum: Prometheus, Grafana's queries and 
             secretAccessKey: process.env.CONTINUUM_S3_SECRET_ACCESS_KEY ?? "continuum-secret",
           },
         },
-        auth: { tokens: { [TOKEN]: "ops" } },
+        auth: { tokens: { [TOKEN]: "ops" }, adminTenants: ["ops"] },
       },
       {},
     );
@@ -232,8 +241,8 @@ describe.skipIf(!tools)("operating continuum: Prometheus, Grafana's queries and 
       services: { brokers, s3Endpoint },
     });
     prom = await startPrometheus([
-      { job: "embedded", target: `127.0.0.1:${serve.port}` },
-      { job: "fleet", target: `127.0.0.1:${httpPort}` },
+      { job: "embedded", target: `127.0.0.1:${serve.port}`, bearer: TOKEN },
+      { job: "fleet", target: `127.0.0.1:${httpPort}`, bearer: TOKEN },
     ]);
     browser = await chromium.launch({ executablePath: CHROMIUM, args: ["--no-sandbox"] });
   }, 300_000);
@@ -372,12 +381,12 @@ describe.skipIf(!tools)("operating continuum: Prometheus, Grafana's queries and 
     expect(await page.evaluate("document.activeElement?.id")).toBe("workers");
     await page.locator("#query").fill("[:find ?x :where [?x :worker/id]");
     await page.locator("#query").press("Control+Enter");
-    await expectText(page, "#query-error", /error/);
+    await expectText(page, "#query-error", /error/, undefined, QUERY_ANSWER_MS);
     await page
       .locator("#query")
       .fill("[:find ?id ?address :where [?w :worker/id ?id] [?w :worker/address ?address]]");
     await page.locator("#query").press("Control+Enter");
-    await expectText(page, "#query-caption", /^2 rows$/);
+    await expectText(page, "#query-caption", /^2 rows$/, undefined, QUERY_ANSWER_MS);
     const ids = await page.locator("#query-table tbody tr td:first-child").allTextContents();
     expect(ids.sort()).toEqual(["worker-0", "worker-1"]);
 
@@ -412,7 +421,7 @@ describe.skipIf(!tools)("operating continuum: Prometheus, Grafana's queries and 
     expect(Number(row.residentHits), "the shared prefix's resident hits").toBeGreaterThan(0);
     await expectText(page, "#decisions-note", /nothing is routed/);
     await page.getByRole("button", { name: "Run query" }).click();
-    await expectText(page, "#query-caption", /^1 row$/);
+    await expectText(page, "#query-caption", /^1 row$/, undefined, QUERY_ANSWER_MS);
     expect(await axeViolations(page)).toEqual([]);
     await page.screenshot({ path: join(OUT, "embedded.png"), fullPage: true });
     await page.context().close();

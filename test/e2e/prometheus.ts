@@ -23,6 +23,8 @@ export interface ScrapeJob {
   readonly job: string;
   /** host:port serving /metrics. */
   readonly target: string;
+  /** The scrape token (auth.metricsToken or an admin's API token), when the server has API tokens. */
+  readonly bearer?: string;
 }
 
 export interface RunningPrometheus {
@@ -48,6 +50,7 @@ export async function startPrometheus(jobs: readonly ScrapeJob[], readyTimeoutMs
     "scrape_configs:",
     ...jobs.flatMap((j) => [
       `  - job_name: ${j.job}`,
+      ...(j.bearer ? ["    authorization:", `      credentials: '${j.bearer}'`] : []),
       "    static_configs:",
       `      - targets: ['${j.target}']`,
     ]),

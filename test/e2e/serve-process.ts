@@ -14,7 +14,9 @@ export interface ServeProcess {
 
 /**
  * Starts `continuum serve` as a real process on a free port with its own data
- * directory, and waits (polling /health, bounded) until it answers.
+ * directory (CONTINUUM_STORE_DATA_DIR in `env` names another one, which
+ * stop() leaves in place), and waits (polling /health, bounded) until it
+ * answers.
  */
 export async function startServe(
   env: Record<string, string> = {},
@@ -65,4 +67,60 @@ export async function startServe(
       await rm(dataDir, { recursive: true, force: true });
     },
   };
+}
+
+export interface ServeExit {
+  readonly code: number | null;
+  readonly signal: NodeJS.Signals | null;
+  readonly output: string;
+  /** From spawn to exit. */
+  readonly ms: number;
+}
+
+/**
+ * Runs `continuum serve` expecting it to fail at start-up: resolves with its
+ * exit once it exits; if it is still running after `timeoutMs` it is killed
+ * and the result says so (`code` null, signal SIGKILL).
+ */
+export async function serveExpectingExit(
+  env: Record<string, string>,
+  timeoutMs: number,
+  port?: number,
+): Promise<ServeExit> {
+  const p = port ?? (await freePort());
+  const t0 = performance.now();
+  const child = spawn(process.execPath, ["bin/continuum.mjs", "serve", "--port", String(p)], {
+    env: { ...process.env, CONTINUUM_PAGES_PHYSICAL_PAGES: "1024", ...env },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  let output = "";
+  child.stdout!.on("data", (d) => (output += String(d)));
+  child.stderr!.on("data", (d) => (output += String(d)));
+  const timer = setTimeout(() => child.kill("SIGKILL"), timeoutMs);
+  const [code, signal] = (await new Promise((r) => child.once("exit", (c, s) => r([c, s])))) as [
+    number | null,
+    NodeJS.Signals | null,
+  ];
+  clearTimeout(timer);
+  return { code, signal, output, ms: performance.now() - t0 };
+}
+
+/** Runs `continuum ARGS…` to completion (bounded); its exit code and output. */
+export async function continuum(
+  args: readonly string[],
+  env: Record<string, string> = {},
+  timeoutMs = 60_000,
+): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  const child = spawn(process.execPath, ["bin/continuum.mjs", ...args], {
+    env: { ...process.env, ...env },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  let stdout = "";
+  let stderr = "";
+  child.stdout!.on("data", (d) => (stdout += String(d)));
+  child.stderr!.on("data", (d) => (stderr += String(d)));
+  const timer = setTimeout(() => child.kill("SIGKILL"), timeoutMs);
+  const code = (await new Promise((r) => child.once("exit", r))) as number | null;
+  clearTimeout(timer);
+  return { code, stdout, stderr };
 }

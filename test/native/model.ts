@@ -3,13 +3,7 @@
  * pass over it written from the architecture (not from the C++), keeping K/V
  * rounded to fp16 as the engine's pages do.
  */
-import {
-  type ModelSpec,
-  ropeInvFreq,
-  type WeightDType,
-  type WeightTensor,
-  weightNames,
-} from "../../native/index.ts";
+import { type ModelSpec, ropeInvFreq, type WeightTensor, weightNames } from "../../native/index.ts";
 import { encodeWeights, f16BitsRef, f16ValueRef, randomF32, rng } from "./reference.ts";
 
 export interface TestModel {
@@ -21,7 +15,7 @@ export interface TestModel {
 
 export function makeModel(spec: ModelSpec, seed: number): TestModel {
   const r = rng(seed);
-  const dtypes: WeightDType[] = ["bf16", "f16", "f32"];
+  const dtypes = ["bf16", "f16", "f32"] as const;
   const weights = new Map<string, WeightTensor>();
   const decoded = new Map<string, Float64Array>();
   weightNames(spec).forEach(({ name, shape }, i) => {

@@ -49,4 +49,22 @@ describe("config", () => {
     c.catalog.brokers.push("x");
     expect(defaultConfig.catalog.brokers).toEqual(["127.0.0.1:9092"]);
   });
+
+  it("takes model.variant as auto or a variant name, and refuses anything else naming the field", () => {
+    expect(resolveConfig(undefined, {}).model.variant).toBe("auto");
+    const named = "cuda-sm90-cu13.0/gemm-mma16816.f32acc.k256+attn-mma.hilo.s512/v1";
+    expect(resolveConfig({ model: { variant: named } }, {}).model.variant).toBe(named);
+    expect(resolveConfig(undefined, { CONTINUUM_MODEL_VARIANT: "cpu-f32acc/v1" }).model.variant).toBe(
+      "cpu-f32acc/v1",
+    );
+    for (const bad of ["", "CPU/v1", "cpu f32", "/v1", "cpu//v1", "cpu/", "x".repeat(201), 7]) {
+      try {
+        resolveConfig({ model: { variant: bad } }, {});
+        expect.unreachable(`${JSON.stringify(bad)} was accepted`);
+      } catch (err) {
+        expect(err).toBeInstanceOf(ConfigError);
+        expect((err as ConfigError).problems.join("\n")).toMatch(/^model\.variant: /);
+      }
+    }
+  });
 });

@@ -122,6 +122,7 @@ describe("identity properties", () => {
   it("any change of manifest field changes the fingerprint; key order does not", () => {
     const fp = modelFingerprint(manifest);
     expect(modelFingerprint({ ...manifest, kvDtype: "bf16" })).not.toBe(fp);
+    expect(modelFingerprint({ ...manifest, weightFormat: "f32+q4_0" })).not.toBe(fp);
     expect(modelFingerprint({ ...manifest, variant: "cuda/v1" })).not.toBe(fp);
     expect(modelFingerprint({ ...manifest, architecture: { layers: 3, hidden: 64 } })).not.toBe(fp);
     expect(modelFingerprint({ ...manifest, architecture: { hidden: 64, layers: 2 } })).toBe(fp);

@@ -36,7 +36,7 @@ import {
 } from "../../schema/ids.ts";
 import type { Logger } from "../../schema/log.ts";
 import { encodeMessage, MAX_MESSAGE_BYTES, type MessageKind, WireError } from "../../schema/wire.ts";
-import { PageHashChain } from "../runtime/page-hashes.ts";
+import { PageHashChain } from "../pages/page-hashes.ts";
 import {
   type RequestTiming,
   type RuntimeGeneration,
@@ -330,8 +330,7 @@ export class WorkerAgent {
 
   /** The worker's observation now (also used by tests). */
   heartbeat(): Heartbeat {
-    const snap = this.runtime.pages.snapshot();
-    const resident = new Set<PrefixHash>(snap.prefixes.map((p) => p.hash));
+    const pages = this.runtime.pages;
     const stats = this.runtime.stats();
     const c = stats.calibration;
     const MIB = 1024 * 1024;
@@ -348,7 +347,7 @@ export class WorkerAgent {
       kvBytesPerToken: this.opts.kvBytesPerToken,
       freePages: PageCount(pool.freePages),
       evictablePages: PageCount(pool.evictablePages),
-      residentPrefixes: this.ledger.resident(resident, MAX_RESIDENT_PREFIXES),
+      residentPrefixes: this.ledger.resident((hash) => pages.holdsPrefix(hash), MAX_RESIDENT_PREFIXES),
       durableTiers: [...this.opts.durableTiers],
       ready: this.ready,
       queue: {
@@ -378,27 +377,22 @@ export class WorkerAgent {
   }
 
   /**
-   * The real page pool for admission: free pages net of what accepted
-   * attempts reserved (conservative: an attempt the runtime already admitted
-   * is counted in both until it ends), cached prefixes that eviction would
-   * free, and the whole pages of `promptHashes` already resident (shared).
+   * The real page pool for admission: what the pool may hand out net of what
+   * accepted attempts reserved (conservative: an attempt the runtime already
+   * admitted is counted in both until it ends), split into free pages and
+   * cached pages it would evict, and the whole pages of `promptHashes` already
+   * held (shared: adopted, not allocated).
    */
   private pagePool(promptHashes: readonly PrefixHash[]): PagePool {
-    const snap = this.runtime.pages.snapshot();
-    // A page only cache routes hold (refcount = cache routes holding it) comes back on eviction.
-    const cacheRefs = new Map<number, number>();
-    for (const r of snap.routes) {
-      if (!r.id.startsWith("cache:")) continue;
-      for (const p of r.pages) cacheRefs.set(p, (cacheRefs.get(p) ?? 0) + 1);
-    }
-    let evictable = 0;
-    for (const [p, n] of cacheRefs) if (snap.refcounts[p] === n) evictable++;
-    const shared = promptHashes.length > 0 ? this.runtime.pages.matchPrefix(promptHashes) : 0;
+    const pages = this.runtime.pages;
+    const available = Math.max(0, pages.availablePages - this.admission.reservedPages);
+    const evictable = Math.min(pages.evictablePages, available);
+    const hit = promptHashes.length > 0 ? pages.prefixHit(promptHashes) : { pages: 0, evictable: 0 };
     return {
-      freePages: Math.max(0, this.runtime.pages.availablePages - this.admission.reservedPages),
-      // Shared pages are adopted, not evicted: they are not counted twice.
-      evictablePages: Math.max(0, evictable - shared),
-      sharedPages: shared,
+      freePages: available - evictable,
+      // Shared cached pages are adopted, not evicted: they are not counted twice.
+      evictablePages: Math.max(0, evictable - hit.evictable),
+      sharedPages: hit.pages,
     };
   }
 

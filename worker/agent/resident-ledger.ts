@@ -1,6 +1,6 @@
 import { catalogNodeId, prefixChain } from "../../schema/identity.ts";
 import type { ModelFingerprint, NodeId, PrefixHash, TokenCount } from "../../schema/ids.ts";
-import { PageHashChain } from "../runtime/page-hashes.ts";
+import { PageHashChain } from "../pages/page-hashes.ts";
 
 /**
  * Maps the runtime's page-granular residency onto chunk boundaries, the unit
@@ -66,10 +66,10 @@ export class ResidentLedger {
     while (this.byPage.size > this.capacity) this.byPage.delete(this.byPage.keys().next().value!);
   }
 
-  /** Boundaries whose ending page is resident, by token count. */
-  resident(residentPages: ReadonlySet<PrefixHash>, limit: number): LedgerBoundary[] {
+  /** Boundaries whose ending page is resident (per `isResident`), by token count. */
+  resident(isResident: (page: PrefixHash) => boolean, limit: number): LedgerBoundary[] {
     const out: LedgerBoundary[] = [];
-    for (const [hash, b] of this.byPage) if (residentPages.has(hash)) out.push(b);
+    for (const [hash, b] of this.byPage) if (isResident(hash)) out.push(b);
     out.sort((a, b) => a.tokens - b.tokens || (a.nodeId < b.nodeId ? -1 : 1));
     return out.slice(0, limit);
   }

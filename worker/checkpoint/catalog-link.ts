@@ -2,6 +2,7 @@ import { randomUUID } from "node:crypto";
 import type { CatalogDb } from "../../catalog/db.ts";
 import type { ProposalSink } from "../../catalog/log.ts";
 import type { Replica } from "../../catalog/replica.ts";
+import { abortable } from "../../schema/abort.ts";
 import { type CatalogOp, ProposalMsg, type Tier } from "../../schema/catalog.ts";
 import type { ModelFingerprint, NodeId } from "../../schema/ids.ts";
 import { encodeMessage } from "../../schema/wire.ts";
@@ -47,16 +48,20 @@ export class CatalogLink {
   }
 
   /** Registers the model and this worker (with its peer address) and waits until the replica holds both. */
-  async register(address: string, timeoutMs: number): Promise<void> {
+  async register(address: string, timeoutMs: number, signal?: AbortSignal): Promise<void> {
     const { fingerprint, modelName, layout, chunkTokens, workerId } = this.id;
     await this.propose([
       { op: "model.registered", fingerprint, name: modelName, layout, chunkTokens },
       { op: "worker.registered", worker: workerId, model: fingerprint, address },
     ]);
-    const ok = await this.waitUntil(() => {
-      const w = this.db.eidOf("worker/id", workerId);
-      return w !== undefined && this.db.get(w, "worker/address") === address;
-    }, timeoutMs);
+    const ok = await this.waitUntil(
+      () => {
+        const w = this.db.eidOf("worker/id", workerId);
+        return w !== undefined && this.db.get(w, "worker/address") === address;
+      },
+      timeoutMs,
+      signal,
+    );
     if (!ok) throw new Error(`catalog: worker ${workerId} was not registered within ${timeoutMs} ms`);
   }
 
@@ -84,15 +89,24 @@ export class CatalogLink {
     return ops.length;
   }
 
-  /** forgetRam, then waits (bounded) until the replica no longer lists any of them as ready. */
-  async forgetRamApplied(timeoutMs: number): Promise<void> {
+  /**
+   * forgetRam, then waits (bounded) until the replica no longer lists any of
+   * them as ready. Runs before register(): the removals are valid only while
+   * the catalog still lists this worker under the model those replicas are
+   * of, and a worker restarted with another model re-registers under it.
+   */
+  async forgetRamApplied(timeoutMs: number, signal?: AbortSignal): Promise<void> {
     if ((await this.forgetRam()) === 0) return;
     const me = this.db.eidOf("worker/id", this.id.workerId);
-    const ok = await this.waitUntil(() => {
-      if (me === undefined) return true;
-      for (const r of this.db.holders("replica/worker")) if (isReadyRamOf(this.db, r, me)) return false;
-      return true;
-    }, timeoutMs);
+    const ok = await this.waitUntil(
+      () => {
+        if (me === undefined) return true;
+        for (const r of this.db.holders("replica/worker")) if (isReadyRamOf(this.db, r, me)) return false;
+        return true;
+      },
+      timeoutMs,
+      signal,
+    );
     if (!ok)
       throw new Error(
         `catalog: RAM replicas of ${this.id.workerId} were not withdrawn within ${timeoutMs} ms`,
@@ -117,20 +131,30 @@ export class CatalogLink {
     return w === undefined ? undefined : (this.db.get(w, "worker/address") as string | undefined);
   }
 
-  /** Resolves true when `pred` holds on the replica (checked now and after each applied batch), false at the deadline. */
-  waitUntil(pred: () => boolean, timeoutMs: number): Promise<boolean> {
+  /**
+   * Resolves true when `pred` holds on the replica (checked now and after
+   * each applied batch), false at the deadline; rejects with the signal's
+   * reason when it aborts first (a start-up that has already failed).
+   */
+  waitUntil(pred: () => boolean, timeoutMs: number, signal?: AbortSignal): Promise<boolean> {
     if (pred()) return Promise.resolve(true);
-    return new Promise((resolve) => {
-      const stop = this.replica.listen(() => {
+    let stop = () => {};
+    let timer: NodeJS.Timeout | undefined;
+    const waiting = new Promise<boolean>((resolve) => {
+      stop = this.replica.listen(() => {
         if (!pred()) return;
         clearTimeout(timer);
         stop();
         resolve(true);
       });
-      const timer = setTimeout(() => {
+      timer = setTimeout(() => {
         stop();
         resolve(pred());
       }, timeoutMs);
+    });
+    return abortable(waiting, signal).finally(() => {
+      clearTimeout(timer);
+      stop();
     });
   }
 }

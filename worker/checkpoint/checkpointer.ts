@@ -1,12 +1,14 @@
 import type { Engine } from "../../native/index.ts";
 import type { CatalogOp } from "../../schema/catalog.ts";
 import { type ChainNode, catalogNodeId, prefixChain } from "../../schema/identity.ts";
-import type { ContentId, ContinuationId, NodeId, PageId } from "../../schema/ids.ts";
+import type { ContentId, NodeId, PageId, PrefixHash } from "../../schema/ids.ts";
 import type { Logger } from "../../schema/log.ts";
-import { type Estimate, smooth } from "../calibration/calibration.ts";
+import { type Calibration, type Estimate, smooth } from "../calibration/calibration.ts";
+import type { CheckpointOffer, RouteCheckpointer } from "../pages/durable-hooks.ts";
 import type { PageManager } from "../pages/page-manager.ts";
-import type { CheckpointOffer, RouteCheckpointer } from "../restore/hooks.ts";
-import type { ChunkTiers } from "../restore/tiers.ts";
+import { PageError } from "../pages/page-state.ts";
+import { residencyCosts } from "../residency/residency.ts";
+import type { ChunkTiers } from "../store/chunk-tiers.ts";
 import type { PutResult } from "../store/tiered.ts";
 import { captureDecision } from "./admission.ts";
 import type { CatalogLink } from "./catalog-link.ts";
@@ -21,7 +23,7 @@ export interface CheckpointerOptions {
   readonly catalog: CatalogLink;
   readonly pageTokens: number;
   readonly chunkTokens: number;
-  /** Captures (routes) waiting at once; one more is skipped. */
+  /** Captures (offered prefixes) waiting at once; one more is skipped. */
   readonly maxQueued: number;
   /** Host staging for one chunk; an offer whose chunk is larger is refused before it queues. */
   readonly maxStagingBytes: number;
@@ -29,7 +31,7 @@ export interface CheckpointerOptions {
   readonly capturePerByteMs: number;
   /** Offers declined on value in a row before one is captured as a probe (default 8; see admission.ts). */
   readonly probeEvery?: number;
-  /** How long a publication may take to reach this worker's replica before the route stays non-durable. */
+  /** How long a publication may take to reach this worker's replica before the pages stay non-durable. */
   readonly publishTimeoutMs: number;
   readonly logger: Logger;
   /**
@@ -48,7 +50,8 @@ export interface CheckpointStats {
   readonly chunksStored: number;
   readonly chunksPublished: number;
   readonly failed: number;
-  readonly durableRoutes: number;
+  /** Offered prefixes whose pages were all published and marked durable. */
+  readonly durablePrefixes: number;
   /** Captures taken as probes (EV ≤ 0) to re-measure the capture cost. */
   readonly probes: number;
   /** Capture cost per byte: download, re-pack and the local tiers' writes (what admission charges). */
@@ -68,36 +71,40 @@ interface StoredChunk {
 }
 
 interface CaptureJob {
-  readonly route: ContinuationId;
+  /** The page-hash chain of the offered prefix: its pages are captured wherever the pool holds them. */
+  readonly prefix: readonly PrefixHash[];
   readonly pages: PageManager;
   readonly nodes: readonly ChainNode[];
+  readonly calibration: Calibration;
+  readonly released: () => void;
 }
 
 /**
- * Turns sealed, immutable page ranges of a route into durable, published chunks.
+ * Turns sealed, immutable page ranges of a prefix into durable, published chunks.
  *
  *   offer (sync, in the loop) ─▶ bounded queue ─▶ one capture at a time:
- *     1. store, for each chunk of the route in chain order, while it is resident:
- *        beginCapture (pins its pages) ─▶ downloadPages (transfer thread)
- *        ─▶ endCapture ─▶ re-pack token-major ─▶ store put (files, RAM,
- *        write-behind to S3)
+ *     1. store, for each chunk of the prefix in chain order, while its pages
+ *        are held (by a route, or cached in the pool):
+ *        beginCapturePrefix (its pages cannot be reused) ─▶ downloadPages
+ *        (transfer thread) ─▶ endCapture ─▶ re-pack token-major ─▶ store put
+ *        (files, RAM, write-behind to S3)
  *     2. publish, for each stored chunk in chain order:
  *        wait for the store's confirmation ─▶ propose chunk.published + replica.ready
- *     then, if every chunk was published, wait for this worker's replica to
- *     apply the last one and mark the route durable.
+ *     then wait for this worker's replica to apply the last one and mark the
+ *     pages the published chunks cover durable (cheaper to evict).
  *
- * Two phases so that the route is needed only for the local work
+ * Two phases so that the pages are needed only for the local work
  * (milliseconds): the S3 confirmations (tens of ms each, seconds while S3
  * retries) used to sit between the chunks' downloads, and a burst of
- * requests could evict the route meanwhile and cut the capture short.
+ * requests could evict the pages meanwhile and cut the capture short.
  *
  * Confirmation: a put's `durable` promise, which resolves once the most
  * durable configured tier holds the chunk — the S3 upload acknowledged when S3
  * is configured, the fsync'd local file otherwise. A chunk whose confirmation
- * fails is never proposed, nor is any later chunk of the route (a child needs
+ * fails is never proposed, nor is any later chunk of the prefix (a child needs
  * its parent published).
  *
- * Bounds: at most `maxQueued` routes wait; staging is one chunk's host copy
+ * Bounds: at most `maxQueued` prefixes wait; staging is one chunk's host copy
  * (the next download starts after the previous payload is stored; stored
  * payloads waiting for S3 are the write-behind queue's, bounded by its jobs
  * and bytes); a store whose write-behind queue is full refuses the optional
@@ -122,7 +129,7 @@ export class Checkpointer implements RouteCheckpointer {
     chunksStored: 0,
     chunksPublished: 0,
     failed: 0,
-    durableRoutes: 0,
+    durablePrefixes: 0,
     probes: 0,
   };
 
@@ -148,14 +155,16 @@ export class Checkpointer implements RouteCheckpointer {
     }
     const fp = catalog.id.fingerprint;
     const chain = prefixChain(o.tokens, C, o.salt);
-    // Published nodes are skipped; capture the unpublished rest (their parents are published or precede them here).
+    // Nodes a restore can read (published, with a ready replica somewhere) are skipped; the rest is
+    // captured: unpublished ones (their parents are published or precede them here), and published
+    // ones whose every replica went bad or was removed — so a damaged durable prefix heals on the next
+    // request over it instead of ending every later restore at the damage.
+    const servable = (n: ChainNode) => this.servable(catalogNodeId(fp, n.hash));
     let first = 0;
-    while (
-      first < chain.length &&
-      catalog.db.eidOf("chunk/node", catalogNodeId(fp, chain[first]!.hash)) !== undefined
-    )
-      first++;
-    const nodes = chain.slice(first).filter((n) => !this.pending.has(catalogNodeId(fp, n.hash)));
+    while (first < chain.length && servable(chain[first]!)) first++;
+    const nodes = chain
+      .slice(first)
+      .filter((n) => !this.pending.has(catalogNodeId(fp, n.hash)) && !servable(n));
     if (nodes.length === 0 || nodes[0]!.start !== (chain[first]?.start ?? -1)) return "skipped";
     const c = o.calibration;
     const decision = captureDecision(
@@ -171,7 +180,7 @@ export class Checkpointer implements RouteCheckpointer {
       },
     );
     this.opts.logger.log("debug", "checkpoint.offer", {
-      route: o.route,
+      prefix: o.prefix[o.prefix.length - 1],
       chunks: nodes.length,
       hits: o.hits,
       capture: decision.capture,
@@ -198,10 +207,25 @@ export class Checkpointer implements RouteCheckpointer {
       this.declinedSinceSample = 0;
     }
     for (const n of nodes) this.pending.add(catalogNodeId(fp, n.hash));
-    this.queue.push({ route: o.route, pages: o.pages, nodes });
+    this.queue.push({
+      prefix: o.prefix,
+      pages: o.pages,
+      nodes,
+      calibration: o.calibration,
+      released: o.released,
+    });
     this.counters.queued++;
     this.running ??= this.pump();
     return "queued";
+  }
+
+  /** Whether the catalog has `node` published with at least one ready replica (any worker, any tier). */
+  private servable(node: NodeId): boolean {
+    const db = this.opts.catalog.db;
+    const c = db.eidOf("chunk/node", node);
+    if (c === undefined) return false;
+    for (const r of db.replicasOf(c)) if (db.get(r, "replica/state") === "ready") return true;
+    return false;
   }
 
   /** Resolves when every queued capture has finished (stored and published, or given up). */
@@ -224,7 +248,7 @@ export class Checkpointer implements RouteCheckpointer {
         } catch (err) {
           this.counters.failed++;
           this.opts.logger.log("warn", "checkpoint.failed", {
-            route: job.route,
+            prefix: job.prefix[job.prefix.length - 1],
             message: (err as Error).message,
           });
         } finally {
@@ -238,33 +262,41 @@ export class Checkpointer implements RouteCheckpointer {
   }
 
   /**
-   * Phase 1: each chunk of the route, in chain order, downloaded from the
-   * device, re-packed and put in the store, while the route is resident. The
+   * Phase 1: each chunk of the prefix, in chain order, downloaded from the
+   * device, re-packed and put in the store, while its pages are held. The
    * local writes take milliseconds; the remote confirmation (an S3 upload:
    * tens of ms, seconds while S3 retries) is awaited in phase 2, so the
-   * route's pages are needed only for this short phase and a later request
-   * evicting the route no longer cuts a capture short while it waits on S3.
-   * Stops at the first chunk it cannot take (route evicted, store refused):
-   * what was stored before it is still published, a chain's prefix.
+   * pages are needed only for this short phase and a later request evicting
+   * them no longer cuts a capture short while it waits on S3. Stops at the
+   * first chunk it cannot take (pages evicted, store refused): what was
+   * stored before it is still published, a chain's prefix.
    */
   private async store(job: CaptureJob): Promise<StoredChunk[]> {
     const { catalog, tiers, geometry, pageTokens: P } = this.opts;
     const stored: StoredChunk[] = [];
     for (const node of job.nodes) {
-      if (!job.pages.hasRoute(job.route)) {
-        this.opts.logger.log("debug", "checkpoint.route_gone", { route: job.route, start: node.start });
-        break;
-      }
       const end = node.start + node.count;
       const firstPage = Math.floor(node.start / P);
       const pageCount = Math.ceil(end / P) - firstPage;
       const t0 = performance.now();
-      const capture = job.pages.beginCapture(job.route, firstPage, pageCount);
+      let capture: ReturnType<PageManager["beginCapturePrefix"]>;
+      try {
+        capture = job.pages.beginCapturePrefix(job.prefix, firstPage, pageCount);
+      } catch (err) {
+        if (!(err instanceof PageError)) throw err;
+        this.opts.logger.log("debug", "checkpoint.pages_gone", {
+          prefix: job.prefix[job.prefix.length - 1],
+          start: node.start,
+          reason: err.message,
+        });
+        break;
+      }
       let pageBytes: Uint8Array;
       try {
         pageBytes = await this.opts.engine.downloadPages(capture.pages.map((t) => t.page as PageId));
       } finally {
         job.pages.endCapture(capture.id);
+        job.released();
       }
       const payload = packChunk(
         geometry,
@@ -281,7 +313,10 @@ export class Checkpointer implements RouteCheckpointer {
       const put = await tiers.store.put(id, payload, meta, "optional");
       if (put.status === "refused") {
         this.counters.skippedFull++;
-        this.opts.logger.log("debug", "checkpoint.refused", { route: job.route, reason: put.reason });
+        this.opts.logger.log("debug", "checkpoint.refused", {
+          prefix: job.prefix[job.prefix.length - 1],
+          reason: put.reason,
+        });
         break;
       }
       // The capture's own cost ends with the local writes; the remote tier's
@@ -298,12 +333,15 @@ export class Checkpointer implements RouteCheckpointer {
    * Phase 2: in chain order, each stored chunk's confirmation awaited, then
    * its facts proposed. A failed confirmation ends the capture there (it
    * throws): neither that chunk nor any later one is proposed, since a child
-   * needs its parent published. Returns the last node proposed.
+   * needs its parent published. Returns the last chunk proposed.
    */
-  private async publish(job: CaptureJob, stored: readonly StoredChunk[]): Promise<NodeId | undefined> {
+  private async publish(
+    job: CaptureJob,
+    stored: readonly StoredChunk[],
+  ): Promise<ChunkDescriptor | undefined> {
     const { catalog, tiers } = this.opts;
     const me = catalog.id.workerId;
-    let last: NodeId | undefined;
+    let last: ChunkDescriptor | undefined;
     for (const { descriptor, id, put, storeMs, storedAt } of stored) {
       await put.durable;
       const confirmed = performance.now();
@@ -335,13 +373,14 @@ export class Checkpointer implements RouteCheckpointer {
       await catalog.propose(ops);
       this.counters.chunksPublished++;
       this.opts.logger.log("debug", "checkpoint.published", {
-        route: job.route,
+        prefix: job.prefix[job.prefix.length - 1],
+        node: descriptor.node,
         start: descriptor.start,
         storeMs,
         confirmMs: confirmed - storedAt,
         proposeMs: performance.now() - proposing,
       });
-      last = descriptor.node;
+      last = descriptor;
     }
     return last;
   }
@@ -350,23 +389,16 @@ export class Checkpointer implements RouteCheckpointer {
     const { catalog } = this.opts;
     const stored = await this.store(job);
     const last = await this.publish(job, stored);
-    // Only a route whose every chunk is published may be marked durable (evictable as restorable).
-    if (last === undefined || stored.length < job.nodes.length) return;
-    const node = last;
+    if (last === undefined) return;
+    // Pages become durable (restorable, so cheaper to evict) only once their chunks are visible here.
     const applied = await catalog.waitUntil(
-      () => catalog.db.eidOf("chunk/node", node) !== undefined,
+      () => catalog.db.eidOf("chunk/node", last.node) !== undefined,
       this.opts.publishTimeoutMs,
     );
-    if (!applied || !job.pages.hasRoute(job.route)) return;
-    try {
-      job.pages.markDurable(job.route);
-      this.counters.durableRoutes++;
-    } catch (err) {
-      // Fenced or busy since: it stays non-durable, which only costs eviction freedom.
-      this.opts.logger.log("debug", "checkpoint.not_durable", {
-        route: job.route,
-        message: (err as Error).message,
-      });
-    }
+    if (!applied) return;
+    const P = this.opts.pageTokens;
+    const covered = job.prefix.slice(0, Math.floor((last.start + last.tokens) / P));
+    job.pages.markDurable(covered, residencyCosts(job.calibration, P, this.opts.geometry.pageBytes(P)));
+    if (stored.length === job.nodes.length) this.counters.durablePrefixes++;
   }
 }

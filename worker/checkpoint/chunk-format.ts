@@ -47,7 +47,7 @@ export class KvGeometry {
     this.tokenBytes = nLayers * (this.kRow + this.vRow);
   }
 
-  static of(spec: ModelSpec): KvGeometry {
+  static of(spec: Pick<ModelSpec, "nLayers" | "nKvHeads" | "headDim" | "vHeadDim">): KvGeometry {
     return new KvGeometry(spec.nLayers, spec.nKvHeads, spec.headDim, spec.vHeadDim ?? spec.headDim);
   }
 

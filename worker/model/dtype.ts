@@ -1,3 +1,5 @@
+import { dequantize, isQuantType, type QuantType } from "./quant.ts";
+
 /**
  * Element types of checkpoint tensors and the conversions between them.
  *
@@ -8,6 +10,9 @@
  * f16/bf16 -> f32 is exact.
  */
 export type DType = "F32" | "F16" | "BF16";
+
+/** What a weight tensor may be stored as: one value per element, or a GGUF block format (quant.ts). */
+export type WeightFormat = DType | QuantType;
 
 export const DTYPES: readonly DType[] = ["F32", "F16", "BF16"];
 
@@ -107,8 +112,9 @@ export function encodeValues(values: ArrayLike<number>, dtype: DType): Buffer {
   return out;
 }
 
-/** Decodes little-endian `dtype` bytes into exact f64 values. */
-export function decodeValues(bytes: Uint8Array, dtype: DType): Float64Array {
+/** Decodes little-endian `dtype` bytes (or whole blocks of a block format) into exact f64 values. */
+export function decodeValues(bytes: Uint8Array, dtype: WeightFormat): Float64Array {
+  if (isQuantType(dtype)) return dequantize(bytes, dtype);
   const size = dtypeBytes(dtype);
   if (bytes.byteLength % size !== 0)
     throw new RangeError(`${bytes.byteLength} bytes is not a whole number of ${dtype} elements`);

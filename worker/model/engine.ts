@@ -7,7 +7,7 @@ import {
   type WeightTensor,
 } from "../../native/index.ts";
 import type { EngineSpec } from "./config.ts";
-import { bf16BitsToF32, type DType, f32ToBf16Bits, roundToF16 } from "./dtype.ts";
+import { bf16BitsToF32, f32ToBf16Bits, roundToF16, type WeightFormat } from "./dtype.ts";
 import { layerWindows } from "./layout.ts";
 import { layerInvFreq, ropeAttentionFactor } from "./rope.ts";
 import type { LoadedTensor } from "./safetensors.ts";
@@ -20,14 +20,22 @@ import type { ModelWeights } from "./weights.ts";
  * engine copies the bytes into native memory, so the caller may drop
  * `weights` once the engine is created.
  */
-const NATIVE_DTYPE: Record<DType, WeightDType> = { F32: "f32", F16: "f16", BF16: "bf16" };
+const NATIVE_DTYPE: Record<WeightFormat, WeightDType> = {
+  F32: "f32",
+  F16: "f16",
+  BF16: "bf16",
+  Q8_0: "q8_0",
+  Q4_0: "q4_0",
+  Q4_K: "q4_k",
+  Q6_K: "q6_k",
+};
 
 /**
  * √hidden as the embedding's dtype holds it: Gemma multiplies by
  * torch.tensor(hidden ** 0.5, dtype=hidden_states.dtype), so a bf16
  * checkpoint scales by the bf16 value (√1152 = 33.94… becomes 34).
  */
-export function embedScaleOf(spec: EngineSpec, embedDtype: DType): number {
+export function embedScaleOf(spec: EngineSpec, embedDtype: WeightFormat): number {
   if (!spec.scaleEmbeddings) return 1;
   const s = Math.fround(Math.sqrt(spec.hidden));
   if (embedDtype === "BF16") return bf16BitsToF32(f32ToBf16Bits(s));
@@ -39,7 +47,7 @@ export function embedScaleOf(spec: EngineSpec, embedDtype: DType): number {
  * The native spec. `embedDtype` is the embedding's storage dtype (for
  * Gemma's embedding scale).
  */
-export function nativeSpec(spec: EngineSpec, embedDtype: DType = "F32"): ModelSpec {
+export function nativeSpec(spec: EngineSpec, embedDtype: WeightFormat = "F32"): ModelSpec {
   const rs = spec.ropeScaling;
   const half = spec.headDim / 2;
   const invFreq = new Float32Array(spec.nLayers * half);

@@ -4,12 +4,12 @@ import type { ModelFingerprint } from "../../schema/ids.ts";
 import type { EngineSpec } from "./config.ts";
 import { familyArchitecture } from "./family-manifest.ts";
 import { layoutName } from "./layout.ts";
-import type { LoadedTensor, SafetensorsCheckpoint, TensorInfo } from "./safetensors.ts";
+import type { LoadedTensor, SafetensorsCheckpoint } from "./safetensors.ts";
 
 /**
  * The model fingerprint (schema/identity.ts): sha256 of the canonical
- * manifest {weightsDigest, architecture, kvDtype, layout, variant}. Two
- * workers share attention state only when all of these agree.
+ * manifest {weightsDigest, architecture, weightFormat (block-quantized models
+ * only), kvDtype, layout, variant}. Two workers share attention state only when all of these agree.
  */
 export const WEIGHTS_DIGEST_TAG = "continuum/weights/v1";
 export const KV_DTYPE = "f16";
@@ -55,8 +55,39 @@ function sortedByName<T extends { readonly name: string }>(tensors: T[]): T[] {
   return sorted;
 }
 
+/**
+ * The same digest over tensors read one at a time in name order through
+ * `read` (memory: one tensor), for a file whose stored bytes are not the
+ * loaded ones (a GGUF's permuted q/k rows).
+ */
+export async function readWeightsDigest(
+  tensors: Iterable<Pick<LoadedTensor, "name" | "dtype" | "shape">>,
+  read: (name: string) => Promise<Uint8Array>,
+): Promise<string> {
+  const h = createHash("sha256").update(WEIGHTS_DIGEST_TAG);
+  for (const t of sortedByName([...tensors])) {
+    const data = await read(t.name);
+    h.update(tensorHead(t, data.byteLength)).update(data);
+  }
+  return h.digest("hex");
+}
+
+const FLOAT_DTYPES = new Set(["f32", "f16", "bf16"]);
+
+/**
+ * The manifest's weightFormat: the distinct tensor types, lowercase, sorted,
+ * joined by "+" — or undefined when every tensor is f32/f16/bf16. The weights
+ * digest already names each tensor's dtype, so a float model's fingerprint
+ * needs no more, and leaving the field out keeps the fingerprints (and every
+ * chunk published under them) of the float models that predate block formats.
+ */
+export function weightFormatOf(dtypes: Iterable<string>): string | undefined {
+  const formats = [...new Set([...dtypes].map((d) => d.toLowerCase()))].sort();
+  return formats.every((f) => FLOAT_DTYPES.has(f)) ? undefined : formats.join("+");
+}
+
 /** u32 len ‖ name ‖ u32 len ‖ dtype ‖ u32 rank ‖ u64 dims… ‖ u64 byteLength. */
-function tensorHead(t: Pick<TensorInfo, "name" | "dtype" | "shape">, byteLength: number): Buffer {
+function tensorHead(t: Pick<LoadedTensor, "name" | "dtype" | "shape">, byteLength: number): Buffer {
   const name = Buffer.from(t.name, "utf8");
   const dtype = Buffer.from(t.dtype, "ascii");
   const head = Buffer.alloc(4 + name.length + 4 + dtype.length + 4 + 8 * t.shape.length + 8);
@@ -101,15 +132,22 @@ export function modelManifest(
   tensors: Iterable<LoadedTensor>,
   variant: string,
 ): ModelManifest {
-  return manifestOf(spec, weightsDigest(tensors), variant);
+  const all = [...tensors];
+  return manifestOf(spec, weightsDigest(all), variant, weightFormatOf(all.map((t) => t.dtype)));
 }
 
 /** The manifest around a weights digest however it was computed (loaded or streamed). */
-export function manifestOf(spec: EngineSpec, digest: string, variant: string): ModelManifest {
+export function manifestOf(
+  spec: EngineSpec,
+  digest: string,
+  variant: string,
+  weightFormat: string | undefined,
+): ModelManifest {
   if (variant.length === 0) throw new RangeError("execution variant must be named");
   return {
     weightsDigest: digest,
     architecture: architectureOf(spec),
+    ...(weightFormat === undefined ? {} : { weightFormat }),
     kvDtype: KV_DTYPE,
     layout: layoutName(spec.layers),
     variant,

@@ -4,7 +4,8 @@ import type { ModelManifest } from "../../schema/identity.ts";
 import { modelFingerprint } from "../../schema/identity.ts";
 import type { ModelFingerprint } from "../../schema/ids.ts";
 import { type ModelConfig, parseModelConfig } from "./config.ts";
-import { manifestOf, modelManifest, streamWeightsDigest } from "./fingerprint.ts";
+import { manifestOf, modelManifest, streamWeightsDigest, weightFormatOf } from "./fingerprint.ts";
+import { ggufPathOf, loadGgufIdentity, loadGgufModel } from "./gguf-model.ts";
 import type { ByteProgress } from "./progress.ts";
 import { SafetensorsCheckpoint } from "./safetensors.ts";
 import { ModelTokenizer } from "./tokenizer.ts";
@@ -13,8 +14,10 @@ import { checkCheckpoint, loadWeights, type ModelWeights } from "./weights.ts";
 /**
  * A Hugging Face model directory, loaded: config.json, the safetensors
  * checkpoint (single or sharded), tokenizer.json (+ tokenizer_config.json),
- * and generation_config.json when present. The loader treats every directory
- * alike; nothing here knows whether the model was generated.
+ * and generation_config.json when present; or a GGUF file (a path ending in
+ * .gguf, or a directory holding one .gguf and no config.json: gguf-model.ts).
+ * The loader treats every directory alike; nothing here knows whether the
+ * model was generated.
  */
 export interface LoadedModel extends ModelIdentity {
   readonly weights: ModelWeights;
@@ -66,7 +69,7 @@ export async function readModelConfig(dir: string): Promise<ModelConfig> {
 }
 
 /** config.json, generation_config.json's eos ids and the tokenizer: everything but the weights. */
-async function readTextSide(dir: string): Promise<{
+export async function readTextSide(dir: string): Promise<{
   config: ModelConfig;
   eos: readonly number[];
   tokenizer: ModelTokenizer;
@@ -88,6 +91,8 @@ async function readTextSide(dir: string): Promise<{
 }
 
 export async function loadModelDir(dir: string, opts: LoadModelOptions): Promise<LoadedModel> {
+  const gguf = await ggufPathOf(dir);
+  if (gguf !== null) return loadGgufModel(gguf, opts);
   const { config, eos, tokenizer } = await readTextSide(dir);
   const weights = await loadWeights(dir, config.spec, opts.progress ? { progress: opts.progress } : {});
   const manifest = modelManifest(config.spec, weights.tensors.values(), opts.variant);
@@ -112,9 +117,17 @@ export async function loadModelIdentity(
   dir: string,
   opts: { readonly variant: string },
 ): Promise<ModelIdentity> {
+  const gguf = await ggufPathOf(dir);
+  if (gguf !== null) return loadGgufIdentity(gguf, opts);
   const { config, eos, tokenizer } = await readTextSide(dir);
   const ckpt = await SafetensorsCheckpoint.open(dir);
   const expected = checkCheckpoint(ckpt, config.spec);
-  const manifest = manifestOf(config.spec, await streamWeightsDigest(ckpt, expected.keys()), opts.variant);
+  const formats = weightFormatOf([...expected.keys()].map((n) => ckpt.info(n).dtype));
+  const manifest = manifestOf(
+    config.spec,
+    await streamWeightsDigest(ckpt, expected.keys()),
+    opts.variant,
+    formats,
+  );
   return { dir, config, tokenizer, eosTokenIds: eos, manifest, fingerprint: modelFingerprint(manifest) };
 }

@@ -1,7 +1,7 @@
 import { constants } from "node:fs";
 import { type FileHandle, open, readFile, rename, stat, unlink } from "node:fs/promises";
 import { basename, join } from "node:path";
-import { type DType, dtypeBytes, isDType } from "./dtype.ts";
+import { type DType, dtypeBytes, isDType, type WeightFormat } from "./dtype.ts";
 import { type ByteProgress, silentProgress } from "./progress.ts";
 
 /**
@@ -35,7 +35,8 @@ export interface TensorInfo {
 
 export interface LoadedTensor {
   readonly name: string;
-  readonly dtype: DType;
+  /** One value per element (safetensors), or a GGUF block format (gguf.ts). */
+  readonly dtype: WeightFormat;
   readonly shape: readonly number[];
   /** Exactly byteLength bytes, little-endian elements. */
   readonly data: Buffer;

@@ -6,8 +6,8 @@ import type { Logger } from "../../schema/log.ts";
 import type { CatalogLink } from "../checkpoint/catalog-link.ts";
 import { type ChunkDescriptor, metaMismatch } from "../checkpoint/chunk-format.ts";
 import { fetchPeerChunk } from "../peer/client.ts";
-import type { ChunkTiers } from "../restore/tiers.ts";
 import type { VerifiedChunk } from "../store/chunk.ts";
+import type { ChunkTiers } from "../store/chunk-tiers.ts";
 import { type LocalState, type PlacedTier, planPrefetch, type WorkerPlacement } from "./plan.ts";
 
 /**

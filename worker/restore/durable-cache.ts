@@ -2,17 +2,18 @@ import type { CatalogLog } from "../../catalog/log.ts";
 import { Replica } from "../../catalog/replica.ts";
 import type { SnapshotStore } from "../../catalog/snapshot.ts";
 import type { Engine } from "../../native/index.ts";
+import { abortable } from "../../schema/abort.ts";
 import type { Config } from "../../schema/config.ts";
 import type { ModelFingerprint, NodeId } from "../../schema/ids.ts";
 import type { Logger } from "../../schema/log.ts";
 import { CatalogLink } from "../checkpoint/catalog-link.ts";
 import { Checkpointer } from "../checkpoint/checkpointer.ts";
 import { KvGeometry } from "../checkpoint/chunk-format.ts";
+import type { PrefixRestorer, RouteCheckpointer } from "../pages/durable-hooks.ts";
 import { PeerServer } from "../peer/server.ts";
 import type { StoreReporter } from "../store/chunk.ts";
-import type { PrefixRestorer, RouteCheckpointer } from "./hooks.ts";
+import { ChunkTiers } from "../store/chunk-tiers.ts";
 import { Restorer } from "./restorer.ts";
-import { ChunkTiers } from "./tiers.ts";
 
 export interface DurableCacheOptions {
   readonly engine: Engine;
@@ -43,7 +44,12 @@ export interface DurableCacheOptions {
    * warm (worker/warm/: nobody plans on a worker before it is ready).
    */
   readonly deferRegistration?: boolean;
+  /** Aborted when start-up has failed elsewhere (the embedded writer cannot commit): open stops waiting and throws its reason. */
+  readonly signal?: AbortSignal;
 }
+
+/** Bound on each catalog wait of start-up (catching up, withdrawals, registration). */
+const STARTUP_CATALOG_MS = 30_000;
 
 /**
  * A worker's durable prefix cache: its chunk tiers, its catalog replica and
@@ -76,6 +82,13 @@ export class DurableCache {
     const { config, engine } = o;
     const geometry = KvGeometry.of(engine.spec);
     const tiers = await ChunkTiers.open(config.store, o.storeReport);
+    if (tiers.s3?.unreachableAtOpen !== undefined)
+      o.logger.log("warn", "store.s3_unavailable", {
+        endpoint: config.store.s3.endpoint,
+        cause: tiers.s3.unreachableAtOpen,
+        effect:
+          "started degraded: no chunk is published until S3 answers (each put retries); restores use the local tiers",
+      });
     const undo: (() => Promise<unknown>)[] = [() => tiers.close()];
     try {
       const replica = await Replica.start({
@@ -125,7 +138,7 @@ export class DurableCache {
         logger: o.logger,
       });
       const cache = new DurableCache(tiers, replica, catalog, peer, checkpointer, restorer);
-      if (!o.deferRegistration) await cache.register();
+      if (!o.deferRegistration) await cache.register(o.signal);
       return cache;
     } catch (err) {
       for (const u of undo) await u().catch(() => undefined);
@@ -134,14 +147,18 @@ export class DurableCache {
   }
 
   /**
-   * Registers the model and this worker (with its peer address) and withdraws
-   * its RAM replicas of an earlier life, waiting until the replica shows both
-   * (bounded: 30 s each). Once per cache.
+   * Withdraws this worker's RAM replicas of an earlier life, then registers
+   * the model and this worker (with its peer address), waiting until the
+   * replica shows each (bounded: STARTUP_CATALOG_MS each; `signal` stops the
+   * wait). Withdrawal comes first: a worker restarted with another model may
+   * only withdraw them while the catalog still lists it under theirs. Once per
+   * cache.
    */
-  async register(): Promise<void> {
+  async register(signal?: AbortSignal): Promise<void> {
     if (this.registered) return;
-    await this.catalog.register(this.peer.address, 30_000);
-    await this.catalog.forgetRamApplied(30_000);
+    await abortable(this.replica.catchUp(STARTUP_CATALOG_MS), signal);
+    await this.catalog.forgetRamApplied(STARTUP_CATALOG_MS, signal);
+    await this.catalog.register(this.peer.address, STARTUP_CATALOG_MS, signal);
     this.registered = true;
   }
 

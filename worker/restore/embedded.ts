@@ -2,14 +2,16 @@ import { mkdir } from "node:fs/promises";
 import { dirname } from "node:path";
 import { embeddedLogPath } from "../../catalog/console.ts";
 import { CatalogDb } from "../../catalog/db.ts";
+import { InconsistentLogError } from "../../catalog/embedded-file.ts";
 import { EmbeddedLog } from "../../catalog/log-embedded.ts";
 import { CatalogWriter } from "../../catalog/writer.ts";
 import type { Engine } from "../../native/index.ts";
 import type { Config } from "../../schema/config.ts";
 import type { Logger } from "../../schema/log.ts";
 import type { LoadedModel } from "../model/model-dir.ts";
+import type { PrefixRestorer, RouteCheckpointer } from "../pages/durable-hooks.ts";
+import { type FileLock, lockFile } from "../store/dir-lock.ts";
 import { DurableCache } from "./durable-cache.ts";
-import type { PrefixRestorer, RouteCheckpointer } from "./hooks.ts";
 
 /**
  * The durable prefix cache of the embedded default (one process): the
@@ -22,10 +24,18 @@ import type { PrefixRestorer, RouteCheckpointer } from "./hooks.ts";
  *   const cache = await openEmbeddedCache({ engine, model, modelName, config, logger });
  *   new WorkerRuntime(engine, { ...runtimeOptions, ...cache.hooks });
  *   …  await runtime.stop(); await cache.close();
+ *
+ * The log is locked (embedded.log.lock) for as long as the cache is open.
+ * Start-up fails fast instead of waiting out its catalog bounds when the
+ * writer cannot commit (a full disk): with the writer's error. After
+ * start-up the writer retries with backoff; `writerStopped` settles if it
+ * gives up for good.
  */
 export interface EmbeddedCache {
   readonly cache: DurableCache;
   readonly hooks: { restore: PrefixRestorer; checkpoint: RouteCheckpointer };
+  /** Resolves with the error the catalog writer stopped on (it never resolves while the writer runs). */
+  readonly writerStopped: Promise<Error>;
   close(): Promise<void>;
 }
 
@@ -38,15 +48,40 @@ export async function openEmbeddedCache(o: {
 }): Promise<EmbeddedCache> {
   const path = embeddedLogPath(o.config);
   await mkdir(dirname(path), { recursive: true });
-  const log = await EmbeddedLog.open({ path });
-  const writer = new CatalogWriter({ log, newDb: () => CatalogDb.empty(), logger: o.logger });
-  const writing = writer.run().catch((err) => {
-    o.logger.log("error", "catalog.writer_stopped", { message: (err as Error).message });
+  const lock: FileLock = lockFile(`${path}.lock`, `catalog log ${path}`);
+  let log: EmbeddedLog;
+  try {
+    log = await EmbeddedLog.open({ path });
+  } catch (err) {
+    lock.release();
+    if (err instanceof InconsistentLogError)
+      throw new InconsistentLogError(
+        err.path,
+        err.at,
+        `${err.message}: run \`continuum catalog repair --dir ${o.config.store.dataDir}\``,
+      );
+    throw err;
+  }
+  const startup = new AbortController();
+  const writer = new CatalogWriter({
+    log,
+    newDb: () => CatalogDb.empty(),
+    logger: o.logger,
+    onLeaseLost: (err) => startup.abort(new Error(`the catalog writer cannot commit: ${err.message}`)),
+  });
+  let stopped: (err: Error) => void = () => {};
+  const writerStopped = new Promise<Error>((resolve) => {
+    stopped = resolve;
+  });
+  const writing = writer.run().catch((err: Error) => {
+    o.logger.log("error", "catalog.writer_stopped", { message: err.message });
+    stopped(err);
   });
   const stopCatalog = async () => {
     await writer.stop();
     await writing;
     await log.close();
+    lock.release();
   };
   let cache: DurableCache;
   try {
@@ -60,6 +95,7 @@ export async function openEmbeddedCache(o: {
       logger: o.logger,
       // One process has no peers to serve; any free port keeps the default from colliding.
       peerPort: 0,
+      signal: startup.signal,
     });
   } catch (err) {
     await stopCatalog();
@@ -68,6 +104,7 @@ export async function openEmbeddedCache(o: {
   return {
     cache,
     hooks: cache.hooks,
+    writerStopped,
     async close() {
       await cache.close();
       await stopCatalog();

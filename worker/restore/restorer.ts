@@ -1,8 +1,8 @@
 import { longestPublishedPrefix, readyReplicasOfChunk } from "../../catalog/queries.ts";
 import type { Engine } from "../../native/index.ts";
 import type { CatalogOp, Tier } from "../../schema/catalog.ts";
-import { catalogNodeId, prefixChain } from "../../schema/identity.ts";
-import type { ContentId, NodeId, PageId, PrefixHash } from "../../schema/ids.ts";
+import { type ChainNode, catalogNodeId, prefixChain } from "../../schema/identity.ts";
+import type { ContentId, NodeId, PageId } from "../../schema/ids.ts";
 import { TokenCount } from "../../schema/ids.ts";
 import type { Logger } from "../../schema/log.ts";
 import type { RestoreTier } from "../calibration/calibration.ts";
@@ -14,14 +14,14 @@ import {
   metaMismatch,
   unpackChunk,
 } from "../checkpoint/chunk-format.ts";
+import type { PrefixRestorer, RestoreRequest, RestoreTicket } from "../pages/durable-hooks.ts";
 import type { LoadTicket, PageManager } from "../pages/page-manager.ts";
 import { fetchPeerChunk } from "../peer/client.ts";
-import { PageHashChain } from "../runtime/page-hashes.ts";
+import { residencyCosts } from "../residency/residency.ts";
 import type { VerifiedChunk } from "../store/chunk.ts";
+import type { ChunkTiers } from "../store/chunk-tiers.ts";
 import { CorruptChunkError } from "../store/errors.ts";
-import type { PrefixRestorer, RestoreRequest, RestoreTicket } from "./hooks.ts";
 import { type PlannedChunk, planRestore, type RestorePlan, type SourceOption } from "./plan.ts";
-import type { ChunkTiers } from "./tiers.ts";
 
 export interface RestorerOptions {
   readonly engine: Pick<Engine, "uploadPages">;
@@ -103,9 +103,10 @@ export class Restorer implements PrefixRestorer {
   }
 
   /** The plan begin() would act on, without reserving anything (for tests and the router's view). */
-  plan(req: Omit<RestoreRequest, "pages" | "record" | "route">): {
+  plan(req: Omit<RestoreRequest, "pages" | "pageHashes" | "record" | "route">): {
     plan: RestorePlan;
     contents: Map<number, ContentId>;
+    chain: readonly ChainNode[];
   } {
     const { catalog, chunkTokens: C, pageTokens: P } = this.opts;
     const db = catalog.db;
@@ -146,7 +147,7 @@ export class Restorer implements PrefixRestorer {
       chunks,
       availablePages: req.availablePages,
     });
-    return { plan, contents };
+    return { plan, contents, chain };
   }
 
   begin(req: RestoreRequest): RestoreTicket | null {
@@ -161,12 +162,19 @@ export class Restorer implements PrefixRestorer {
       });
       return null;
     }
-    const { plan, contents } = planned;
+    const { plan, contents, chain } = planned;
     if (plan.restoreTo <= req.residentTokens || plan.chunks.length === 0) return null;
     const P = this.opts.pageTokens;
-    const sealed = new PageHashChain(P, req.salt)
-      .extend(req.tokens, plan.restoreTo)
-      .slice(req.residentTokens / P);
+    const full = Math.floor(plan.restoreTo / P);
+    if (req.pageHashes.length < full) {
+      this.opts.logger.log("error", "restore.hashes_short", {
+        route: req.route,
+        hashes: req.pageHashes.length,
+        pages: full,
+      });
+      return null;
+    }
+    const sealed = req.pageHashes.slice(req.residentTokens / P, full);
     let tickets: readonly LoadTicket[];
     try {
       tickets = req.pages.beginLoad(req.route, TokenCount(plan.restoreTo - req.residentTokens), sealed);
@@ -178,11 +186,17 @@ export class Restorer implements PrefixRestorer {
       return null;
     }
     this.counters.restores++;
-    const chain = prefixChain(req.tokens.slice(0, plan.restoreTo), this.opts.chunkTokens, req.salt);
     const done = this.stream(req, plan, tickets, chain, contents).then(
       (ok) => {
-        if (ok) this.counters.completed++;
-        else this.counters.abandoned++;
+        if (ok) {
+          this.counters.completed++;
+          // Every full page up to restoreTo lies in published chunks: it can be restored again, cheaply.
+          const g = this.opts.geometry;
+          req.pages.markDurable(
+            req.pageHashes.slice(0, full),
+            residencyCosts(req.calibration, P, g.pageBytes(P)),
+          );
+        } else this.counters.abandoned++;
         return ok;
       },
       (err) => {
@@ -207,7 +221,7 @@ export class Restorer implements PrefixRestorer {
     req: RestoreRequest,
     plan: RestorePlan,
     tickets: readonly LoadTicket[],
-    chain: readonly { hash: PrefixHash; parent: PrefixHash; start: number; count: number }[],
+    chain: readonly ChainNode[],
     contents: Map<number, ContentId>,
   ): Promise<boolean> {
     const { geometry: g, pageTokens: P, catalog } = this.opts;

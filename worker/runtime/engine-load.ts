@@ -1,7 +1,35 @@
 import { Effect, type Scope } from "effect";
-import type { Engine, EngineOptions } from "../../native/index.ts";
+import {
+  type BackendChoice,
+  type BackendName,
+  chooseBackend,
+  type Engine,
+  type EngineOptions,
+  nativeBackends,
+} from "../../native/index.ts";
 import { openEngine } from "../model/engine.ts";
 import type { LoadedModel } from "../model/model-dir.ts";
+import { executionVariant, servedVariant } from "../model/variant.ts";
+
+/** The backend an engine will get here, and the execution variant a process running it serves under. */
+export interface EngineChoice {
+  readonly backend: BackendName;
+  readonly variant: string;
+}
+
+/**
+ * Resolves `backend` (worker.backend) to the backend an engine gets on this
+ * machine and `configured` (model.variant) to the variant the process
+ * serves under (servedVariant: a named one must be the engine's). Decided
+ * before the model is loaded, since the fingerprint names the variant; pass
+ * `backend` on to loadEngine so the engine is the one chosen here.
+ */
+export function chooseEngine(backend: BackendChoice, configured: string): EngineChoice {
+  // "cpu" never probes the CUDA runtime (the probe loads the driver).
+  const cuda = backend === "cpu" ? { built: false, devices: 0 } : nativeBackends().cuda;
+  const name = chooseBackend(backend, cuda);
+  return { backend: name, variant: servedVariant(configured, executionVariant(name, cuda)) };
+}
 
 /** Creates the engine for a loaded model and allocates its page pool; frees the engine if the pool fails. */
 export async function loadEngine(

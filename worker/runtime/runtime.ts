@@ -3,10 +3,8 @@ import { Effect, Fiber, type Scope } from "effect";
 import type { Engine } from "../../native/index.ts";
 import { StreamQueue } from "../../schema/channel.ts";
 import {
-  ContinuationId,
   type ModelFingerprint,
   type PageCount,
-  type PrefixHash,
   pagesFor,
   type RequestId,
   TokenCount,
@@ -14,20 +12,14 @@ import {
 import type { Logger } from "../../schema/log.ts";
 import { type Calibration, type ConfiguredCosts, CostCalibrator } from "../calibration/calibration.ts";
 import { initialSamplerState, nextToken, samplingParams } from "../model/sampling.ts";
-import { PageManager, type PagePoolSnapshot } from "../pages/page-manager.ts";
-import { PageError } from "../pages/page-state.ts";
-import {
-  applyEviction,
-  planEviction,
-  type ResidencyInputs,
-  type RoutePolicy,
-} from "../residency/residency.ts";
-import type { PrefixRestorer, RouteCheckpointer } from "../restore/hooks.ts";
+import type { PrefixRestorer, RouteCheckpointer } from "../pages/durable-hooks.ts";
+import { PageManager } from "../pages/page-manager.ts";
 import { type Admission, type Preemption, planIteration } from "../scheduler/plan-iteration.ts";
-import { type Budgets, phaseOf, type RequestRecord } from "../scheduler/request.ts";
+import { type Budgets, phaseOf } from "../scheduler/request.ts";
 import { buildBatch, type Lane, stepShape } from "./batch.ts";
 import { PrefillPacer } from "./prefill-pacer.ts";
 import { type RuntimeEvent, Sequence } from "./sequence.ts";
+import { SequencePages } from "./sequence-pages.ts";
 
 export interface RuntimeOptions {
   readonly fingerprint: ModelFingerprint;
@@ -105,7 +97,12 @@ export class SubmitError extends Error {
 
 export interface RuntimeStats {
   readonly pagesTotal: number;
+  /** Pages a request may be given: free or evictable, net of reservations. */
   readonly pagesAvailable: number;
+  /** Pages holding nothing (some promised to reservations). */
+  readonly pagesFree: number;
+  /** Pages holding a cached prefix nobody references, evicted on demand (counted in pagesAvailable). */
+  readonly pagesEvictable: number;
   readonly waiting: number;
   readonly running: number;
   readonly cachedPromptTokens: number;
@@ -113,7 +110,8 @@ export interface RuntimeStats {
   readonly generatedTokens: number;
   readonly steps: number;
   readonly preemptions: number;
-  readonly evictedRoutes: number;
+  /** Cached pages evicted to make room (their prefixes are computed or restored again when next asked for). */
+  readonly evictedPages: number;
   /** Prompt tokens adopted from pages another running request computed (a subset of cachedPromptTokens). */
   readonly sharedInFlightTokens: number;
   readonly calibration: Calibration;
@@ -129,37 +127,29 @@ function emit(seq: Sequence, ev: RuntimeEvent): void {
     throw new Error(`request ${seq.id}: event channel refused ${ev.type} (full or closed)`);
 }
 
-/** A finished request's full pages, kept as a recomputable prefix cache until evicted. */
-interface CacheRoute {
-  readonly pages: number;
-  hits: number;
-}
-
 /**
  * The device loop of one worker: continuous batching over a fixed page pool.
  *
  * Each iteration: fence cancellations; ask the pure scheduler for a plan;
- * preempt and admit as it says (evicting cached prefixes when admission needs
- * their pages); reserve slots for every scheduled row; build one ragged batch;
+ * preempt and admit as it says; reserve slots for every scheduled row (the
+ * pool evicts cached prefixes when it needs their pages); build one ragged batch;
  * run one native step off the JS thread; commit the rows (sealing full pages
  * with their prefix hash so later requests can share them); sample the decode
  * lanes and stream their tokens. Requests join and leave between steps.
  *
  * Prefix reuse: a request's prompt pages are hashed as a chain; admission
  * adopts the longest run of resident pages with those hashes, so it computes
- * only the rest. When a request ends, its full pages live on in a cache route
- * (recomputable, evicted lowest value first) for the next request that shares
- * its prefix.
+ * only the rest. When a request ends (or is cancelled or preempted), its
+ * full pages stay in the pool as cached pages, findable by their hashes and
+ * evicted lowest residency value first, for the next request that shares its
+ * prefix.
  */
 export class WorkerRuntime {
   readonly pages: PageManager;
   private readonly seqs = new Map<RequestId, Sequence>();
-  private readonly cache = new Map<ContinuationId, CacheRoute>();
-  /** Requests whose restore is loading pages: not runnable, not preemptible, until it settles. */
-  private readonly restoring = new Set<RequestId>();
-  /** Each sequence's restore load, begin → settled, in ms (RequestTiming.fetchMs). */
-  private readonly restoreMs = new WeakMap<Sequence, number>();
   private readonly calibrator: CostCalibrator;
+  /** The sequences' pages: admission, restore, in-flight adoption, preemption, release into the cache. */
+  private readonly held: SequencePages;
   private readonly pacer: PrefillPacer | null;
   private wake: (() => void) | null = null;
   /** A signal arrived since the current iteration began: the loop must not sleep. */
@@ -172,9 +162,6 @@ export class WorkerRuntime {
     computedPromptTokens: 0,
     generatedTokens: 0,
     steps: 0,
-    preemptions: 0,
-    evictedRoutes: 0,
-    sharedInFlightTokens: 0,
   };
 
   constructor(
@@ -183,6 +170,16 @@ export class WorkerRuntime {
   ) {
     this.pages = new PageManager({ pageTokens: opts.pageTokens, physicalPages: opts.physicalPages });
     this.calibrator = new CostCalibrator(opts.costs);
+    this.held = new SequencePages(this.pages, this.calibrator, {
+      fingerprint: opts.fingerprint,
+      pageTokens: opts.pageTokens,
+      pageBytes: engine.pageBytes,
+      logger: opts.logger,
+      ...(opts.restore && { restore: opts.restore }),
+      ...(opts.checkpoint && { checkpoint: opts.checkpoint }),
+      live: (seq) => this.seqs.get(seq.id) === seq && !seq.cancelled,
+      signal: () => this.signal(),
+    });
     this.pacer =
       opts.decodePace === undefined
         ? null
@@ -298,7 +295,7 @@ export class WorkerRuntime {
       },
       timing: () => ({
         queueMs: seq.cachedTokens < 0 ? null : seq.admittedAt - seq.submittedAt,
-        fetchMs: this.restoreMs.get(seq) ?? 0,
+        fetchMs: seq.fetchMs,
       }),
     };
   }
@@ -309,16 +306,15 @@ export class WorkerRuntime {
     return {
       pagesTotal: this.opts.physicalPages,
       pagesAvailable: this.pages.availablePages,
+      pagesFree: this.pages.freePages,
+      pagesEvictable: this.pages.evictablePages,
       waiting,
       running: this.seqs.size - waiting,
       ...this.counters,
+      ...this.held.counters,
+      evictedPages: this.pages.evictions,
       calibration: this.calibrator.value,
     };
-  }
-
-  /** Page-prefix boundaries resident here (for heartbeats): the cached routes' hashes and token counts. */
-  residentPrefixes(): PagePoolSnapshot["prefixes"] {
-    return this.pages.snapshot().prefixes;
   }
 
   // ---- the loop ------------------------------------------------------------
@@ -380,11 +376,10 @@ export class WorkerRuntime {
   private async iterate(): Promise<boolean> {
     // Before cancelled routes release their pages: a waiter adopts the pages
     // a cancelled producer sealed in its last step.
-    this.adoptInFlightPrefixes();
+    this.held.adoptInFlight(this.seqs.values());
     this.fenceCancelled();
     if (this.seqs.size === 0) return false;
-    const now = this.counters.steps;
-    const records = [...this.seqs.values()].map((s) => this.record(s));
+    const records = [...this.seqs.values()].map((s) => this.held.record(s));
     // The pacer's inputs: the decode lanes' rows and keys (a decode row at
     // position p attends p + 1 keys), and the furthest prefill's next row.
     const decodes = { rows: 0, keys: 0 };
@@ -397,9 +392,9 @@ export class WorkerRuntime {
       } else if (phase !== "decode") prefillAt = Math.max(prefillAt, r.processed);
     }
     const plan = planIteration(records, this.budgets(decodes, prefillAt));
-    for (const p of plan.preempt) this.preempt(p, now);
+    for (const p of plan.preempt) this.preempt(p);
     let admitted = 0;
-    for (const a of plan.admit) if (this.admit(a, now)) admitted++;
+    for (const a of plan.admit) if (this.admit(a)) admitted++;
 
     // A lane whose rows moved since planning (its admission adopted a
     // different resident prefix than the plan assumed), or whose admission
@@ -407,7 +402,7 @@ export class WorkerRuntime {
     const scheduled = plan.scheduled.filter((w) => {
       const s = this.seqs.get(w.id);
       return (
-        s?.state === "running" && !s.cancelled && w.firstRow === s.processed && !this.restoring.has(w.id)
+        s?.state === "running" && !s.cancelled && w.firstRow === s.processed && !this.held.isRestoring(w.id)
       );
     });
     if (scheduled.length === 0) return admitted > 0;
@@ -475,7 +470,7 @@ export class WorkerRuntime {
           queueMs: seq.admittedAt - seq.submittedAt,
         });
       }
-      if (next.finish) this.finish(seq, next.finish, now);
+      if (next.finish) this.finish(seq, next.finish);
     }
     return true;
   }
@@ -510,7 +505,6 @@ export class WorkerRuntime {
    */
   private budgets(decodes: { rows: number; keys: number }, prefillAt: number): Budgets {
     const o = this.opts;
-    const c = this.calibrator.value;
     const decodeLanes = decodes.rows;
     // (Only prefill beside decodes is paced; prefillAt < 0: no prompt to prefill, no tile to size.)
     const paced = decodeLanes > 0 && prefillAt >= 0;
@@ -526,130 +520,22 @@ export class WorkerRuntime {
       maxBatchSeqs: o.maxBatchSeqs,
       minPrefillTokens: o.minPrefillTokens,
       prefillTile: tile,
-      repairTile: tile,
-      // Cached prefixes give their pages back on demand, so they count as available.
-      availablePages: (this.pages.availablePages + this.evictableCachePages()) as PageCount,
-      repair: { optIn: false, minQuality: null },
-      costs: {
-        prefillPerTokenMs: c.prefillPerTokenMs.value,
-        // No store is attached to the runtime loop itself: a checkpoint costs as much as a recompute.
-        capturePerTokenMs: c.prefillPerTokenMs.value,
-        restorePerTokenMs: c.prefillPerTokenMs.value,
-      },
+      // Cached pages are evicted on demand, so the pool counts them as available.
+      availablePages: this.pages.availablePages as PageCount,
     };
-  }
-
-  private record(s: Sequence): RequestRecord {
-    const hasRoute = this.pages.hasRoute(s.route);
-    const route = hasRoute ? this.pages.route(s.route) : undefined;
-    let admitPages = 0;
-    // A waiting request without a route is planned as admission will leave
-    // it: with the resident prefix it is about to adopt already processed.
-    let processed = s.processed;
-    if (s.state === "waiting") {
-      if (route) {
-        admitPages = Math.max(
-          0,
-          this.pages.reservationNeed(s.route, TokenCount(s.totalRows)) - route.reservedPages,
-        );
-      } else {
-        const matched = this.pages.matchPrefix(s.chain.extend(s.tokens, s.tokens.length - 1));
-        admitPages = Math.max(0, pagesFor(TokenCount(s.totalRows), this.opts.pageTokens) - matched);
-        processed = matched * this.opts.pageTokens;
-      }
-    }
-    let releasable = 0;
-    if (route) for (const p of route.pages) if (this.refcount(p) === 1) releasable++;
-    return {
-      id: s.id,
-      model: this.opts.fingerprint,
-      tokens: s.tokens,
-      processed: TokenCount(processed),
-      pendingToken: s.tokens[s.tokens.length - 1]!,
-      priority: s.priority,
-      deadline: null,
-      arrival: s.arrival,
-      pageTable: route?.pages ?? [],
-      source:
-        s.cachedTokens > 0 ? { kind: "resident", tokens: TokenCount(s.cachedTokens) } : { kind: "recompute" },
-      repairTokens: TokenCount(0),
-      state: s.state,
-      nextPageHash:
-        processed < s.tokens.length - 1
-          ? s.chain.at(s.tokens, s.tokens.length - 1, Math.floor(processed / this.opts.pageTokens))
-          : null,
-      runnable: !this.restoring.has(s.id),
-      admitPages: admitPages as PageCount,
-      reservedPages: (route?.reservedPages ?? 0) as PageCount,
-      releasablePages: releasable as PageCount,
-      preempted: s.preempted,
-    };
-  }
-
-  private refcount(page: number): number {
-    const st = this.pages.pageState(page as never);
-    return st.kind === "resident" ? st.refcount : 0;
   }
 
   // ---- admission, preemption, retirement -----------------------------------
 
-  private admit(a: Admission, now: number): boolean {
+  private admit(a: Admission): boolean {
     const seq = this.seqs.get(a.id);
     if (seq?.state !== "waiting" || seq.cancelled) return false;
-    const tryOnce = (): void => {
-      if (this.pages.hasRoute(seq.route)) {
-        this.pages.reserve(seq.route, TokenCount(seq.totalRows));
-        return;
-      }
-      const hashes = seq.chain.extend(seq.tokens, seq.tokens.length - 1);
-      const matched = this.pages.matchPrefix(hashes);
-      this.pages.openRoute(seq.route, {
-        prefix: hashes.slice(0, matched),
-        reserveTokens: TokenCount(seq.totalRows),
-        now,
-      });
-      seq.processed = matched * this.opts.pageTokens;
-      if (matched > 0) this.noteHit(hashes[matched - 1]!, now);
-    };
-    try {
-      tryOnce();
-    } catch (err) {
-      if (!(err instanceof PageError) || err.code !== "over-capacity") throw err;
-      if (!this.evict(a.pages, now)) return false;
-      try {
-        tryOnce();
-      } catch (err2) {
-        if (err2 instanceof PageError && err2.code === "over-capacity") return false;
-        throw err2;
-      }
-    }
-    if (seq.cachedTokens < 0) {
-      seq.cachedTokens = seq.processed;
-      seq.admittedAt = performance.now();
-      this.counters.cachedPromptTokens += seq.processed;
-      this.beginRestore(seq);
-    }
-    seq.state = "running";
-    seq.preempted = null;
-    this.opts.logger.log("debug", "request.admitted", { requestId: seq.id, reusedTokens: seq.processed });
-    return true;
+    return this.held.admit(seq);
   }
 
-  private preempt(p: Preemption, now: number): void {
+  private preempt(p: Preemption): void {
     const seq = this.seqs.get(p.id);
-    if (seq?.state !== "running" || this.restoring.has(seq.id)) return;
-    this.counters.preemptions++;
-    if (p.disposition === "keep-resident") {
-      this.pages.reserve(seq.route, TokenCount(seq.processed));
-    } else {
-      // "checkpoint" needs a chunk store, which the loop itself does not hold:
-      // its pages become a recomputable cache route, which a resumption
-      // re-adopts if they are still resident, exactly like a drop.
-      this.retire(seq, now);
-      seq.processed = 0;
-    }
-    seq.state = "waiting";
-    seq.preempted = p.disposition;
+    if (!seq || !this.held.preempt(seq, p.disposition)) return;
     this.opts.logger.log("info", "request.preempted", {
       requestId: seq.id,
       disposition: p.disposition,
@@ -657,109 +543,17 @@ export class WorkerRuntime {
     });
   }
 
-  private finish(seq: Sequence, reason: "stop" | "length", now: number): void {
-    this.retire(seq, now);
+  private finish(seq: Sequence, reason: "stop" | "length"): void {
+    this.held.retire(seq);
     this.seqs.delete(seq.id);
     emit(seq, { type: "end", reason, cachedTokens: Math.max(0, seq.cachedTokens) });
     seq.events.close();
   }
 
-  /** Keeps the route's full pages as a cache route, then releases the route. */
-  private retire(seq: Sequence, now: number): void {
-    if (!this.pages.hasRoute(seq.route)) return;
-    const hashes = seq.chain.extend(seq.tokens, seq.processed);
-    const shareable = hashes.slice(0, this.pages.matchPrefix(hashes));
-    if (shareable.length > 0) {
-      const id = ContinuationId(`cache:${shareable[shareable.length - 1]}`);
-      if (this.pages.hasRoute(id)) {
-        this.pages.touch(id, now);
-      } else {
-        this.pages.openRoute(id, { prefix: shareable, now });
-        this.cache.set(id, { pages: shareable.length, hits: 0 });
-      }
-      this.opts.checkpoint?.offer({
-        route: id,
-        tokens: seq.tokens.slice(0, shareable.length * this.opts.pageTokens),
-        salt: seq.salt,
-        hits: this.cache.get(id)?.hits ?? 0,
-        pages: this.pages,
-        calibration: this.calibrator.value,
-      });
-    }
-    this.pages.releaseRoute(seq.route);
-  }
-
-  /**
-   * At first admission, after resident pages were adopted: lets the durable
-   * cache restore more of the prompt's prefix into the route. While its load is
-   * in flight the request is admitted but not runnable; when it settles the
-   * request continues from the restored rows, or (the restore gave up, the
-   * load abandoned) from its resident rows, recomputing the rest.
-   */
-  private beginRestore(seq: Sequence): void {
-    const restore = this.opts.restore;
-    if (!restore) return;
-    const ticket = restore.begin({
-      route: seq.route,
-      tokens: seq.tokens.slice(0, seq.tokens.length - 1),
-      salt: seq.salt,
-      residentTokens: seq.processed,
-      pages: this.pages,
-      availablePages: this.pages.route(seq.route).reservedPages,
-      calibration: this.calibrator.value,
-      record: (sample) => this.calibrator.record(sample),
-    });
-    if (!ticket) return;
-    this.restoring.add(seq.id);
-    const began = performance.now();
-    void ticket.done.then((ok) => {
-      this.restoring.delete(seq.id);
-      this.restoreMs.set(seq, performance.now() - began);
-      if (ok && this.seqs.get(seq.id) === seq && !seq.cancelled) {
-        this.counters.cachedPromptTokens += ticket.restoreTo - seq.processed;
-        seq.processed = ticket.restoreTo;
-        seq.cachedTokens = ticket.restoreTo;
-      }
-      this.signal();
-    });
-  }
-
-  /**
-   * In-flight prefix sharing, the runtime's half (the scheduler decides who
-   * waits): a running prompt standing at a page boundary adopts the pages
-   * that another request sealed since, continuing its own hash chain, so it
-   * computes only what nobody has. Cheap when nothing is new: one index
-   * lookup per prefilling request.
-   */
-  private adoptInFlightPrefixes(): void {
-    const P = this.opts.pageTokens;
-    for (const seq of this.seqs.values()) {
-      if (seq.state !== "running" || seq.cancelled || this.restoring.has(seq.id)) continue;
-      const rows = seq.tokens.length - 1;
-      if (seq.processed >= rows || seq.processed % P !== 0) continue;
-      const page = seq.processed / P;
-      const next = seq.chain.at(seq.tokens, rows, page);
-      if (next === null || !this.pages.hasSealed(next, (page + 1) * P)) continue;
-      const adopted = this.pages.adoptPrefix(seq.route, seq.chain.extend(seq.tokens, rows));
-      seq.processed += adopted * P;
-      seq.cachedTokens += adopted * P;
-      this.counters.cachedPromptTokens += adopted * P;
-      this.counters.sharedInFlightTokens += adopted * P;
-    }
-  }
-
-  private noteHit(lastHash: PrefixHash, now: number): void {
-    const id = ContinuationId(`cache:${lastHash}`);
-    const c = this.cache.get(id);
-    if (!c) return;
-    c.hits++;
-    this.pages.touch(id, now);
-  }
-
   private fenceCancelled(): void {
     for (const seq of [...this.seqs.values()]) {
       if (!seq.cancelled) continue;
-      if (this.pages.hasRoute(seq.route)) this.pages.cancelRoute(seq.route);
+      this.held.cancel(seq, true);
       this.seqs.delete(seq.id);
       emit(seq, { type: "end", reason: "cancelled", cachedTokens: Math.max(0, seq.cachedTokens) });
       seq.events.close();
@@ -767,58 +561,12 @@ export class WorkerRuntime {
   }
 
   private fail(seq: Sequence, message: string): void {
-    if (this.pages.hasRoute(seq.route)) this.pages.cancelRoute(seq.route);
+    this.held.cancel(seq, false);
     this.seqs.delete(seq.id);
     if (!seq.events.isClosed) {
       emit(seq, { type: "error", message });
       seq.events.close();
     }
     this.opts.logger.log("warn", "request.failed", { requestId: seq.id, message });
-  }
-
-  // ---- the prefix cache ----------------------------------------------------
-
-  /** Pages that evicting every cache route would free (those no live route shares). */
-  private evictableCachePages(): number {
-    if (this.cache.size === 0) return 0;
-    const refs = new Map<number, number>();
-    for (const id of this.cache.keys()) {
-      for (const p of this.pages.route(id).pages) refs.set(p, (refs.get(p) ?? 0) + 1);
-    }
-    let n = 0;
-    for (const [p, r] of refs) if (this.refcount(p) === r) n++;
-    return n;
-  }
-
-  /** Evicts cache routes, lowest value first, until `pagesNeeded` pages are available. */
-  private evict(pagesNeeded: number, now: number): boolean {
-    if (this.cache.size === 0) return false;
-    const prefillMs = this.calibrator.value.prefillPerTokenMs.value;
-    const policies = new Map<ContinuationId, RoutePolicy>();
-    for (const [id, c] of this.cache) {
-      policies.set(id, {
-        reuseProbability: c.hits / (c.hits + 1),
-        recomputeMs: c.pages * this.opts.pageTokens * prefillMs,
-        reloadMs: 0,
-        sharingBonus: 0,
-        sloBonus: 0,
-      });
-    }
-    const inputs: ResidencyInputs = {
-      policies,
-      protected: new Set([...this.seqs.values()].map((s) => s.route)),
-      recomputable: new Set(this.cache.keys()),
-    };
-    const plan = planEviction(this.pages.snapshot(), pagesNeeded, inputs);
-    if (!plan.admissible) return false;
-    const report = applyEviction(this.pages, plan, inputs);
-    for (const id of report.evicted) this.cache.delete(id);
-    this.counters.evictedRoutes += report.evicted.length;
-    this.opts.logger.log("debug", "cache.evicted", {
-      routes: report.evicted.length,
-      freed: report.freedPages,
-      at: now,
-    });
-    return report.availableAfter >= pagesNeeded;
   }
 }

@@ -1,8 +1,8 @@
 import type { StreamQueue } from "../../schema/channel.ts";
 import { ContinuationId, type RequestId } from "../../schema/ids.ts";
 import type { SamplerState } from "../model/sampling.ts";
+import { PageHashChain } from "../pages/page-hashes.ts";
 import type { PreemptDisposition } from "../scheduler/request.ts";
-import { PageHashChain } from "./page-hashes.ts";
 
 /** What a request's consumer receives: its tokens in order, then exactly one end or error. */
 export type RuntimeEvent =
@@ -36,6 +36,8 @@ export class Sequence {
   /** performance.now() at submission and at first admission (queue delay = the difference). */
   readonly submittedAt: number;
   admittedAt = 0;
+  /** The durable restore's load, begin → settled, in ms (0 without one; RequestTiming.fetchMs). */
+  fetchMs = 0;
 
   constructor(
     readonly id: RequestId,

@@ -1,12 +1,10 @@
 import { type PageCount, type PrefixHash, type RequestId, TokenCount } from "../../schema/ids.ts";
 import {
   type Budgets,
-  type CacheSource,
   type Phase,
   type PreemptDisposition,
   phaseOf,
   type RequestRecord,
-  repairEligible,
   SchedulerInputError,
 } from "./request.ts";
 
@@ -16,7 +14,6 @@ export interface ScheduledWork {
   readonly phase: Phase;
   readonly firstRow: TokenCount;
   readonly tokens: TokenCount;
-  readonly source: CacheSource["kind"];
 }
 
 export type DeferReason =
@@ -53,7 +50,7 @@ export interface Admission {
 }
 
 export interface IterationPlan {
-  /** Decode lanes first, then repair and prefill tiles. */
+  /** Decode lanes first, then prefill tiles. */
   readonly scheduled: readonly ScheduledWork[];
   readonly deferred: readonly Deferral[];
   /** Waiting requests to admit (reserve pages for), in order; resumptions included. */
@@ -67,14 +64,9 @@ function cmp(a: string, b: string): number {
   return a < b ? -1 : a > b ? 1 : 0;
 }
 
-/** Service order: priority (high first), deadline (early first, none last), arrival, id. */
+/** Service order: priority (high first), arrival, id. */
 function serviceOrder(a: RequestRecord, b: RequestRecord): number {
-  return (
-    b.priority - a.priority ||
-    (a.deadline ?? Number.POSITIVE_INFINITY) - (b.deadline ?? Number.POSITIVE_INFINITY) ||
-    a.arrival - b.arrival ||
-    cmp(a.id, b.id)
-  );
+  return b.priority - a.priority || a.arrival - b.arrival || cmp(a.id, b.id);
 }
 
 /** Victim order: lowest priority first, then the latest arrival, then the larger id. */
@@ -99,12 +91,8 @@ function validate(requests: readonly RequestRecord[], b: Budgets): void {
   positiveInt("budgets.maxBatchSeqs", b.maxBatchSeqs);
   positiveInt("budgets.minPrefillTokens", b.minPrefillTokens, true);
   positiveInt("budgets.prefillTile", b.prefillTile);
-  positiveInt("budgets.repairTile", b.repairTile);
   positiveInt("budgets.pageTokens", b.pageTokens);
   positiveInt("budgets.availablePages", b.availablePages, true);
-  for (const [k, v] of Object.entries(b.costs))
-    if (!Number.isFinite(v) || v < 0)
-      throw new SchedulerInputError(`budgets.costs.${k} must be ≥ 0, got ${v}`);
   const seen = new Set<RequestId>();
   for (const r of requests) {
     const at = `request ${r.id}`;
@@ -122,21 +110,8 @@ function validate(requests: readonly RequestRecord[], b: Budgets): void {
       throw new SchedulerInputError(
         `${at}: pending token ${r.pendingToken} is not the last token of its history`,
       );
-    if (
-      !Number.isFinite(r.priority) ||
-      !Number.isFinite(r.arrival) ||
-      (r.deadline !== null && !Number.isFinite(r.deadline))
-    )
-      throw new SchedulerInputError(`${at}: priority, arrival and deadline must be finite`);
-    positiveInt(`${at}: repairTokens`, r.repairTokens, true);
-    if (r.repairTokens > r.processed)
-      throw new SchedulerInputError(`${at}: repairs more rows than it processed`);
-    if (r.repairTokens > 0 && r.source.kind !== "repair")
-      throw new SchedulerInputError(`${at}: repair work without a repair cache source`);
-    if (r.source.kind === "repair" && !repairEligible(b.repair, r.source.quality))
-      throw new SchedulerInputError(
-        `${at}: repair source is ineligible (opt-in ${b.repair.optIn}, minimum quality ${b.repair.minQuality}, quality ${r.source.quality})`,
-      );
+    if (!Number.isFinite(r.priority) || !Number.isFinite(r.arrival))
+      throw new SchedulerInputError(`${at}: priority and arrival must be finite`);
     if (
       r.nextPageHash !== null &&
       (Math.floor(r.processed / b.pageTokens) + 1) * b.pageTokens > r.tokens.length - 1
@@ -154,14 +129,13 @@ function validate(requests: readonly RequestRecord[], b: Budgets): void {
 
 /**
  * How a victim gives up pages to cover `shortfall`: keep its pages resident if
- * its reservation alone covers it; otherwise free them, checkpointing when
- * capture + restore costs less than recomputing the processed rows (and at
- * least one full page exists to capture), else dropping.
+ * its reservation alone covers it; otherwise drop its route (its unshared
+ * pages become cached, so available, and its resumption adopts whatever of
+ * them is still cached when it is admitted again).
  */
 function disposition(
   v: RequestRecord,
   shortfall: number,
-  b: Budgets,
 ): { d: PreemptDisposition; frees: number; why: string } {
   if (v.reservedPages >= shortfall)
     return {
@@ -169,20 +143,10 @@ function disposition(
       frees: v.reservedPages,
       why: `its ${v.reservedPages} reserved pages cover the shortfall`,
     };
-  const rows = v.processed;
-  const recompute = rows * b.costs.prefillPerTokenMs;
-  const checkpoint = rows * (b.costs.capturePerTokenMs + b.costs.restorePerTokenMs);
-  const frees = v.reservedPages + v.releasablePages;
-  if (rows >= b.pageTokens && checkpoint < recompute)
-    return {
-      d: "checkpoint",
-      frees,
-      why: `checkpoint ${checkpoint.toFixed(3)} ms < recompute ${recompute.toFixed(3)} ms`,
-    };
   return {
     d: "drop",
-    frees,
-    why: `recompute ${recompute.toFixed(3)} ms ≤ checkpoint ${checkpoint.toFixed(3)} ms`,
+    frees: v.reservedPages + v.releasablePages,
+    why: `its ${v.reservedPages} reserved pages do not cover the shortfall of ${shortfall}`,
   };
 }
 
@@ -195,7 +159,7 @@ function disposition(
  * computing, since dropping its rows would waste them.
  */
 function prefixWaiters(others: readonly RequestRecord[], pageTokens: number): Set<RequestRecord> {
-  const sharable = others.filter((r) => r.nextPageHash !== null && phaseOf(r).phase === "prefill");
+  const sharable = others.filter((r) => r.nextPageHash !== null);
   const producer = new Map<PrefixHash, RequestRecord>();
   for (const r of sharable) {
     const p = producer.get(r.nextPageHash!);
@@ -216,11 +180,11 @@ function prefixWaiters(others: readonly RequestRecord[], pageTokens: number): Se
  *    lower priority (lowest priority, latest arrival first); if even that is
  *    not enough, admission stops there so nobody behind it jumps the queue.
  * 2. Decode lanes take one row each, first, from the budget minus the minimum
- *    prefill reservation (rows and one lane) held while prefill/repair waits.
- * 3. The oldest prefill/repair (by arrival, then id) takes its tile next, so
- *    under any decode load it advances ≥ min(minPrefillTokens, tile) rows per
+ *    prefill reservation (rows and one lane) held while a prefill waits.
+ * 3. The oldest prefill (by arrival, then id) takes its tile next, so under
+ *    any decode load it advances ≥ min(minPrefillTokens, tile) rows per
  *    iteration: every prompt finishes within a bounded number of iterations.
- * 4. Other prefill/repair tiles share what is left in service order.
+ * 4. Other prefill tiles share what is left in service order.
  * 5. Prefix waiters (see prefixWaiters) come last: one whose next page a
  *    scheduled lane is computing is deferred ("awaiting-prefix") and spends
  *    no budget; the caller shares that page with it once sealed. If no lane
@@ -250,7 +214,7 @@ export function planIteration(requests: readonly RequestRecord[], budgets: Budge
     let room = free;
     for (const v of victims) {
       if (room >= w.admitPages) break;
-      const { d, frees, why } = disposition(v, w.admitPages - room, budgets);
+      const { d, frees, why } = disposition(v, w.admitPages - room);
       if (frees === 0) continue;
       chosen.push({
         id: v.id,
@@ -298,30 +262,19 @@ export function planIteration(requests: readonly RequestRecord[], budgets: Budge
         phase: "decode",
         firstRow: r.processed,
         tokens: TokenCount(1),
-        source: r.source.kind,
       });
       tokens--;
       seqs--;
     }
   }
 
-  /** Schedules r's next tile if the budgets allow; true when scheduled. */
+  /** Schedules r's next prefill tile if the budgets allow; true when scheduled. */
   const tile = (r: RequestRecord): boolean => {
-    const { phase, remaining } = phaseOf(r);
-    const size = phase === "repair" ? budgets.repairTile : budgets.prefillTile;
-    const n = Math.min(remaining, size, tokens);
+    const n = Math.min(phaseOf(r).remaining, budgets.prefillTile, tokens);
     if (seqs < 1) deferred.push({ id: r.id, reason: "sequence-budget" });
     else if (n < 1) deferred.push({ id: r.id, reason: "token-budget" });
     else {
-      // Repair rewrites already-processed rows: the last `repairTokens` of them.
-      const firstRow = phase === "repair" ? r.processed - r.repairTokens : r.processed;
-      scheduled.push({
-        id: r.id,
-        phase,
-        firstRow: TokenCount(firstRow),
-        tokens: TokenCount(n),
-        source: r.source.kind,
-      });
+      scheduled.push({ id: r.id, phase: "prefill", firstRow: r.processed, tokens: TokenCount(n) });
       tokens -= n;
       seqs--;
       return true;
@@ -333,7 +286,7 @@ export function planIteration(requests: readonly RequestRecord[], budgets: Budge
   /** Page hash → the request this plan has computing that page. */
   const computing = new Map<PrefixHash, RequestId>();
   const computes = (r: RequestRecord) => {
-    if (r.nextPageHash !== null && phaseOf(r).phase === "prefill") computing.set(r.nextPageHash, r.id);
+    if (r.nextPageHash !== null) computing.set(r.nextPageHash, r.id);
   };
   const ahead = others.filter((r) => !waiters.has(r));
   const oldest = [...ahead].sort(ageOrder)[0];

@@ -1,29 +1,15 @@
-import type {
-  ModelFingerprint,
-  PageCount,
-  PageId,
-  PrefixHash,
-  RequestId,
-  TokenCount,
-} from "../../schema/ids.ts";
+import type { ModelFingerprint, PageCount, PrefixHash, RequestId, TokenCount } from "../../schema/ids.ts";
 
-/** What a request's next rows are: one pending token, prompt rows, or approximate rows to repair. */
-export type Phase = "decode" | "prefill" | "repair";
-
-/** Where a continuation's attention state comes from, chosen at admission and kept explicit. */
-export type CacheSource =
-  | { readonly kind: "resident"; readonly tokens: TokenCount }
-  | { readonly kind: "restore"; readonly tokens: TokenCount; readonly tier: string }
-  | { readonly kind: "recompute" }
-  | { readonly kind: "repair"; readonly tokens: TokenCount; readonly quality: number };
+/** What a request's next rows are: one pending token, or prompt rows. */
+export type Phase = "decode" | "prefill";
 
 /**
  * How a preempted request gives up its pages, and so how it resumes:
  *   keep-resident — only its unallocated reservation is returned; pages stay, resume is free;
- *   checkpoint    — completed pages are captured to the store, freed, restored on resume;
- *   drop          — pages are freed and recomputed on resume.
+ *   drop          — its route is released; its full pages stay cached in the pool, so a
+ *                   resumption adopts those still there and recomputes the rest.
  */
-export type PreemptDisposition = "keep-resident" | "checkpoint" | "drop";
+export type PreemptDisposition = "keep-resident" | "drop";
 
 /**
  * One request as the scheduler sees it. Rows `tokens[0, processed)` are in the
@@ -41,14 +27,8 @@ export interface RequestRecord {
   readonly pendingToken: number;
   /** Larger is more important. */
   readonly priority: number;
-  /** Logical time by which the request should finish; null when none. */
-  readonly deadline: number | null;
   /** Logical arrival time; earlier is older. */
   readonly arrival: number;
-  readonly pageTable: readonly PageId[];
-  readonly source: CacheSource;
-  /** Rows reused approximately that must be recomputed (source "repair" only). */
-  readonly repairTokens: TokenCount;
   /** Admitted requests hold a reservation; waiting ones (new or preempted) do not. */
   readonly state: "running" | "waiting";
   /** Every page event (restore, copy) of the request completed. */
@@ -71,20 +51,6 @@ export interface RequestRecord {
   readonly nextPageHash: PrefixHash | null;
 }
 
-export interface RepairPolicy {
-  /** The caller opted in to approximate reuse with repair. */
-  readonly optIn: boolean;
-  /** Minimum quality in [0, 1]; null means none was given, which makes repair ineligible. */
-  readonly minQuality: number | null;
-}
-
-/** Costs for preemption choices, in milliseconds per token (from calibration). */
-export interface PreemptCosts {
-  readonly prefillPerTokenMs: number;
-  readonly capturePerTokenMs: number;
-  readonly restorePerTokenMs: number;
-}
-
 export interface Budgets {
   readonly model: ModelFingerprint;
   readonly pageTokens: number;
@@ -92,16 +58,12 @@ export interface Budgets {
   readonly maxBatchTokens: number;
   /** Lanes (sequences) per iteration. */
   readonly maxBatchSeqs: number;
-  /** Rows held back from decode for prefill/repair whenever some wait, so they never starve. */
+  /** Rows held back from decode for prefill whenever some wait, so they never starve. */
   readonly minPrefillTokens: number;
   /** Rows per prefill tile of one prompt. */
   readonly prefillTile: number;
-  /** Rows per repair tile. */
-  readonly repairTile: number;
-  /** Free pages not promised to any reservation. */
+  /** Free (or evictable cached) pages not promised to any reservation. */
   readonly availablePages: PageCount;
-  readonly repair: RepairPolicy;
-  readonly costs: PreemptCosts;
 }
 
 export class SchedulerInputError extends Error {
@@ -110,13 +72,7 @@ export class SchedulerInputError extends Error {
 
 /** A request's phase and remaining rows in it, derived from its record. */
 export function phaseOf(r: RequestRecord): { phase: Phase; remaining: number } {
-  if (r.repairTokens > 0) return { phase: "repair", remaining: r.repairTokens };
   const prompt = r.tokens.length - 1 - r.processed;
   if (prompt > 0) return { phase: "prefill", remaining: prompt };
   return { phase: "decode", remaining: 1 };
-}
-
-/** Repair needs both an opt-in and a minimum quality that the candidate meets. */
-export function repairEligible(policy: RepairPolicy, quality: number): boolean {
-  return policy.optIn && policy.minQuality !== null && quality >= policy.minQuality;
 }

@@ -1,3 +1,4 @@
+import { sleep } from "../../schema/abort.ts";
 import type { StoreReporter } from "./chunk.ts";
 import { describe, StoreClosedError, StoreUnavailableError, type TierName } from "./errors.ts";
 
@@ -83,17 +84,4 @@ export async function withRetries<T>(
     }
   }
   throw new StoreUnavailableError(ctx.tier, ctx.op, ctx.policy.maxAttempts, last);
-}
-
-function sleep(ms: number, signal: AbortSignal): Promise<void> {
-  return new Promise((resolve) => {
-    if (signal.aborted) return resolve();
-    const t = setTimeout(done, ms);
-    function done() {
-      clearTimeout(t);
-      signal.removeEventListener("abort", done);
-      resolve();
-    }
-    signal.addEventListener("abort", done, { once: true });
-  });
 }

@@ -31,6 +31,7 @@ import {
 import {
   ContentMismatchError,
   CorruptChunkError,
+  describe,
   InvalidChunkError,
   ObjectTooLargeError,
   StoreClosedError,
@@ -59,7 +60,7 @@ export interface S3TierOptions {
   readonly retryBaseMs: number;
   /** Deadline of one request attempt, plus time for its body at FLOOR_BYTES_PER_MS. */
   readonly requestTimeoutMs: number;
-  /** HeadBucket at open and CreateBucket when missing. */
+  /** HeadBucket at open and CreateBucket when missing (when S3 is unreachable at open: before the first put instead). */
   readonly createBucket?: boolean;
   readonly report?: StoreReporter;
 }
@@ -70,6 +71,8 @@ const FLOOR_BYTES_PER_MS = (10 << 20) / 1000;
 const MAX_PARTS = 10_000;
 const MIN_PART_BYTES = 5 << 20;
 const ID_KEY = /([0-9a-f]{64})$/;
+/** Deadline of the one request open() sends to see whether S3 answers. */
+const PROBE_MS = 5_000;
 
 type Body = Readable & AsyncIterable<Uint8Array>;
 
@@ -98,6 +101,13 @@ export class S3Tier implements ChunkTier {
   private readonly counters = new TierCounters();
   private readonly closing = new AbortController();
   private readonly inFlight = new Set<Promise<unknown>>();
+  /** Whether the last request's outcome was an answer from S3 (false: it was unreachable after its retries). */
+  private answering = true;
+  /** The bucket still has to be made sure of before the first put (S3 was unreachable at open). */
+  private bucketPending = false;
+  private bucketCheck: Promise<void> | undefined;
+  /** Why S3 did not answer at open; undefined when it did. */
+  unreachableAtOpen: string | undefined;
 
   private constructor(opts: S3TierOptions) {
     if (opts.partBytes < MIN_PART_BYTES)
@@ -129,9 +139,21 @@ export class S3Tier implements ChunkTier {
     });
   }
 
-  /** Builds the client and, when asked, makes sure the bucket exists. */
+  /**
+   * Builds the client and sends one bounded request (PROBE_MS) to see whether
+   * S3 answers. Unreachable is not fatal: the tier opens anyway, degraded
+   * (`unreachableAtOpen` says why), every request still retries on its own,
+   * and a missing bucket is created before the first put instead. When S3
+   * answers and `createBucket` is set, the bucket is made sure of now.
+   */
   static async open(opts: S3TierOptions): Promise<S3Tier> {
     const tier = new S3Tier(opts);
+    tier.unreachableAtOpen = await tier.probe();
+    if (tier.unreachableAtOpen !== undefined) {
+      tier.answering = false;
+      tier.bucketPending = opts.createBucket === true;
+      return tier;
+    }
     if (opts.createBucket) {
       try {
         await tier.ensureBucket();
@@ -159,6 +181,7 @@ export class S3Tier implements ChunkTier {
     }
     const prefix = Buffer.concat([encodeHeader(chunk.metaJson, chunk.bytes.byteLength), chunk.metaJson]);
     const total = prefix.byteLength + chunk.bytes.byteLength;
+    await this.bucketReady();
     await this.track(async () => {
       if (total <= this.opts.multipartThresholdBytes) {
         await this.putObject(chunk.id, Buffer.concat([prefix, chunk.bytes], total));
@@ -199,6 +222,7 @@ export class S3Tier implements ChunkTier {
       new InvalidChunkError(
         `chunk ${cid}: the stream gave ${got === -1 ? "more than" : got} of ${payloadBytes} declared bytes`,
       );
+    await this.bucketReady();
     await this.track(async () => {
       if (total <= this.opts.multipartThresholdBytes) {
         const body = Buffer.allocUnsafe(total);
@@ -400,6 +424,11 @@ export class S3Tier implements ChunkTier {
     return { tier: "s3", objects: null, bytes: null, capacityBytes: null, ...this.counters };
   }
 
+  /** False while S3 is unreachable: from open (when it did not answer) or a request that ran out of retries, until one gets an answer. */
+  answers(): boolean {
+    return this.answering;
+  }
+
   /** Stops accepting work, aborts retries and requests in flight, waits for them, releases sockets. */
   async close(): Promise<void> {
     if (this.closing.signal.aborted) return;
@@ -409,6 +438,34 @@ export class S3Tier implements ChunkTier {
   }
 
   // ---- requests ---------------------------------------------------------
+
+  /** One HeadBucket under PROBE_MS: undefined when S3 answered (any HTTP status), else why not. */
+  private async probe(): Promise<string | undefined> {
+    try {
+      await this.client.send(new HeadBucketCommand({ Bucket: this.bucket }), {
+        abortSignal: AbortSignal.timeout(Math.min(PROBE_MS, this.opts.requestTimeoutMs)),
+      });
+      return undefined;
+    } catch (err) {
+      if (statusOf(err) !== undefined) return undefined;
+      return describe(err);
+    }
+  }
+
+  /** Before a put: the bucket creation that open() deferred, once (a failure leaves it for the next put). */
+  private async bucketReady(): Promise<void> {
+    if (!this.bucketPending) return;
+    this.bucketCheck ??= this.ensureBucket().then(
+      () => {
+        this.bucketPending = false;
+      },
+      (err) => {
+        this.bucketCheck = undefined;
+        throw err;
+      },
+    );
+    await this.bucketCheck;
+  }
 
   private async ensureBucket(): Promise<void> {
     const exists = await this.retry(`head bucket ${this.bucket}`, undefined, async (signal) => {
@@ -567,6 +624,17 @@ export class S3Tier implements ChunkTier {
         retryable,
       },
       attempt,
+    ).then(
+      (v) => {
+        this.answering = true;
+        return v;
+      },
+      (err: unknown) => {
+        // Out of retries on network trouble: unreachable. Any other verdict came with an answer.
+        if (err instanceof StoreUnavailableError) this.answering = false;
+        else if (statusOf(err) !== undefined) this.answering = true;
+        throw err;
+      },
     );
   }
 

@@ -4,9 +4,9 @@ import { catalogNodeId, contentId, prefixChain } from "../../schema/identity.ts"
 import { RequestId } from "../../schema/ids.ts";
 import type { Logger } from "../../schema/log.ts";
 import type { DurableCache } from "../restore/durable-cache.ts";
-import type { ChunkTiers } from "../restore/tiers.ts";
 import type { WorkerRuntime } from "../runtime/runtime.ts";
 import { VerifiedChunk } from "../store/chunk.ts";
+import type { ChunkTiers } from "../store/chunk-tiers.ts";
 
 /**
  * Warm start: a worker says it is ready (heartbeat `ready`, its catalog

@@ -1,7 +1,10 @@
 // GPU check harness: every CUDA kernel against the CPU backend (the same
 // kernels.h functions, linked from native/src) on fresh random data, the
-// determinism checks on the GPU, the page transfers, then timings against
-// the device copy bandwidth measured in the same run.
+// determinism checks on the GPU, the page transfers, the CUDA engine (against
+// the CPU engine, and its own batch and chunking invariance), then timings
+// against the device copy bandwidth and cuBLAS measured in the same run.
+// The GEMM's checks and timings are in gemm_check.cu, the engine's in
+// engine_check.cu.
 //
 //   gpu_check [seed] [--quick]
 //
@@ -26,132 +29,11 @@
 #include "../engine_cuda.cuh"
 #include "../f16.cuh"
 #include "../kernels_cuda.cuh"
+#include "harness.cuh"
 
 namespace {
 
-using ck::f16;
-
-// ---- small infrastructure ---------------------------------------------------
-
-template <class T>
-class DevBuf {
- public:
-  explicit DevBuf(size_t n) : n_(n) { CK_CUDA(cudaMalloc(reinterpret_cast<void**>(&p_), std::max<size_t>(n, 1) * sizeof(T))); }
-  explicit DevBuf(const std::vector<T>& h) : DevBuf(h.size()) { upload(h); }
-  ~DevBuf() { cudaFree(p_); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  T* get() const { return p_; }
-  size_t size() const { return n_; }
-  void upload(const std::vector<T>& h) {
-    CK_REQUIRE(h.size() == n_, "DevBuf::upload: size mismatch");
-    CK_CUDA(cudaMemcpy(p_, h.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> download() const {
-    std::vector<T> h(n_);
-    CK_CUDA(cudaDeviceSynchronize());
-    CK_CUDA(cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-  // All-ones bytes: NaN as f32 and as f16, so an unwritten output is caught.
-  void poison() { CK_CUDA(cudaMemset(p_, 0xff, n_ * sizeof(T))); }
-
- private:
-  T* p_ = nullptr;
-  size_t n_;
-};
-
-struct Tally {
-  int passed = 0, failed = 0;
-  void check(bool ok, const std::string& name, const std::string& detail) {
-    std::printf("%s %-44s %s\n", ok ? "PASS" : "FAIL", name.c_str(), detail.c_str());
-    std::fflush(stdout);
-    (ok ? passed : failed)++;
-  }
-};
-
-struct Diff {
-  double max_abs = 0, rel_l2 = 0;  // rel_l2 = ||gpu - ref|| / ||ref||
-  int64_t non_finite = 0;          // GPU outputs that are NaN/inf (poison left, or a bug)
-  std::string str() const {
-    char b[160];
-    std::snprintf(b, sizeof b, "max_abs=%.3e rel_l2=%.3e non_finite=%lld", max_abs, rel_l2,
-                  static_cast<long long>(non_finite));
-    return b;
-  }
-};
-
-Diff compare(const std::vector<float>& gpu, const std::vector<float>& ref) {
-  Diff d;
-  double num = 0, den = 0;
-  for (size_t i = 0; i < gpu.size(); ++i) {
-    if (!std::isfinite(gpu[i])) {
-      ++d.non_finite;
-      continue;
-    }
-    const double e = static_cast<double>(gpu[i]) - ref[i];
-    d.max_abs = std::max(d.max_abs, std::fabs(e));
-    num += e * e;
-    den += static_cast<double>(ref[i]) * ref[i];
-  }
-  d.rel_l2 = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-  return d;
-}
-
-bool same_bits(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
-
-std::vector<float> randn(std::mt19937_64& rng, size_t n, float scale = 1.0f) {
-  std::normal_distribution<float> nd(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
-
-std::vector<f16> rand_f16(std::mt19937_64& rng, size_t n, float scale = 1.0f) {
-  std::vector<f16> v(n);
-  std::normal_distribution<float> nd(0.0f, scale);
-  for (auto& h : v) h = ck::f32_to_f16(nd(rng));
-  return v;
-}
-
-std::vector<uint16_t> to_weight(const std::vector<float>& w, ck::DType wt) {
-  std::vector<uint16_t> out(w.size());
-  for (size_t i = 0; i < w.size(); ++i) {
-    if (wt == ck::DType::F16) {
-      out[i] = ck::f32_to_f16(w[i]);
-    } else {  // bf16, round to nearest even
-      uint32_t u;
-      std::memcpy(&u, &w[i], 4);
-      out[i] = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-    }
-  }
-  return out;
-}
-
-const char* dtype_name(ck::DType t) { return t == ck::DType::F32 ? "f32" : t == ck::DType::F16 ? "f16" : "bf16"; }
-
-// Weights of any dtype held on host and device.
-struct Weights {
-  ck::DType wt;
-  std::vector<float> f32;
-  std::vector<uint16_t> half;
-  void* dev = nullptr;
-  Weights(std::mt19937_64& rng, size_t n, ck::DType t, float scale) : wt(t), f32(randn(rng, n, scale)) {
-    size_t bytes = n * 4;
-    const void* src = f32.data();
-    if (t != ck::DType::F32) {
-      half = to_weight(f32, t);
-      bytes = n * 2;
-      src = half.data();
-    }
-    CK_CUDA(cudaMalloc(&dev, bytes));
-    CK_CUDA(cudaMemcpy(dev, src, bytes, cudaMemcpyHostToDevice));
-  }
-  ~Weights() { cudaFree(dev); }
-  Weights(const Weights&) = delete;
-  Weights& operator=(const Weights&) = delete;
-  const void* host() const { return wt == ck::DType::F32 ? static_cast<const void*>(f32.data()) : half.data(); }
-};
+using namespace ck::harness;
 
 // ---- conversions ----------------------------------------------------------------
 
@@ -523,67 +405,6 @@ void check_attention_chunking(Tally& tally, std::mt19937_64& rng) {
 
 // ---- dense ops ------------------------------------------------------------------
 
-void check_matmul(Tally& tally, std::mt19937_64& rng, ck::ThreadPool* pool, ck::DType wt) {
-  const int32_t T = 77, K = 1000, N = 300;
-  const std::string tag = std::string(dtype_name(wt));
-  Weights W(rng, static_cast<size_t>(N) * K, wt, 0.05f);
-  const std::vector<float> x = randn(rng, static_cast<size_t>(T) * K), bias = randn(rng, N);
-  std::vector<float> cpu(static_cast<size_t>(T) * N, NAN), f64(cpu.size());
-  ck::matmul(x.data(), T, K, W.host(), wt, N, bias.data(), cpu.data(), pool);
-  for (int32_t t = 0; t < T; ++t)
-    for (int32_t n = 0; n < N; ++n) {
-      double s = bias[static_cast<size_t>(n)];
-      for (int32_t k = 0; k < K; ++k) {
-        const size_t wi = static_cast<size_t>(n) * K + k;
-        const float w = wt == ck::DType::F32 ? W.f32[wi]
-                        : wt == ck::DType::F16 ? ck::f16_to_f32(W.half[wi])
-                                               : ck::bf16_to_f32(W.half[wi]);
-        s += static_cast<double>(x[static_cast<size_t>(t) * K + k]) * w;
-      }
-      f64[static_cast<size_t>(t) * N + n] = static_cast<float>(s);
-    }
-  DevBuf<float> dx(x), db(bias), dy(cpu.size());
-  dy.poison();
-  ck::cuda::matmul(dx.get(), T, K, W.dev, wt, N, db.get(), dy.get(), nullptr);
-  const std::vector<float> gpu = dy.download();
-  const Diff vs_cpu = compare(gpu, cpu), vs_f64 = compare(gpu, f64);
-  tally.check(vs_cpu.non_finite == 0 && vs_cpu.rel_l2 < 1e-5, "matmul vs CPU " + tag, vs_cpu.str());
-  tally.check(vs_f64.non_finite == 0 && vs_f64.rel_l2 < 1e-5, "matmul vs f64 " + tag, vs_f64.str());
-
-  // Batch invariance: row 0 alone, then at a random index of batches of
-  // 2..16 and of 200 (several row tiles).
-  DevBuf<float> y1(static_cast<size_t>(N));
-  DevBuf<float> x1(std::vector<float>(x.begin(), x.begin() + K));
-  ck::cuda::matmul(x1.get(), 1, K, W.dev, wt, N, db.get(), y1.get(), nullptr);
-  const std::vector<float> alone = y1.download();
-  int32_t differing = 0;
-  std::vector<int32_t> sizes;
-  for (int32_t B = 2; B <= 16; ++B) sizes.push_back(B);
-  sizes.push_back(200);
-  for (int32_t B : sizes) {
-    std::vector<float> xb = randn(rng, static_cast<size_t>(B) * K);
-    const int32_t at = static_cast<int32_t>(rng() % static_cast<uint64_t>(B));
-    std::copy(x.begin(), x.begin() + K, xb.begin() + static_cast<std::ptrdiff_t>(at) * K);
-    DevBuf<float> dxb(xb), dyb(static_cast<size_t>(B) * N);
-    ck::cuda::matmul(dxb.get(), B, K, W.dev, wt, N, db.get(), dyb.get(), nullptr);
-    const std::vector<float> yb = dyb.download();
-    if (!same_bits(alone.data(), &yb[static_cast<size_t>(at) * N], static_cast<size_t>(N))) ++differing;
-  }
-  tally.check(differing == 0, "matmul batch invariance " + tag,
-              "row alone vs batches 2..16, 200: " + std::to_string(differing) + " of 16 differ");
-
-#if defined(CK_HAVE_CUBLAS)
-  ck::cuda::CublasGemm gemm(nullptr, int64_t{256} * K);
-  dy.poison();
-  gemm.matmul(dx.get(), T, K, W.dev, wt, N, db.get(), dy.get());
-  const std::vector<float> cb = dy.download();
-  const Diff cb_f64 = compare(cb, f64);
-  // f16/bf16 weights: x is rounded to the weight type first (2^-11 / 2^-8).
-  const double tol = wt == ck::DType::F32 ? 1e-5 : wt == ck::DType::F16 ? 2e-3 : 1.5e-2;
-  tally.check(cb_f64.non_finite == 0 && cb_f64.rel_l2 < tol, "cuBLAS GemmEx vs f64 " + tag, cb_f64.str());
-#endif
-}
-
 void check_rmsnorm(Tally& tally, std::mt19937_64& rng, ck::ThreadPool* pool, ck::DType wt) {
   const int32_t T = 33, D = 4096;
   Weights w(rng, D, wt, 1.0f);
@@ -722,152 +543,6 @@ void check_transfers(Tally& tally, std::mt19937_64& rng) {
   }
 }
 
-// ---- timing ---------------------------------------------------------------------
-
-// Median milliseconds of `reps` timed runs after `warm` untimed ones.
-// ---- engines: the CUDA engine's step() against the CPU engine -----------------
-// One small random model (GQA, q/k/v bias, weights in all three dtypes), the
-// same weights loaded into both engines; a ragged prefill over shuffled,
-// fragmented pages, then a decode step. The logits must agree to fp32
-// rounding (the engines sum in different orders); on the GPU the paged path
-// must give the same bits as its contiguous oracle; page transfers round-trip.
-void check_engine(Tally& tally, std::mt19937_64& rng) {
-  ck::ModelSpec m;
-  m.n_layers = 2;
-  m.hidden = 256;
-  m.n_heads = 4;
-  m.n_kv = 2;
-  m.head_dim = 64;
-  m.v_head_dim = 64;
-  m.ffn = 512;
-  m.vocab = 1000;
-  m.rms_eps = 1e-5f;
-  m.attention_bias = true;
-  m.tied_embeddings = false;
-  m.max_position = 1024;
-  std::vector<float> inv(static_cast<size_t>(m.head_dim / 2));
-  for (size_t i = 0; i < inv.size(); ++i)
-    inv[i] = static_cast<float>(std::pow(10000.0, -2.0 * static_cast<double>(i) / m.head_dim));
-
-  ck::Engine cpu(m, inv, static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency())));
-  ck::cuda::CudaEngine gpu(m, inv);
-  const std::vector<ck::TensorSlot> slots = ck::tensor_slots(m);
-  const ck::DType dtypes[] = {ck::DType::BF16, ck::DType::F16, ck::DType::F32};
-  std::string load_err;
-  for (size_t i = 0; i < slots.size(); ++i) {
-    int64_t n = 1;
-    for (int64_t d : slots[i].shape) n *= d;
-    const bool norm = slots[i].name.find("norm.weight") != std::string::npos;
-    const float scale = slots[i].shape.size() == 1 ? 0.1f : 1.7f / std::sqrt(static_cast<float>(slots[i].shape.back()));
-    std::vector<float> w = randn(rng, static_cast<size_t>(n), norm ? 0.2f : scale);
-    if (norm)
-      for (auto& x : w) x += 1.0f;
-    const ck::DType dt = dtypes[i % 3];
-    std::vector<uint8_t> bytes;
-    if (dt == ck::DType::F32) {
-      bytes.resize(w.size() * 4);
-      std::memcpy(bytes.data(), w.data(), bytes.size());
-    } else {
-      const std::vector<uint16_t> h = to_weight(w, dt);
-      bytes.resize(h.size() * 2);
-      std::memcpy(bytes.data(), h.data(), bytes.size());
-    }
-    load_err += cpu.set_weight(i, dt, bytes.data(), bytes.size());
-    load_err += gpu.set_weight(i, dt, bytes.data(), bytes.size());
-  }
-  tally.check(load_err.empty(), "engine: weights load on both backends", load_err.empty() ? "ok" : load_err);
-
-  const int32_t page = 16, num_pages = 64, stride = 8;
-  std::string pool_err = cpu.create_pool(num_pages, page) + gpu.create_pool(num_pages, page);
-  pool_err += cpu.create_contiguous(3, stride * page) + gpu.create_contiguous(3, stride * page);
-  tally.check(pool_err.empty(), "engine: pools and contiguous caches", pool_err.empty() ? "ok" : pool_err);
-
-  // Three sequences on shuffled pages: prompts of 37, 5 and 70 tokens.
-  std::vector<int32_t> pages(num_pages);
-  std::iota(pages.begin(), pages.end(), 0);
-  std::shuffle(pages.begin(), pages.end(), rng);
-  const std::vector<int32_t> lens = {37, 5, 70};
-  std::vector<int32_t> table(lens.size() * stride, -1);
-  for (size_t s = 0, next = 0; s < lens.size(); ++s)
-    for (int32_t i = 0; i < stride; ++i) table[s * stride + static_cast<size_t>(i)] = pages[next++];
-  std::uniform_int_distribution<int32_t> tok(0, m.vocab - 1);
-  auto make_batch = [&](int32_t from_pos, const std::vector<int32_t>& upto) {
-    ck::StepBatch b;
-    b.pt_stride = stride;
-    b.page_table = table;
-    for (size_t s = 0; s < lens.size(); ++s) {
-      for (int32_t p = from_pos < 0 ? 0 : upto[s] - 1; p < upto[s]; ++p) {
-        b.tokens.push_back(tok(rng));
-        b.positions.push_back(p);
-        b.row_seq.push_back(static_cast<int32_t>(s));
-        b.slots.push_back(table[s * stride + static_cast<size_t>(p / page)] * page + p % page);
-      }
-      b.logit_rows.push_back(b.T() - 1);
-    }
-    return b;
-  };
-  auto compare_step = [&](const ck::StepBatch& b, const char* what) {
-    const std::string verr = cpu.validate_paged(b) + gpu.validate_paged(b);
-    tally.check(verr.empty(), std::string("engine: ") + what + " batch valid on both", verr.empty() ? "ok" : verr);
-    if (!verr.empty()) return;
-    const size_t n = b.logit_rows.size() * static_cast<size_t>(m.vocab);
-    std::vector<float> lc(n), lg(n, std::nanf("")), lo(n, std::nanf(""));
-    cpu.step(b, lc.data());
-    gpu.step(b, lg.data());
-    gpu.step_contiguous(b, lo.data());
-    const Diff d = compare(lg, lc);
-    tally.check(d.non_finite == 0 && d.rel_l2 < 1e-3, std::string("engine: CUDA step() vs CPU, ") + what, d.str());
-    tally.check(same_bits(lg.data(), lo.data(), n), std::string("engine: CUDA paged == contiguous bits, ") + what,
-                same_bits(lg.data(), lo.data(), n) ? "identical" : "differ");
-  };
-  compare_step(make_batch(-1, lens), "prefill 37+5+70 rows");
-  std::vector<int32_t> next = lens;
-  for (auto& l : next) ++l;
-  compare_step(make_batch(0, next), "decode 3 rows");
-
-  // Transfers: download pages of sequence 2, upload them elsewhere, copy one back.
-  const std::vector<int32_t> src = {table[2 * stride], table[2 * stride + 1], table[2 * stride + 4]};
-  const std::vector<int32_t> dst = {pages[40], pages[41], pages[42]};
-  const size_t bpp = static_cast<size_t>(gpu.page_bytes());
-  std::vector<uint8_t> a(src.size() * bpp), b(src.size() * bpp, 0xab), c(bpp);
-  gpu.download_pages(src, a.data());
-  gpu.upload_pages(dst, a.data());
-  gpu.download_pages(dst, b.data());
-  gpu.copy_page(dst[2], pages[43]);
-  gpu.download_pages({pages[43]}, c.data());
-  const bool round_trip = a == b && std::memcmp(c.data(), a.data() + 2 * bpp, bpp) == 0;
-  tally.check(round_trip, "engine: CUDA download/upload/copy round trip", round_trip ? "bytes identical" : "differ");
-  // The CPU engine holds the same keys up to fp32 rounding before fp16: most bytes agree.
-  std::vector<uint8_t> cpu_a(a.size());
-  cpu.download_pages(src, cpu_a.data());
-  size_t same = 0;
-  for (size_t i = 0; i + 1 < a.size(); i += 2) same += a[i] == cpu_a[i] && a[i + 1] == cpu_a[i + 1];
-  const double frac = static_cast<double>(same) / static_cast<double>(a.size() / 2);
-  char detail[64];
-  std::snprintf(detail, sizeof detail, "%.1f%% of fp16 K/V values bit-equal", 100.0 * frac);
-  tally.check(frac > 0.9, "engine: CUDA pages vs CPU pages", detail);
-}
-
-double time_ms(const std::function<void()>& fn, int warm, int reps) {
-  for (int i = 0; i < warm; ++i) fn();
-  CK_CUDA(cudaDeviceSynchronize());
-  cudaEvent_t a, b;
-  CK_CUDA(cudaEventCreate(&a));
-  CK_CUDA(cudaEventCreate(&b));
-  std::vector<float> ms(static_cast<size_t>(reps));
-  for (int i = 0; i < reps; ++i) {
-    CK_CUDA(cudaEventRecord(a));
-    fn();
-    CK_CUDA(cudaEventRecord(b));
-    CK_CUDA(cudaEventSynchronize(b));
-    CK_CUDA(cudaEventElapsedTime(&ms[static_cast<size_t>(i)], a, b));
-  }
-  CK_CUDA(cudaEventDestroy(a));
-  CK_CUDA(cudaEventDestroy(b));
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-
 void timings(std::mt19937_64& rng, bool quick) {
   const int reps = quick ? 10 : 30;
   std::printf("\n== timings (median of %d, CUDA events)\n", reps);
@@ -914,34 +589,7 @@ void timings(std::mt19937_64& rng, bool quick) {
                 paged_gbs);
     std::printf("%-52s %9.3f ms %9.1f GB/s\n", "contiguous decode attn, same", cms, cont_gbs);
   }
-  // GEMM: deterministic kernel (and cuBLAS when built), f16 weights.
-  double det_tflops = 0, det_decode_gbs = 0, cublas_tflops = 0;
-  {
-    const int32_t K = 4096, N = 4096, Tp = quick ? 1024 : 4096, Td = 8;
-    Weights W(rng, static_cast<size_t>(N) * K, ck::DType::F16, 0.02f);
-    DevBuf<float> x(randn(rng, static_cast<size_t>(Tp) * K)), y(static_cast<size_t>(Tp) * N);
-    const double ms = time_ms([&] { ck::cuda::matmul(x.get(), Tp, K, W.dev, ck::DType::F16, N, nullptr, y.get(), nullptr); }, 2, reps);
-    det_tflops = 2.0 * Tp * K * N / (ms * 1e9);
-    std::printf("%-52s %9.3f ms %9.1f TFLOP/s\n",
-                ("det. matmul T=" + std::to_string(Tp) + " K=N=4096 f16 W").c_str(), ms, det_tflops);
-    const double dms = time_ms([&] { ck::cuda::matmul(x.get(), Td, K, W.dev, ck::DType::F16, N, nullptr, y.get(), nullptr); }, 2, reps);
-    det_decode_gbs = 2.0 * K * N / (dms * 1e6);
-    std::printf("%-52s %9.3f ms %9.1f GB/s (weights)\n", "det. matmul T=8 (decode) K=N=4096 f16 W", dms,
-                det_decode_gbs);
-    for (const int32_t Tx : {1, 32}) {  // the small-T kernel's ends (T <= 32)
-      const double xms = time_ms([&] { ck::cuda::matmul(x.get(), Tx, K, W.dev, ck::DType::F16, N, nullptr, y.get(), nullptr); }, 2, reps);
-      std::printf("%-52s %9.3f ms %9.1f GB/s (weights)\n",
-                  ("det. matmul T=" + std::to_string(Tx) + " K=N=4096 f16 W").c_str(), xms, 2.0 * K * N / (xms * 1e6));
-    }
-#if defined(CK_HAVE_CUBLAS)
-    ck::cuda::CublasGemm gemm(nullptr, int64_t{Tp} * K);
-    const double cms = time_ms([&] { gemm.matmul(x.get(), Tp, K, W.dev, ck::DType::F16, N, nullptr, y.get()); }, 2, reps);
-    cublas_tflops = 2.0 * Tp * K * N / (cms * 1e9);
-    std::printf("%-52s %9.3f ms %9.1f TFLOP/s\n",
-                ("cuBLAS GemmEx T=" + std::to_string(Tp) + " K=N=4096 f16 (x->f16 incl.)").c_str(), cms,
-                cublas_tflops);
-#endif
-  }
+  const GemmTimes g = time_gemm(rng, quick, reps);
   std::printf("\n== table\n");
   std::printf("| figure | value |\n|---|---|\n");
   std::printf("| device copy bandwidth (D2D, read+write) | %.1f GB/s |\n", copy_gbs);
@@ -949,9 +597,17 @@ void timings(std::mt19937_64& rng, bool quick) {
               paged_gbs, 100.0 * paged_gbs / copy_gbs);
   std::printf("| contiguous decode attention, same | %.1f GB/s (paged/contiguous %.3f) |\n", cont_gbs,
               paged_gbs / cont_gbs);
-  std::printf("| deterministic matmul, f16 W | %.2f TFLOP/s; decode T=8 %.1f GB/s of weights |\n", det_tflops,
-              det_decode_gbs);
-  if (cublas_tflops > 0) std::printf("| cuBLAS GemmEx, f16 | %.2f TFLOP/s |\n", cublas_tflops);
+  if (g.cublas_tflops > 0)
+    std::printf("| batch-invariant GEMM T=%d K=N=4096, f16 W | %.1f TFLOP/s (%.1f%% of cuBLAS %.1f; goal >= 60%%) |\n",
+                quick ? 1024 : 4096, g.tflops_f16, 100.0 * g.tflops_f16 / g.cublas_tflops, g.cublas_tflops);
+  else
+    std::printf("| batch-invariant GEMM T=%d K=N=4096, f16 W | %.1f TFLOP/s (no cuBLAS in this build) |\n",
+                quick ? 1024 : 4096, g.tflops_f16);
+  std::printf("| batch-invariant GEMM, same, bf16 W | %.1f TFLOP/s |\n", g.tflops_bf16);
+  const int32_t decode_t[3] = {1, 8, 32};
+  for (int i = 0; i < 3; ++i)
+    std::printf("| batch-invariant GEMM decode T=%d, f16 W | %.1f GB/s of weights (%.1f%% of copy; goal >= 70%%) |\n",
+                decode_t[i], g.decode_gbs[i], 100.0 * g.decode_gbs[i] / copy_gbs);
 }
 
 }  // namespace
@@ -995,6 +651,7 @@ int main(int argc, char** argv) {
     // Its own catch, so an engine failure still leaves the kernel timings.
     try {
       check_engine(tally, rng);
+      check_engine_invariance(tally, rng);
     } catch (const std::exception& e) {
       tally.check(false, "engine: uncaught error", e.what());
     }

@@ -158,4 +158,62 @@ describe("catalog writer faults (real Kafka, real processes)", () => {
     await writer.stop();
     await running;
   }, 240_000);
+
+  it("two writer processes at once, the active one frozen and thawed twice: they never interleave — the thawed zombie is fenced, and every acknowledged proposal is in catalog.tx exactly once", async () => {
+    const topics = uniqueTopics();
+    const dir = await mkdtemp(join(tmpdir(), "continuum-zombie-"));
+    cleanups.push(() => rm(dir, { recursive: true, force: true }));
+    const configPath = join(dir, "config.json");
+    await writeFile(
+      configPath,
+      JSON.stringify({ catalog: { log: "kafka", brokers: kafkaBrokers(), clientId: "zombie", topics } }),
+    );
+    // Started together: both race for the lease, as two `continuum writer` started by mistake would.
+    const writers = [spawnWriter(configPath), spawnWriter(configPath)];
+    const count = (w: WriterProcess, ev: string) => w.events.filter((e) => e === ev).length;
+    // Active: its last role event is writer.active (a loss logs lease_lost, then standby).
+    const isActive = (w: WriterProcess) =>
+      w.events
+        .filter((e) => e === "writer.active" || e === "writer.standby" || e === "writer.lease_lost")
+        .at(-1) === "writer.active";
+    await until(() => writers.some(isActive));
+    await until(() => writers.every((w) => w.events.includes("writer.standby")));
+    const client = await KafkaLog.open({ brokers: kafkaBrokers(), clientId: "zombie-client", topics });
+    cleanups.push(() => client.close());
+    const acked = new Set<string>();
+    let next = 0;
+    const wave = async () => {
+      await Promise.all(
+        Array.from({ length: 100 }, async () => {
+          const id = `z-${next++}`;
+          await client.propose(encodeMessage(ProposalMsg, leaseProposal(id, `key-${id}`)));
+          acked.add(id);
+        }),
+      );
+    };
+    for (let round = 0; round < 2; round++) {
+      await wave();
+      await until(() => writers.some(isActive));
+      const active = writers.find(isActive)!;
+      const other = writers.find((w) => w !== active)!;
+      const activations = count(other, "writer.active");
+      // Frozen mid-stream: its session expires, the other takes over and fences it.
+      active.child.kill("SIGSTOP");
+      const during = wave();
+      await until(() => count(other, "writer.active") > activations);
+      await during;
+      const lost = count(active, "writer.lease_lost");
+      // Thawed: it finds itself fenced and goes back to standby instead of appending at its old position.
+      active.child.kill("SIGCONT");
+      await until(() => count(active, "writer.lease_lost") > lost);
+      await wave();
+    }
+    const total = next;
+    await until(async () => (await client.endOffset()) >= total);
+    const txs = (await collect(client, 0, total)).map((r) => decodeMessage(TxMsg, r.bytes));
+    expect(txs.length).toBe(total);
+    checkExactlyOnce(txs, acked);
+    expect(await client.endOffset()).toBe(total);
+    for (const w of writers) expect(w.child.exitCode).toBeNull();
+  }, 240_000);
 });

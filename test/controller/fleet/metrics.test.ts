@@ -1,25 +1,15 @@
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { WebSocket } from "ws";
 import { ApiServer } from "../../../controller/api/server.ts";
-import type { TextCodec } from "../../../controller/api/service.ts";
 import { defaultAssignmentLimits } from "../../../controller/assignments.ts";
 import { WorkerHub } from "../../../controller/fleet/hub.ts";
 import { registerFleetMetrics } from "../../../controller/fleet/metrics.ts";
 import { FleetService } from "../../../controller/fleet/service.ts";
 import { defaultRouterPolicy } from "../../../controller/router.ts";
-import {
-  AcceptMessage,
-  controllerToWorker,
-  DeclineMessage,
-  HeartbeatMessage,
-  type Offer,
-  ResultMessage,
-  TokensMessage,
-  type WorkerStatus,
-} from "../../../schema/control.ts";
+import type { Offer, WorkerStatus } from "../../../schema/control.ts";
 import { silentLogger } from "../../../schema/log.ts";
-import { encodeMessage } from "../../../schema/wire.ts";
-import { FP, heartbeat, wid } from "../fixtures.ts";
+import { FP } from "../fixtures.ts";
+import { codec, FakeWorker, until } from "./fake-worker.ts";
 
 /**
  * The fleet controller's /metrics over real sockets: the hub, the fleet
@@ -40,106 +30,8 @@ let api: ApiServer;
 let base: string;
 const sockets: WebSocket[] = [];
 
-/** A codec over token ids only (prompts are sent as ids). */
-const codec: TextCodec = {
-  encode: () => [],
-  decode: (ids) => ids.map((i) => String.fromCharCode(97 + (i % 26))).join(""),
-  chatPrompt: () => [],
-  eosTokenIds: [],
-  vocabSize: 1000,
-};
-
-async function until(what: string, ok: () => boolean, timeoutMs = 10_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!ok()) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 10));
-  }
-}
-
-/** A worker played by a raw socket: it records the offers it gets and answers as told. */
-class FakeWorker {
-  readonly offers: Offer[] = [];
-  private seq = 0;
-  private constructor(
-    readonly id: string,
-    readonly ws: WebSocket,
-  ) {
-    ws.on("message", (data) => {
-      const m = controllerToWorker.decode(data as Buffer);
-      if (m.kind === "control.offer") this.offers.push(m.message as Offer);
-    });
-  }
-
-  static async connect(id: string): Promise<FakeWorker> {
-    const ws = new WebSocket(`ws://127.0.0.1:${hub.port}`, {
-      headers: { authorization: `Bearer ${SECRET}`, "x-continuum-worker": id },
-    });
-    sockets.push(ws);
-    await new Promise<void>((resolve, reject) => {
-      ws.once("open", () => resolve());
-      ws.once("error", reject);
-    });
-    const w = new FakeWorker(id, ws);
-    w.heartbeat();
-    await until(`${id}'s heartbeat`, () => hub.connectedWorkers().includes(wid(id)));
-    return w;
-  }
-
-  heartbeat(status?: WorkerStatus): void {
-    this.ws.send(
-      encodeMessage(
-        HeartbeatMessage,
-        heartbeat(this.id, { sequence: ++this.seq, ...(status ? { status } : {}) }),
-      ),
-    );
-  }
-  decline(o: Offer): void {
-    this.ws.send(
-      encodeMessage(DeclineMessage, {
-        requestId: o.requestId,
-        attempt: o.attempt,
-        workerId: wid(this.id),
-        reason: "pages_short",
-        detail: "test: no pages",
-      }),
-    );
-  }
-  accept(o: Offer): void {
-    this.ws.send(
-      encodeMessage(AcceptMessage, {
-        requestId: o.requestId,
-        attempt: o.attempt,
-        workerId: wid(this.id),
-        epoch: 1,
-        reservedPages: 2 as never,
-      }),
-    );
-  }
-  complete(o: Offer, tokens: number[]): void {
-    this.ws.send(
-      encodeMessage(TokensMessage, {
-        requestId: o.requestId,
-        attempt: o.attempt,
-        workerId: wid(this.id),
-        index: 0,
-        tokens,
-      }),
-    );
-    this.ws.send(
-      encodeMessage(ResultMessage, {
-        requestId: o.requestId,
-        attempt: o.attempt,
-        workerId: wid(this.id),
-        outcome: "completed",
-        finishReason: "length",
-        tokensTotal: tokens.length,
-        measuredTtftMs: 1,
-        reason: "",
-      }),
-    );
-  }
-}
+/** A worker on this file's hub. */
+const connect = (id: string) => FakeWorker.connect(hub, id, SECRET, sockets);
 
 async function scrape(): Promise<Map<string, number>> {
   const text = await (await fetch(`${base}/metrics`)).text();
@@ -188,7 +80,7 @@ beforeEach(async () => {
     tickMs: 10,
     log: silentLogger,
   });
-  api = new ApiServer(service, { host: "127.0.0.1", port: 0, tokens: {} });
+  api = new ApiServer(service, { host: "127.0.0.1", port: 0 });
   registerFleetMetrics(api.metrics, { hub, service, heartbeatTtlMs: TTL_MS, catalogOffset: () => 42 });
   base = `http://127.0.0.1:${await api.start()}`;
 });
@@ -211,7 +103,7 @@ describe("the fleet controller's /metrics", () => {
   });
 
   it("counts a decline, the offer that follows it, a late accept of the declined attempt, and heartbeats", async () => {
-    const workers = [await FakeWorker.connect("w1"), await FakeWorker.connect("w2")];
+    const workers = [await connect("w1"), await connect("w2")];
     const answered = complete(2);
     const first = await nextOffer(workers, 0);
     first.w.decline(first.o);
@@ -235,11 +127,7 @@ describe("the fleet controller's /metrics", () => {
   });
 
   it("counts an offer timeout and a crash fallback, then a heartbeat expiry", async () => {
-    const workers = [
-      await FakeWorker.connect("w1"),
-      await FakeWorker.connect("w2"),
-      await FakeWorker.connect("w3"),
-    ];
+    const workers = [await connect("w1"), await connect("w2"), await connect("w3")];
     const answered = complete(1);
     // Attempt 1: silence past the offer timeout (the service's tick reads the hub's clock).
     await nextOffer(workers, 0);
@@ -281,8 +169,8 @@ describe("the fleet controller's /metrics", () => {
         catalogOffset: 0,
         catalogLag: 0,
       }) as WorkerStatus;
-    const a = await FakeWorker.connect("w1");
-    const b = await FakeWorker.connect("w2");
+    const a = await connect("w1");
+    const b = await connect("w2");
     a.heartbeat(status(2, 0, 16));
     b.heartbeat(status(1, 3, 32));
     await until("both statuses", () => hub.counters.heartbeatsAccepted === 4);

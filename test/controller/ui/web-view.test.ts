@@ -31,7 +31,11 @@ afterEach(async () => {
 });
 
 async function start(maxClients = 2): Promise<string> {
-  const server = new ApiServer(service, { host: "127.0.0.1", port: 0, tokens: { secret: "ops" } });
+  const server = new ApiServer(service, {
+    host: "127.0.0.1",
+    port: 0,
+    auth: { tokens: { secret: "ops" }, adminTenants: ["ops"], metricsToken: "" },
+  });
   const view = new WebView(
     {
       mode: "embedded",
@@ -85,7 +89,7 @@ describe("the web view's HTTP surface", () => {
   });
 
   it("is not mounted when controller.ui is false", async () => {
-    const server = new ApiServer(service, { host: "127.0.0.1", port: 0, tokens: {} });
+    const server = new ApiServer(service, { host: "127.0.0.1", port: 0 });
     opened.push({ server });
     const view = await Effect.runPromise(
       Effect.scoped(

@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { EmbeddedLog } from "../../../catalog/log-embedded.ts";
+import { PausableRelay } from "../../../deploy/relay.ts";
 import { catalogNodeId, prefixChain } from "../../../schema/identity.ts";
 import { captureDecision } from "../../../worker/checkpoint/admission.ts";
 import type { LoadedModel } from "../../../worker/model/model-dir.ts";
@@ -12,7 +13,6 @@ import {
   type TestWorker,
   uniqueBucket,
 } from "../restore/harness.ts";
-import { PausableRelay } from "../restore/relay.ts";
 import { tinyModel } from "../runtime/fixture.ts";
 
 /**

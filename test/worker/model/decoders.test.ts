@@ -12,6 +12,7 @@ import { type LoadedModel, loadModelDir } from "../../../worker/model/model-dir.
 import { referenceForward } from "../../../worker/model/reference.ts";
 import { specInvFreq } from "../../../worker/model/rope.ts";
 import { argmax, initialSamplerState, samplingParams } from "../../../worker/model/sampling.ts";
+import { CPU_VARIANT } from "../../../worker/model/variant.ts";
 import { afterChunkedPrefill, allRows, maxDiff, promptOf, sameBits, shuffled } from "./model-helpers.ts";
 
 /**
@@ -52,7 +53,7 @@ function prompt(len: number, seed: number): number[] {
 beforeAll(async () => {
   root = await mkdtemp(join(tmpdir(), "continuum-dec-"));
   tiny = await loadModelDir((await generateModel({ preset: "tiny", out: join(root, "tiny") })).dir, {
-    variant: "cpu-f32acc/v1",
+    variant: CPU_VARIANT,
   });
 });
 afterAll(async () => {

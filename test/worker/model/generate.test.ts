@@ -7,9 +7,10 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { generateModel } from "../../../worker/model/generate.ts";
 import { ARCHS } from "../../../worker/model/generate-arch.ts";
 import { loadModelDir } from "../../../worker/model/model-dir.ts";
+import { CPU_VARIANT } from "../../../worker/model/variant.ts";
 
 const run = promisify(execFile);
-const VARIANT = "cpu-f32acc/v1";
+const VARIANT = CPU_VARIANT;
 let root: string;
 
 beforeAll(async () => {

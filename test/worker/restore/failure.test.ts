@@ -3,6 +3,7 @@ import { createServer, type Server, type Socket } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { EmbeddedLog } from "../../../catalog/log-embedded.ts";
 import { longestPublishedPrefix } from "../../../catalog/queries.ts";
+import { PausableRelay } from "../../../deploy/relay.ts";
 import { catalogNodeId, prefixChain } from "../../../schema/identity.ts";
 import type { ContentId, NodeId } from "../../../schema/ids.ts";
 import type { LoadedModel } from "../../../worker/model/model-dir.ts";
@@ -22,7 +23,6 @@ import {
   uniqueBucket,
   waitPublished,
 } from "./harness.ts";
-import { PausableRelay } from "./relay.ts";
 
 /**
  * Failures never change the output and never publish a partial chunk: a
@@ -264,10 +264,10 @@ describe("restore failures fall back and change nothing", () => {
         await new Promise((r) => setTimeout(r, 20));
       }
       expect(w.cache.checkpointer.stats().chunksPublished).toBe(0);
-      // The next prompt needs the pages the first one's cache route holds.
-      const evicted = w.runtime.stats().evictedRoutes;
+      // The next prompt needs the pages the first one left cached.
+      const evicted = w.runtime.stats().evictedPages;
       await generate(w.runtime, promptOf(300, 27), 2);
-      expect(w.runtime.stats().evictedRoutes).toBeGreaterThan(evicted);
+      expect(w.runtime.stats().evictedPages).toBeGreaterThan(evicted);
       s3.resume();
       await w.cache.idle();
       await log.endOffset().then((end) => w.cache.replica.waitFor(end, 10_000));
@@ -291,5 +291,52 @@ describe("restore failures fall back and change nothing", () => {
     const fp = h.cache.catalog.id.fingerprint;
     const nodes = prefixChain(prompt.slice(0, -1), CHUNK).map((n) => catalogNodeId(fp, n.hash));
     expect(longestPublishedPrefix(h.cache.catalog.db, nodes).length).toBe(0);
+  });
+});
+
+describe("a damaged durable cache heals", () => {
+  it("a chunk whose only replica went bad is captured again by the next request that computes it; restores recover their full length", async () => {
+    // No RAM tier: each chunk's one replica is its SSD file.
+    const w = await worker({ id: "f-heal", ramBytes: 0 });
+    const prompt = promptOf(4 * CHUNK + 11, 28);
+    await generate(w.runtime, prompt, 2);
+    await w.cache.idle();
+    await waitPublished(w, prompt, 4);
+    const { node, content } = chunkEntity(w, prompt, 1);
+    const fh = await open(w.cache.tiers.file.pathOf(content), "r+");
+    const { size } = await fh.stat();
+    await fh.write(Buffer.alloc(64, 0x5a), 0, 64, size - 64);
+    await fh.close();
+    // A restore meets the damage and proposes the replica bad.
+    const dev = await device();
+    await restoreInto(dev, restorerFor(w, dev.engine), prompt, preferring("ssd"));
+    expect(
+      await w.cache.catalog.waitUntil(() => replicaState(w, node, "f-heal", "ssd") === "bad", 10_000),
+    ).toBe(true);
+    // From then on restores stop at the damaged chunk.
+    const dev2 = await device();
+    expect((await restoreInto(dev2, restorerFor(w, dev2.engine), prompt, preferring("ssd"))).restoreTo).toBe(
+      CHUNK,
+    );
+    // The next finished requests over the prompt capture the damaged chunk again. Each capture is
+    // still weighed (admission.ts): after at most 8 declines on value in a row the 9th is a probe.
+    let healed = false;
+    for (let i = 0; i < 9 && !healed; i++) {
+      await generate(w.runtime, prompt, 2);
+      await w.cache.idle();
+      healed = await w.cache.catalog.waitUntil(
+        () => replicaState(w, node, "f-heal", "ssd") === "ready",
+        3_000,
+      );
+    }
+    expect(healed).toBe(true);
+    const dev3 = await device();
+    const r = await restoreInto(dev3, restorerFor(w, dev3.engine), prompt, preferring("ssd"));
+    expect(r.ok).toBe(true);
+    expect(r.restoreTo).toBe(4 * CHUNK);
+    const got = await dev3.continueGreedy(r.route, prompt, 4);
+    const ref = await reference(prompt);
+    expect(bitEqual(got.logits, ref.logits)).toBe(true);
+    expect(got.greedy).toEqual(ref.greedy);
   });
 });

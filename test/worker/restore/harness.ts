@@ -18,12 +18,12 @@ import {
 } from "../../../worker/calibration/calibration.ts";
 import { KvGeometry } from "../../../worker/checkpoint/chunk-format.ts";
 import type { LoadedModel } from "../../../worker/model/model-dir.ts";
+import { PageHashChain } from "../../../worker/pages/page-hashes.ts";
 import { PageManager } from "../../../worker/pages/page-manager.ts";
 import { DurableCache, type DurableCacheOptions } from "../../../worker/restore/durable-cache.ts";
 import { Restorer } from "../../../worker/restore/restorer.ts";
 import { buildBatch } from "../../../worker/runtime/batch.ts";
 import { loadEngine } from "../../../worker/runtime/engine-load.ts";
-import { PageHashChain } from "../../../worker/runtime/page-hashes.ts";
 import { type RuntimeOptions, WorkerRuntime } from "../../../worker/runtime/runtime.ts";
 
 export const PAGE = 16;
@@ -110,7 +110,7 @@ export async function startWorker(model: LoadedModel, spec: WorkerSpec): Promise
       s3: spec.s3Bucket ? s3Settings(spec.s3Bucket, spec.s3Endpoint) : defaultConfig.store.s3,
     },
     worker: { ...defaultConfig.worker, id: spec.id },
-    auth: { tokens: {}, clusterSecret: spec.secret ?? "cluster-secret" },
+    auth: { ...defaultConfig.auth, clusterSecret: spec.secret ?? "cluster-secret" },
   };
   const ropts: RuntimeOptions = {
     fingerprint: model.fingerprint,
@@ -324,6 +324,7 @@ export async function restoreInto(
   const ticket = restorer.begin({
     route,
     tokens: prompt.slice(0, -1),
+    pageHashes: new PageHashChain(PAGE, undefined).extend(prompt, prompt.length - 1),
     salt: undefined,
     residentTokens: dev.pages.route(route).tokens,
     pages: dev.pages,

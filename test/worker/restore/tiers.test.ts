@@ -3,12 +3,14 @@ import { EmbeddedLog } from "../../../catalog/log-embedded.ts";
 import { RequestId } from "../../../schema/ids.ts";
 import type { RestoreTier } from "../../../worker/calibration/calibration.ts";
 import type { LoadedModel } from "../../../worker/model/model-dir.ts";
+import { PageHashChain } from "../../../worker/pages/page-hashes.ts";
 import type { RuntimeEvent } from "../../../worker/runtime/sequence.ts";
 import { tinyModel } from "../runtime/fixture.ts";
 import {
   bitEqual,
   Device,
   generate,
+  PAGE,
   preferring,
   promptOf,
   restoreInto,
@@ -98,6 +100,30 @@ describe("restore from each source tier is bit-exact", () => {
       await restorer.idle();
     });
   }
+
+  it("seals the restored pages with the page hashes the request carries, and restores nothing without enough of them", async () => {
+    const dev = await device();
+    const restorer = restorerFor(a, dev.engine);
+    const hashes = new PageHashChain(PAGE, undefined).extend(prompt, prompt.length - 1);
+    const r = await restoreInto(dev, restorer, prompt, preferring("ssd"));
+    expect(r.ok).toBe(true);
+    // 390 restored rows: 24 full pages, each found again by its hash.
+    expect(dev.pages.matchPrefix(hashes)).toBe(Math.floor(390 / PAGE));
+    const short = dev.openRoute("short", prompt.length + 16);
+    const ticket = restorer.begin({
+      route: short,
+      tokens: prompt.slice(0, -1),
+      pageHashes: hashes.slice(0, 10),
+      salt: undefined,
+      residentTokens: 0,
+      pages: dev.pages,
+      availablePages: dev.pages.route(short).reservedPages,
+      calibration: preferring("ssd"),
+      record: () => undefined,
+    });
+    expect(ticket).toBeNull();
+    expect(dev.pages.route(short)).toMatchObject({ tokens: 0, loading: false });
+  });
 
   it("a restore that starts after a resident prefix ending mid-chunk is bit-exact", async () => {
     const dev = await device();

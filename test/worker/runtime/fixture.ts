@@ -5,6 +5,7 @@ import type { Engine } from "../../../native/index.ts";
 import { silentLogger } from "../../../schema/log.ts";
 import { generateModel } from "../../../worker/model/generate.ts";
 import { type LoadedModel, loadModelDir } from "../../../worker/model/model-dir.ts";
+import { CPU_VARIANT } from "../../../worker/model/variant.ts";
 import { loadEngine } from "../../../worker/runtime/engine-load.ts";
 import { type RuntimeOptions, WorkerRuntime } from "../../../worker/runtime/runtime.ts";
 import type { RuntimeEvent } from "../../../worker/runtime/sequence.ts";
@@ -13,7 +14,7 @@ import type { RuntimeEvent } from "../../../worker/runtime/sequence.ts";
 export async function tinyModel(): Promise<{ model: LoadedModel; cleanup: () => Promise<void> }> {
   const dir = await mkdtemp(join(tmpdir(), "continuum-tiny-"));
   await generateModel({ preset: "tiny", out: dir, seed: 7 });
-  const model = await loadModelDir(dir, { variant: "cpu-f32acc/v1" });
+  const model = await loadModelDir(dir, { variant: CPU_VARIANT });
   return { model, cleanup: () => rm(dir, { recursive: true, force: true }) };
 }
 

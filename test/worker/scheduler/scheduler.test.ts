@@ -7,7 +7,6 @@ import {
   RequestId,
   TokenCount,
 } from "../../../schema/ids.ts";
-import { chooseCacheSource } from "../../../worker/scheduler/cache-source.ts";
 import { planIteration } from "../../../worker/scheduler/plan-iteration.ts";
 import { type Budgets, type RequestRecord, SchedulerInputError } from "../../../worker/scheduler/request.ts";
 
@@ -21,10 +20,7 @@ function budgets(over: Partial<Budgets> = {}): Budgets {
     maxBatchSeqs: 8,
     minPrefillTokens: 8,
     prefillTile: 32,
-    repairTile: 16,
     availablePages: 1000 as PageCount,
-    repair: { optIn: false, minQuality: null },
-    costs: { prefillPerTokenMs: 1, capturePerTokenMs: 0.1, restorePerTokenMs: 0.2 },
     ...over,
   };
 }
@@ -42,11 +38,7 @@ function request(
     processed: TokenCount(over.done ?? 0),
     pendingToken: tokens[tokens.length - 1]!,
     priority: 0,
-    deadline: null,
     arrival: 0,
-    pageTable: [],
-    source: { kind: "recompute" },
-    repairTokens: TokenCount(0),
     state: "running",
     runnable: true,
     admitPages: 0 as PageCount,
@@ -257,7 +249,7 @@ describe("planIteration", () => {
     );
   });
 
-  it("keeps a victim resident when its reservation covers the need, else checkpoints or drops by cost", () => {
+  it("keeps a victim resident when its reservation covers the need, else drops its route", () => {
     const w = request("w", { priority: 9, state: "waiting", admitPages: 3 as PageCount });
     const keep = request("k", { reservedPages: 5 as PageCount, releasablePages: 4 as PageCount, done: 9 });
     const b0 = budgets({ availablePages: 0 as PageCount });
@@ -266,28 +258,24 @@ describe("planIteration", () => {
       disposition: "keep-resident",
       freesPages: 5,
     });
-    const long = request("l", { prompt: 100, done: 99, releasablePages: 6 as PageCount });
-    expect(planIteration([long, w], b0).preempt[0]).toMatchObject({
-      disposition: "checkpoint",
-      freesPages: 6,
+    const long = request("l", {
+      prompt: 100,
+      done: 99,
+      reservedPages: 1 as PageCount,
+      releasablePages: 6 as PageCount,
     });
-    const costly = { prefillPerTokenMs: 0.1, capturePerTokenMs: 1, restorePerTokenMs: 1 };
-    expect(
-      planIteration([long, w], budgets({ availablePages: 0 as PageCount, costs: costly })).preempt[0],
-    ).toMatchObject({
-      disposition: "drop",
-    });
+    expect(planIteration([long, w], b0).preempt[0]).toMatchObject({ disposition: "drop", freesPages: 7 });
   });
 
   it("resumes a preempted request when pages are free and never preempts for an equal priority", () => {
     const p = request("p", {
       state: "waiting",
-      preempted: "checkpoint",
+      preempted: "drop",
       admitPages: 2 as PageCount,
       runnable: false,
     });
     const plan = planIteration([p], budgets({ availablePages: 2 as PageCount }));
-    expect(plan.admit).toEqual([{ id: "p", pages: 2, resumedFrom: "checkpoint" }]);
+    expect(plan.admit).toEqual([{ id: "p", pages: 2, resumedFrom: "drop" }]);
     expect(plan.deferred).toEqual([{ id: "p", reason: "awaiting-pages" }]);
     const peer = request("x", { releasablePages: 9 as PageCount, done: 9 });
     const blocked = planIteration([peer, p], budgets({ availablePages: 0 as PageCount }));
@@ -295,48 +283,14 @@ describe("planIteration", () => {
     expect(blocked.deferred).toContainEqual({ id: "p", reason: "not-admitted" });
   });
 
-  it("rejects bad input with a clear error: foreign model, repair without opt-in and quality", () => {
+  it("rejects bad input with a clear error: foreign model, a request twice", () => {
     expect(() =>
       planIteration([request("a", { model: ModelFingerprint("b".repeat(64)) })], budgets()),
     ).toThrow(/not this worker/);
-    const repair = request("r", {
-      done: 9,
-      repairTokens: TokenCount(4),
-      source: { kind: "repair", tokens: TokenCount(9), quality: 0.9 },
-    });
-    expect(() => planIteration([repair], budgets())).toThrow(SchedulerInputError);
-    expect(() => planIteration([repair], budgets({ repair: { optIn: true, minQuality: null } }))).toThrow(
-      /ineligible/,
+    expect(() => planIteration([request("a", { priority: Number.NaN })], budgets())).toThrow(
+      SchedulerInputError,
     );
-    expect(() => planIteration([repair], budgets({ repair: { optIn: true, minQuality: 0.95 } }))).toThrow(
-      /ineligible/,
-    );
-    const plan = planIteration([repair], budgets({ repair: { optIn: true, minQuality: 0.8 } }));
-    expect(plan.scheduled).toEqual([{ id: "r", phase: "repair", firstRow: 5, tokens: 4, source: "repair" }]);
     expect(() => planIteration([request("a"), request("a")], budgets())).toThrow(/twice/);
-  });
-});
-
-describe("chooseCacheSource", () => {
-  it("picks the fastest eligible source and ignores repair without opt-in and minimum quality", () => {
-    const candidates = [
-      { source: { kind: "repair" as const, tokens: TokenCount(90), quality: 0.97 }, estimatedMs: 1 },
-      { source: { kind: "restore" as const, tokens: TokenCount(64), tier: "ssd" }, estimatedMs: 5 },
-      { source: { kind: "recompute" as const }, estimatedMs: 9 },
-    ];
-    expect(chooseCacheSource(candidates, { optIn: false, minQuality: 0.9 }).chosen.source.kind).toBe(
-      "restore",
-    );
-    expect(chooseCacheSource(candidates, { optIn: true, minQuality: null }).chosen.source.kind).toBe(
-      "restore",
-    );
-    expect(chooseCacheSource(candidates, { optIn: true, minQuality: 0.99 }).chosen.source.kind).toBe(
-      "restore",
-    );
-    expect(chooseCacheSource(candidates, { optIn: true, minQuality: 0.9 }).chosen.source.kind).toBe("repair");
-    expect(() => chooseCacheSource([candidates[0]!], { optIn: false, minQuality: null })).toThrow(
-      /no eligible/,
-    );
   });
 });
 

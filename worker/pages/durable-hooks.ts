@@ -1,6 +1,6 @@
-import type { ContinuationId } from "../../schema/ids.ts";
+import type { ContinuationId, PrefixHash } from "../../schema/ids.ts";
 import type { Calibration, Sample } from "../calibration/calibration.ts";
-import type { PageManager } from "../pages/page-manager.ts";
+import type { PageManager } from "./page-manager.ts";
 
 /**
  * What the runtime loop hands its optional durable cache. Both calls are
@@ -11,6 +11,8 @@ export interface RestoreRequest {
   readonly route: ContinuationId;
   /** Processed tokens: the prompt without its pending last token. */
   readonly tokens: readonly number[];
+  /** The page-hash chain of `tokens`' full pages (the runtime holds it already): the restored pages' identities. */
+  readonly pageHashes: readonly PrefixHash[];
   readonly salt: string | undefined;
   /** Rows already in the route's pages (adopted resident pages; page-aligned). */
   readonly residentTokens: number;
@@ -39,15 +41,23 @@ export interface PrefixRestorer {
 }
 
 export interface CheckpointOffer {
-  /** A route whose pages are sealed and immutable (a retired request's cache route). */
-  readonly route: ContinuationId;
-  /** The route's rows: tokens[i] is row i; only whole chunks of them are captured. */
+  /**
+   * The page-hash chain of a sealed, immutable prefix (a retired request's
+   * pages): captured wherever the pool holds them, by a route or cached.
+   */
+  readonly prefix: readonly PrefixHash[];
+  /** The prefix's rows: tokens[i] is row i; only whole chunks of them are captured. */
   readonly tokens: readonly number[];
   readonly salt: string | undefined;
   /** Times this prefix was reused (expected-reuse input). */
   readonly hits: number;
   readonly pages: PageManager;
   readonly calibration: Calibration;
+  /**
+   * Called each time a capture of these pages ends: cached pages it read are
+   * evictable again, so a request that waited for pages can be admitted now.
+   */
+  readonly released: () => void;
 }
 
 export interface RouteCheckpointer {

@@ -1,9 +1,10 @@
 import { createConnection, createServer, type Server, type Socket } from "node:net";
 
 /**
- * A slow S3 for tests: a TCP relay in front of a real server that holds every
- * byte while paused and forwards it, in order, when resumed. Real sockets
- * both ways.
+ * A slow or paused S3 for tests and the chaos runs: a TCP relay in front of
+ * a real server that holds every byte while paused and forwards it, in
+ * order, when resumed. Real sockets both ways. What it holds is bounded by
+ * what the clients send during one pause (their own request bounds).
  */
 export class PausableRelay {
   private paused = false;

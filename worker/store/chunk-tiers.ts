@@ -1,11 +1,11 @@
 import type { Config } from "../../schema/config.ts";
 import type { ContentId } from "../../schema/ids.ts";
-import type { StoreReporter, VerifiedChunk } from "../store/chunk.ts";
-import type { FileTier } from "../store/file.ts";
-import { openConfiguredTiers } from "../store/index.ts";
-import type { RamTier } from "../store/ram.ts";
-import type { S3Tier } from "../store/s3.ts";
-import type { TieredChunkStore } from "../store/tiered.ts";
+import type { StoreReporter, VerifiedChunk } from "./chunk.ts";
+import type { FileTier } from "./file.ts";
+import { openConfiguredTiers } from "./index.ts";
+import type { RamTier } from "./ram.ts";
+import type { S3Tier } from "./s3.ts";
+import type { TieredChunkStore } from "./tiered.ts";
 
 /**
  * The worker's chunk store with its tiers in reach: checkpoint writes through

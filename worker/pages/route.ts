@@ -1,0 +1,181 @@
+import {
+  type ContinuationId,
+  type PageCount,
+  type PageId,
+  type PrefixHash,
+  pagesFor,
+  TokenCount,
+} from "../../schema/ids.ts";
+import type { ResidencyCosts } from "../residency/residency.ts";
+import type { ExpectedUse } from "./page-pool.ts";
+import { type PageCopy, PageInvariantError, type PageStates, type PageTicket } from "./page-state.ts";
+
+/** An append in flight: rows are written by a step but not yet visible in the route. */
+export interface PendingAppend {
+  readonly tokens: number;
+  /** The route's page table once the append commits (tail possibly replaced by its copy). */
+  readonly table: readonly PageId[];
+  /** Pages allocated for this append (the copy-on-write destination first, if any). */
+  readonly fresh: readonly PageId[];
+  /** How many of `fresh` came out of the route's reservation (returned on abort). */
+  readonly fromReservation: number;
+  readonly copy: PageCopy | null;
+}
+
+/** A restore in flight into pages appended after the route's current table. */
+export interface PendingLoad {
+  readonly tokens: number;
+  /** Pages of the load still held by it (a failed page leaves at once, freed). */
+  pages: readonly PageId[];
+  readonly sealed: readonly PrefixHash[];
+  /** Pages whose transfer has neither completed nor failed. */
+  readonly outstanding: Set<PageId>;
+  failed: boolean;
+}
+
+/**
+ * One continuation's claim on the pool. `pages` is its page table: page i
+ * holds rows [i·P, (i+1)·P). Every layer shares it today; a model with
+ * sliding-window layers would give a route one table per layer group over
+ * the same pool (vLLM's KVCacheCoordinator), each with its own pages, pending
+ * copy and load pages, while rows, reservation, pins, leases and the fence
+ * stay the route's.
+ */
+export interface Route {
+  readonly id: ContinuationId;
+  pages: PageId[];
+  tokens: number;
+  readonly startPosition: number;
+  /** Unallocated pages held for this route's future appends and loads. */
+  reserved: number;
+  pins: number;
+  leases: number;
+  /** Cancelled: no new work; released once accepted work quiesces. */
+  fenced: boolean;
+  /** For a release that waits on work in flight: keep its sealed pages cached, priced with these costs. */
+  keep: ResidencyCosts | null;
+  pending: PendingAppend | null;
+  load: PendingLoad | null;
+}
+
+/** A route idle and unfenced, holding `pages` (already referenced) and `reserved` pages of reservation. */
+export function newRoute(
+  id: ContinuationId,
+  pages: PageId[],
+  tokens: number,
+  startPosition: number,
+  reserved: number,
+): Route {
+  return {
+    id,
+    pages,
+    tokens,
+    startPosition,
+    reserved,
+    pins: 0,
+    leases: 0,
+    fenced: false,
+    keep: null,
+    pending: null,
+    load: null,
+  };
+}
+
+export interface RouteSnapshot {
+  readonly id: ContinuationId;
+  readonly pages: readonly PageId[];
+  readonly tokens: TokenCount;
+  readonly startPosition: TokenCount;
+  readonly reservedPages: PageCount;
+  readonly pinned: boolean;
+  readonly leased: boolean;
+  /** An append is written but not committed. */
+  readonly dirty: boolean;
+  readonly loading: boolean;
+  readonly fenced: boolean;
+}
+
+export type Waiting = "lease" | "append" | "load" | "pin";
+
+/** What keeps a route from being released now. */
+export function waitingFor(r: Route): Waiting[] {
+  const w: Waiting[] = [];
+  if (r.leases > 0) w.push("lease");
+  if (r.pending) w.push("append");
+  if (r.load) w.push("load");
+  if (r.pins > 0) w.push("pin");
+  return w;
+}
+
+export function snapshotOf(r: Route): RouteSnapshot {
+  return {
+    id: r.id,
+    pages: [...r.pages],
+    tokens: TokenCount(r.tokens),
+    startPosition: TokenCount(r.startPosition),
+    reservedPages: r.reserved as PageCount,
+    pinned: r.pins > 0,
+    leased: r.leases > 0,
+    dirty: r.pending !== null,
+    loading: r.load !== null,
+    fenced: r.fenced,
+  };
+}
+
+/**
+ * Checks what is the routes' alone (tables match rows, sealed pages are
+ * exactly the full ones, leases agree) and returns what the pool must hold
+ * for them: references, readers and loading owners per page, and the sum of
+ * reservations. Throws PageInvariantError naming the first broken invariant.
+ */
+export function expectedUse(
+  routes: Iterable<Route>,
+  leases: Iterable<readonly ContinuationId[]>,
+  captures: Iterable<readonly PageTicket[]>,
+  states: PageStates,
+  pageTokens: number,
+): ExpectedUse & { readonly reserved: number } {
+  const fail = (msg: string): never => {
+    throw new PageInvariantError(msg);
+  };
+  const P = pageTokens;
+  const refs = new Array<number>(states.size).fill(0);
+  const readers = new Array<number>(states.size).fill(0);
+  const loading = new Map<PageId, ContinuationId>();
+  let reserved = 0;
+  const leaseCount = new Map<ContinuationId, number>();
+  for (const ids of leases) for (const id of ids) leaseCount.set(id, (leaseCount.get(id) ?? 0) + 1);
+  for (const r of routes) {
+    reserved += r.reserved;
+    if (r.reserved < 0 || r.pins < 0) fail(`route ${r.id}: negative reservation or pins`);
+    if (r.fenced && r.reserved !== 0) fail(`route ${r.id}: fenced but holds a reservation`);
+    if (r.leases !== (leaseCount.get(r.id) ?? 0))
+      fail(`route ${r.id}: lease count ${r.leases} disagrees with leases`);
+    if (r.pages.length !== pagesFor(r.tokens as TokenCount, P))
+      fail(`route ${r.id}: ${r.pages.length} pages for ${r.tokens} rows`);
+    if (new Set(r.pages).size !== r.pages.length) fail(`route ${r.id}: a page appears twice in its table`);
+    for (const p of r.pages) refs[p]!++;
+    if (r.pending) for (const p of r.pending.fresh) refs[p]!++;
+    if (r.load) {
+      for (const p of r.load.pages) {
+        const kind = states.kind(p);
+        if (kind === "loading") {
+          if (!r.load.outstanding.has(p)) fail(`page ${p} is loading but not outstanding`);
+          loading.set(p, r.id);
+        } else if (kind === "resident") refs[p]!++;
+      }
+    }
+    // Sealed pages are exactly the full ones, each with the row count it closes.
+    for (let i = 0; i < r.pages.length; i++) {
+      const page = r.pages[i]!;
+      const kind = states.kind(page);
+      if (kind !== "resident") fail(`route ${r.id}: page ${page} is ${kind}`);
+      const full = (i + 1) * P <= r.tokens;
+      const id = states.identity(page);
+      if (full !== (id !== null)) fail(`route ${r.id}: page ${page} full=${full} sealed=${id !== null}`);
+      if (id && id.tokens !== (i + 1) * P) fail(`route ${r.id}: page ${i} sealed at ${id.tokens} rows`);
+    }
+  }
+  for (const tickets of captures) for (const t of tickets) readers[t.page]!++;
+  return { refs, readers, loading, reserved };
+}
