@@ -63,6 +63,8 @@ export interface SubmitRequest {
   readonly stopTokenIds: readonly number[];
   /** Larger is more important; preemption takes the lowest first. Default 0. */
   readonly priority?: number;
+  /** Its pages are freed when it ends, neither cached nor offered for checkpoint (the warm-up request). Default false. */
+  readonly ephemeral?: boolean;
 }
 
 export interface RuntimeGeneration {
@@ -279,6 +281,7 @@ export class WorkerRuntime {
       req.salt,
       performance.now(),
     );
+    seq.ephemeral = req.ephemeral ?? false;
     this.seqs.set(seq.id, seq);
     this.opts.logger.log("debug", "request.queued", {
       requestId: seq.id,

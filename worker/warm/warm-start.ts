@@ -146,7 +146,8 @@ const WARM_SALT = "continuum/warm-up";
 /**
  * One request through the runtime: `promptTokens` tokens (two whole pages and
  * one, so both a prefill step and a decode step run) and two generated
- * tokens, under the warm-up salt. Rejects if it does not complete.
+ * tokens, under the warm-up salt, its pages freed at the end. Rejects if it
+ * does not complete.
  */
 export async function warmEngine(runtime: WorkerRuntime, pageTokens: number, vocab: number): Promise<void> {
   const prompt = Array.from({ length: 2 * pageTokens + 1 }, (_, i) => 1 + ((i * 7919) % (vocab - 1)));
@@ -160,6 +161,8 @@ export async function warmEngine(runtime: WorkerRuntime, pageTokens: number, voc
     topK: 0,
     seed: 1,
     stopTokenIds: [],
+    // Leaves no page behind: a fresh worker's pool is empty once warm.
+    ephemeral: true,
   });
   for await (const e of g.events) {
     if (e.type === "error") throw new Error(`warm start: the warm-up request failed: ${e.message}`);

@@ -84,6 +84,8 @@ describe.skipIf(!process.env.CONTINUUM_S3_ENDPOINT)("the warm-up steps on a real
     await warmStep(warm, "engine", () => warmEngine(w.runtime, 16, model.config.spec.vocab));
     // A prefill step and a decode step ran.
     expect(w.runtime.stats().steps - steps).toBeGreaterThanOrEqual(2);
+    // ... and left no page behind: the warm-up's pages are freed, not cached as a resident prefix.
+    expect(w.runtime.stats().pagesFree).toBe(w.runtime.stats().pagesTotal);
     await warmStep(warm, "registered", () => w.cache.register());
     expect(w.cache.catalog.db.eidOf("worker/id", "warm-0")).toBeDefined();
     expect(warm.ready).toBe(true);
