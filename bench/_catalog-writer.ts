@@ -1,5 +1,5 @@
 import { CatalogDb } from "../catalog/db.ts";
-import { KafkaLog } from "../catalog/log-kafka.ts";
+import { KafkaLog } from "../catalog/kafka/log.ts";
 import { CatalogWriter } from "../catalog/writer.ts";
 import { silentLogger } from "../schema/log.ts";
 

@@ -1,6 +1,7 @@
 import { createServer } from "node:net";
 import type OpenAI from "openai";
-import { KafkaLog, type KafkaTopics } from "../catalog/log-kafka.ts";
+import type { KafkaTopics } from "../catalog/kafka/admin.ts";
+import { KafkaLog } from "../catalog/kafka/log.ts";
 import { Replica } from "../catalog/replica.ts";
 import type { FleetWorkerView } from "../controller/api/service.ts";
 import { type RecordedDecision, readDecisions } from "../controller/replay/records.ts";

@@ -175,6 +175,7 @@ async function checkRestore(model: LoadedModel, backend: BackendName, promptToke
     fingerprint: model.fingerprint,
     vocab: model.config.spec.vocab,
     maxContext: model.config.spec.maxPosition,
+    layers: model.config.spec.layers,
     pageTokens: PAGE,
     physicalPages: DEVICE_PAGES,
     maxBatchTokens: 1024,

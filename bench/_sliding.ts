@@ -1,11 +1,14 @@
 import { join } from "node:path";
 import type { Engine } from "../native/index.ts";
-import { PageAllocator, PagedDecoder } from "../worker/model/decoder-paged.ts";
+import { ContinuationId, TokenCount } from "../schema/ids.ts";
 import { openEngine } from "../worker/model/engine.ts";
 import { generateModel } from "../worker/model/generate.ts";
-import { GLOBAL_LAYER } from "../worker/model/layout.ts";
+import { GLOBAL_LAYER, releaseWindow } from "../worker/model/layout.ts";
 import { type LoadedModel, loadModelDir } from "../worker/model/model-dir.ts";
 import { Rng, seedRng } from "../worker/model/prng.ts";
+import { PageHashChain } from "../worker/pages/page-hashes.ts";
+import { PageManager } from "../worker/pages/page-manager.ts";
+import { buildBatch } from "../worker/runtime/batch.ts";
 import { percentile, round } from "./contract.ts";
 
 /**
@@ -13,12 +16,16 @@ import { percentile, round } from "./contract.ts";
  * shape as MistralForCausalLM with a 256-position window on every layer
  * (generated once under .continuum/models/small-mistral-sw), decoding at a
  * context of 8 windows, beside the same weights with every layer global
- * (the spec's layers replaced, nothing else). Both run on the paged decoder,
- * one sequence each, prefilled once; decode rounds alternate between the two
- * so a burst of other load lands in one round of one of them, and the
- * medians of step times leave it out. A global layer reads all 8 windows of
- * K/V per token, a sliding one the last window: the ratio is what the window
- * saves in attention, against the weight reads both pay.
+ * (the spec's layers replaced, nothing else). Both run one sequence each
+ * on the runtime's page policy (a PageManager route: the sliding one
+ * releases the pages outside the window at every commit), prefilled once;
+ * decode rounds alternate between the two so a burst of other load lands in
+ * one round of one of them, and the medians of step times leave it out. A
+ * global layer reads all 8 windows of K/V per token, a sliding one the last
+ * window: the ratio is what the window saves in attention, against the
+ * weight reads both pay. The K/V pages each holds at context 8 windows,
+ * sliding over global, is what the release saves in memory (goal: the share
+ * of global layers, 0 here, plus the window's own pages, 1/8).
  */
 const MODEL_DIR = join(process.env.CONTINUUM_DATA_DIR ?? ".continuum", "models", "small-mistral-sw");
 const PAGE = 16;
@@ -36,6 +43,43 @@ async function slidingModel(log: (l: string) => void): Promise<LoadedModel> {
     log(`generating the small preset as mistral-sw into ${MODEL_DIR} (once)`);
     await generateModel({ preset: "small", arch: "mistral-sw", out: MODEL_DIR, seed: 0, force: true });
     return loadModelDir(MODEL_DIR, { variant: "bench" });
+  }
+}
+
+/** One sequence on a PageManager route, stepping the engine through the route's page tables. */
+class RoutedSequence {
+  private readonly pages: PageManager;
+  private readonly chain = new PageHashChain(PAGE, undefined);
+  private readonly tokens: number[] = [];
+  private readonly route = ContinuationId("bench-sliding");
+
+  constructor(
+    private readonly engine: Engine,
+    window: number | null,
+    capacity: number,
+  ) {
+    const physicalPages = Math.ceil(capacity / PAGE);
+    engine.createPool(physicalPages, PAGE);
+    this.pages = new PageManager({ pageTokens: PAGE, physicalPages, window });
+    this.pages.openRoute(this.route, { reserveTokens: TokenCount(capacity) });
+  }
+
+  async step(tokens: readonly number[]): Promise<void> {
+    const first = this.tokens.length;
+    const plan = this.pages.beginAppend(this.route, TokenCount(tokens.length));
+    this.tokens.push(...tokens);
+    const built = buildBatch([
+      { tokens, firstPosition: first, slots: plan.slots, pageTable: plan.pageTable, wantLogits: true },
+    ]);
+    await this.engine.step(built.batch);
+    const sealed = this.chain.extend(this.tokens, this.tokens.length).slice(Math.floor(first / PAGE));
+    this.pages.commitAppend(this.route, sealed);
+  }
+
+  /** K/V pages the route holds: its table less the entries released outside the window. */
+  get heldPages(): number {
+    const r = this.pages.route(this.route);
+    return r.pages.length - r.releasedPages;
   }
 }
 
@@ -57,23 +101,19 @@ export async function slidingDecode(quick: boolean, log: (l: string) => void): P
   const prompt = Array.from({ length: context }, () => rng.nextU32() % spec.vocab);
   const engines: Engine[] = [];
   try {
-    const runs: Record<
-      string,
-      { decoder: PagedDecoder; seq: ReturnType<PagedDecoder["open"]>; stepMs: number[] }
-    > = {};
+    const runs: Record<string, { seq: RoutedSequence; stepMs: number[] }> = {};
     const figures: Record<string, number> = {};
     for (const [name, s] of Object.entries(layouts)) {
       const engine = await openEngine(s, model.weights);
       engines.push(engine);
-      const pages = Math.ceil((context + rounds * steps + 1) / PAGE);
-      const decoder = new PagedDecoder(engine, new PageAllocator(pages), PAGE, 1);
-      const seq = decoder.open();
+      const seq = new RoutedSequence(engine, releaseWindow(s.layers), context + rounds * steps + 1);
       const t0 = performance.now();
-      await decoder.step([{ seq, tokens: prompt }]);
+      await seq.step(prompt);
       figures[`${name}_ctx${windows}w_prefill_tok_per_s`] = round(
         context / ((performance.now() - t0) / 1000),
       );
-      runs[name] = { decoder, seq, stepMs: [] };
+      figures[`${name}_ctx${windows}w_kv_pages_held`] = seq.heldPages;
+      runs[name] = { seq, stepMs: [] };
     }
     for (let r = 0; r < rounds; r++) {
       const names = Object.keys(runs);
@@ -82,7 +122,7 @@ export async function slidingDecode(quick: boolean, log: (l: string) => void): P
         const run = runs[name]!;
         for (let s = 0; s < steps; s++) {
           const ts = performance.now();
-          await run.decoder.step([{ seq: run.seq, tokens: [(s * 7 + 3) % spec.vocab] }]);
+          await run.seq.step([(s * 7 + 3) % spec.vocab]);
           run.stepMs.push(performance.now() - ts);
         }
       }
@@ -100,6 +140,9 @@ export async function slidingDecode(quick: boolean, log: (l: string) => void): P
       ratios: {
         sliding_over_global_decode: round(
           f(`sliding_ctx${windows}w_decode_tok_per_s`) / f(`global_ctx${windows}w_decode_tok_per_s`),
+        ),
+        sliding_pages_over_global_pages: round(
+          f(`sliding_ctx${windows}w_kv_pages_held`) / f(`global_ctx${windows}w_kv_pages_held`),
         ),
       },
       env: { sliding_window: window, sliding_context_tokens: context, sliding_decode_steps: steps * rounds },

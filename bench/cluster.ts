@@ -2,7 +2,7 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import OpenAI from "openai";
-import type { KafkaTopics } from "../catalog/log-kafka.ts";
+import type { KafkaTopics } from "../catalog/kafka/admin.ts";
 import type { RecordedDecision } from "../controller/replay/records.ts";
 import { predictionError } from "../controller/replay/records.ts";
 import {

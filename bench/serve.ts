@@ -190,6 +190,7 @@ function session(engine: Engine, model: LoadedModel, sched: typeof SCHED): Sessi
     fingerprint: model.fingerprint,
     vocab: model.config.spec.vocab,
     maxContext: model.config.spec.maxPosition,
+    layers: model.config.spec.layers,
     pageTokens: PAGE_TOKENS,
     physicalPages: PHYSICAL_PAGES,
     maxBatchTokens: sched.maxBatchTokens,

@@ -4,9 +4,9 @@ import { join } from "node:path";
 import datascript, { type DB } from "datascript";
 import { ATTRIBUTES } from "../schema/catalog.ts";
 import type { Config } from "../schema/config.ts";
+import { KafkaLog } from "./kafka/log.ts";
 import type { TxLogReader } from "./log.ts";
 import { EmbeddedLog } from "./log-embedded.ts";
-import { KafkaLog } from "./log-kafka.ts";
 
 /**
  * The Datalog console's logic: query text in, result or a clear error out.

@@ -104,10 +104,9 @@ export function attrInfo(a: string): AttrInfo | undefined {
  * A copy of `s` that shares no memory with the string it came from. msgpackr
  * decodes a message's strings as one string and hands out slices of it, and a
  * V8 slice keeps its whole parent alive: a proposal id kept from a decoded tx
- * held ~2 KB of that tx's text, and those parents, promoted, were most of the
- * replica's old-generation growth. The JSON round trip costs ~0.25 µs; slices
- * under 13 characters are copies already, so short strings are returned as
- * they are.
+ * held that tx's whole text, and those parents, promoted, were most of the
+ * replica's old-generation growth (bench/catalog.md). Slices under 13
+ * characters are copies already, so short strings are returned as they are.
  */
 export function ownString(s: string): string {
   return s.length < 13 ? s : (JSON.parse(JSON.stringify(s)) as string);
@@ -119,8 +118,8 @@ for (const c of "0123456789abcdef") LOWER_HEX[c.charCodeAt(0)] = 1;
 
 /**
  * True when `v` is 64 lowercase hex digits (what a hex column holds). A table
- * loop: ~0.3 µs against ~0.5 µs for /^[0-9a-f]{64}$/, and a publication
- * checks about ten such ids in the writer and three in each replica.
+ * loop rather than /^[0-9a-f]{64}$/ (cheaper; bench/catalog.md): a
+ * publication checks about ten such ids in the writer and three in each replica.
  */
 export function isHex64(v: string): boolean {
   if (v.length !== 64) return false;
@@ -280,7 +279,7 @@ class Table {
 
 /**
  * Entities and their values. Knows nothing of uniqueness or the catalog's
- * rules (catalog/db.ts keeps those); it only stores, checks each value against
+ * rules (catalog/db.ts and catalog/rules.ts keep those); it only stores, checks each value against
  * its attribute's representation, and enforces one namespace per entity.
  */
 export class EntityStore {
@@ -333,6 +332,11 @@ export class EntityStore {
   set(e: number, info: AttrInfo, v: Value): boolean {
     const why = this.refusal(e, info, v);
     if (why !== undefined) throw new RangeError(why);
+    return this.put(e, info, v);
+  }
+
+  /** `set` for a caller that has just found refusal(e, info, v) undefined (the db's apply): no second check. */
+  put(e: number, info: AttrInfo, v: Value): boolean {
     if (e >= this.nsOf.length) this.growIds(e);
     const t = this.tables[info.ns]!;
     let row: number;

@@ -38,7 +38,11 @@ export class HexIndex {
 
   /** The entity holding `value` (with qualifier `q`), if any; undefined for a value that is not 64 lowercase hex. */
   find(value: string, q = 0): number | undefined {
-    if (!isHex64(value)) return undefined;
+    return isHex64(value) ? this.findHex(value, q) : undefined;
+  }
+
+  /** `find` for a value the caller has checked is 64 lowercase hex. */
+  findHex(value: string, q = 0): number | undefined {
     this.key.write(value, 0, 32, "hex");
     const mask = this.slots.length - 1;
     for (let i = hash(this.key, 0, q) & mask; ; i = (i + 1) & mask) {

@@ -1,5 +1,4 @@
 import type { DB } from "datascript";
-import { Effect, type Scope } from "effect";
 import { TxMsg, type TxRecord } from "../schema/catalog.ts";
 import { decodeMessage } from "../schema/wire.ts";
 import { CatalogDb } from "./db.ts";
@@ -220,10 +219,3 @@ export class Replica {
     this.waiters = [];
   }
 }
-
-/** A replica as a scoped resource: started on acquire, stopped when the scope closes. */
-export const replicaResource = (opts: ReplicaOptions): Effect.Effect<Replica, unknown, Scope.Scope> =>
-  Effect.acquireRelease(
-    Effect.tryPromise(() => Replica.start(opts)),
-    (r) => Effect.promise(() => r.stop()),
-  );

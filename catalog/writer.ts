@@ -8,9 +8,10 @@ import {
   type TxRecord,
 } from "../schema/catalog.ts";
 import type { Logger } from "../schema/log.ts";
+import { type Backoff, backoffMs } from "../schema/retry.ts";
+import { encodeTx } from "../schema/tx-encode.ts";
 import { decodeMessage, encodeMessage, WireError } from "../schema/wire.ts";
-import type { ResolveResult } from "./db.ts";
-import { mayBePacked, PackedRecordError, PROPOSAL_BATCH, unpack } from "./kafka-records.ts";
+import { mayBePacked, PackedRecordError, PROPOSAL_BATCH, unpack } from "./kafka/records.ts";
 import {
   CatalogLogError,
   type LogRecord,
@@ -19,6 +20,10 @@ import {
   type WriterLease,
   type WriterLog,
 } from "./log.ts";
+import type { ResolveResult } from "./rules.ts";
+
+/** Between lease attempts after a failure: 100 ms · 2^(failures−1), at most 5 s. */
+const LEASE_BACKOFF: Backoff = { baseMs: 100, capMs: 5_000 };
 
 /**
  * The catalog writer: the one process that turns proposals into the total
@@ -56,7 +61,7 @@ import {
  *  - Bad input never stops the writer: bytes over `maxProposalBytes`, bytes
  *    that do not decode as a proposal, and proposals that fail validation
  *    each become a rejection with a reason. A proposal batch
- *    (`catalog.proposal.batch`, catalog/kafka-records.ts) is decided
+ *    (`catalog.proposal.batch`, catalog/kafka/records.ts) is decided
  *    proposal by proposal; one that does not unpack, or is over its bounds,
  *    is one rejection.
  */
@@ -132,7 +137,7 @@ export function decideBatch(
     };
     let encoded: Uint8Array;
     try {
-      encoded = encodeMessage(TxMsg, record);
+      encoded = encodeTx(record);
     } catch (err) {
       if (!(err instanceof WireError)) throw err;
       reject({ proposalId: p.id, clientId: p.clientId, reason: err.message, proposalOffset: offset });
@@ -142,7 +147,7 @@ export function decideBatch(
     tx.push(encoded);
   };
   for (const rec of proposals) {
-    // A proposal batch (catalog/kafka-records.ts) that the transport handed over whole — the embedded
+    // A proposal batch (catalog/kafka/records.ts) that the transport handed over whole — the embedded
     // log never unpacks, and the Kafka log hands over one it could not unpack — is decided item by item,
     // or refused as a whole with the reason; its items are never unpacked again.
     if (mayBePacked(PROPOSAL_BATCH, rec.bytes)) {
@@ -255,8 +260,7 @@ export class CatalogWriter<D extends WriterDb> {
         logger.log("warn", "writer.lease_lost", { error: (err as Error).message, failures });
         this.opts.onLeaseLost?.(err as Error, failures);
         if (failures >= maxFailures) throw err;
-        // Backoff 100 ms · 2^(failures−1), at most 5 s.
-        await sleep(Math.min(5_000, 100 * 2 ** (failures - 1)), this.stopping.signal);
+        await sleep(backoffMs(LEASE_BACKOFF, failures), this.stopping.signal);
       } finally {
         this.stopLease = undefined;
       }

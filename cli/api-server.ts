@@ -15,12 +15,10 @@ import type { CodecThreadData } from "./embedded/codec-thread.ts";
  * then the threads.
  */
 
-/** What a tokenizer thread needs to build the served model's codec. */
+/** A served model's id and the directory its tokenizer threads load the tokenizer from. */
 export interface FrontDoorModel {
   readonly id: string;
   readonly dir: string;
-  readonly eosTokenIds: readonly number[];
-  readonly vocab: number;
 }
 
 export interface ApiFrontDoor {
@@ -41,7 +39,7 @@ export function openFrontDoor(o: {
   const c = o.config.controller;
   const tokenizers = new Map(
     o.models.map((m) => {
-      const data: CodecThreadData = { modelDir: m.dir, eosTokenIds: m.eosTokenIds, vocabSize: m.vocab };
+      const data: CodecThreadData = { modelDir: m.dir };
       const pool = new ThreadPool<CodecJob, number[][]>({
         entry: CODEC_THREAD,
         data,

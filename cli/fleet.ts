@@ -1,6 +1,6 @@
 import { join } from "node:path";
+import { KafkaLog } from "../catalog/kafka/log.ts";
 import type { CatalogLog } from "../catalog/log.ts";
-import { KafkaLog } from "../catalog/log-kafka.ts";
 import { S3SnapshotStore } from "../catalog/snapshot-s3.ts";
 import { type Config, defaultConfig } from "../schema/config.ts";
 import type { StoreTier, WorkerStatus } from "../schema/control.ts";

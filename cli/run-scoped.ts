@@ -2,9 +2,9 @@ import { Cause, Effect, Exit, Fiber, type Scope } from "effect";
 
 /**
  * Runs a long-lived role as one scoped Effect: its resources are acquired
- * with acquireRelease, and SIGINT/SIGTERM interrupt the fiber so every
- * release runs in reverse order (sockets close, loops stop, native memory is
- * freed, children are stopped) before the process exits.
+ * with `resource` (schema/scope.ts), and SIGINT/SIGTERM interrupt the fiber
+ * so every release runs in reverse order (sockets close, loops stop, native
+ * memory is freed, children are stopped) before the process exits.
  */
 export async function runScoped(program: Effect.Effect<void, unknown, Scope.Scope>): Promise<number> {
   const fiber = Effect.runFork(Effect.scoped(program));
@@ -20,11 +20,4 @@ export async function runScoped(program: Effect.Effect<void, unknown, Scope.Scop
   const err = Cause.squash(exit.cause);
   process.stderr.write(`${err instanceof Error ? `${err.name}: ${err.message}` : String(err)}\n`);
   return 1;
-}
-
-/** An acquired resource with an async release, as an Effect in a scope. */
-export function resource<A>(acquire: () => Promise<A> | A, release: (a: A) => Promise<void> | void) {
-  return Effect.acquireRelease(Effect.tryPromise({ try: async () => acquire(), catch: (e) => e }), (a) =>
-    Effect.promise(async () => release(a)),
-  );
 }

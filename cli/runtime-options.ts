@@ -16,6 +16,7 @@ export function runtimeOptions(config: Config, model: LoadedModel, logger: Logge
     vocab: model.config.spec.vocab,
     maxContext: model.config.spec.maxPosition,
     pageTokens: config.pages.pageTokens,
+    layers: model.config.spec.layers,
     physicalPages: config.pages.physicalPages,
     maxBatchTokens: s.maxBatchTokens,
     maxBatchSeqs: s.maxBatchSeqs,

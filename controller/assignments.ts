@@ -119,6 +119,10 @@ export type AssignmentCommand =
       readonly attempt: number;
       readonly index: number;
       readonly tokens: readonly number[];
+      /** One per token, when the offer asked for log-probabilities. */
+      readonly logprobs?: Tokens["logprobs"];
+      /** On the first delivery of a request that scores its prompt. */
+      readonly promptLogprobs?: Tokens["promptLogprobs"];
     }
   | {
       readonly type: "finish";
@@ -345,6 +349,12 @@ function onCurrent(
         return attemptFailed(s, limits, `first tokens of attempt ${s.attempt} lost`, true);
       }
       const fresh = tokens.slice(s.delivered - index);
+      const lp = event.msg.logprobs;
+      const scores = event.msg.promptLogprobs;
+      const extras = {
+        ...(lp === undefined ? {} : { logprobs: lp.slice(s.delivered - index) }),
+        ...(scores === undefined || s.delivered > 0 ? {} : { promptLogprobs: scores }),
+      };
       return {
         state: {
           ...s,
@@ -354,7 +364,7 @@ function onCurrent(
           firstTokenAtMs: s.firstTokenAtMs ?? nowMs,
           phaseDeadlineMs: nowMs + limits.progressTimeoutMs,
         },
-        commands: [{ type: "deliver", attempt: s.attempt, index: s.delivered, tokens: fresh }],
+        commands: [{ type: "deliver", attempt: s.attempt, index: s.delivered, tokens: fresh, ...extras }],
       };
     }
 

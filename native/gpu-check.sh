@@ -57,9 +57,14 @@ objs=()
 pids=()
 # The harness links the CUDA engine and the CPU engine (backend.cc, engine.cc)
 # directly, to compare their step() logits without Node. The CPU sources are the
-# addon's own list in binding.gyp, less the N-API glue, so a new kernel file is
-# never left out here.
-cpu_srcs=$(grep -o '"src/[a-z0-9_]*\.cc"' native/binding.gyp | tr -d '"' | grep -v -e binding.cc -e async_queue.cc | sed 's|^|native/|')
+# addon's own list in binding.gyp, so a new kernel file is never left out here,
+# less the N-API glue: each source that includes napi.h, itself or through its
+# own header.
+cpu_srcs=""
+for src in $(grep -o '"src/[a-z0-9_]*\.cc"' native/binding.gyp | tr -d '"'); do
+  src="native/$src"
+  grep -qs 'napi\.h' "$src" "${src%.cc}.h" || cpu_srcs="$cpu_srcs $src"
+done
 for src in native/cuda/*.cu native/cuda/harness/*.cu $cpu_srcs; do
   obj="$BUILD/$(basename "${src%.*}").o"
   objs+=("$obj")

@@ -68,6 +68,12 @@ pack() {
     --outfile="$PKG/continuum.mjs" --log-level=warning \
     --banner:js="import { createRequire as __ckRequire } from 'node:module'; const require = __ckRequire(import.meta.url);"
   cp bench/_torch_llama.py "$PKG/"
+  # The web view's files, read beside the bundle (./assets) and from node_modules (uPlot).
+  rm -rf "$PKG/assets" "$PKG/node_modules"
+  cp -r controller/ui/assets "$PKG/assets"
+  mkdir -p "$PKG/node_modules/uplot/dist"
+  cp node_modules/uplot/package.json "$PKG/node_modules/uplot/"
+  cp node_modules/uplot/dist/uPlot.iife.min.js node_modules/uplot/dist/uPlot.min.css "$PKG/node_modules/uplot/dist/"
   local node_bin
   node_bin="$(node -p process.execPath)"
   if [ ! -f "$PKG/node.xz" ] || [ "$node_bin" -nt "$PKG/node.xz" ]; then
@@ -150,6 +156,8 @@ unpack_node() {
   fi
   chmod +x "$RUN/node"
   cp "$PKG/continuum.mjs" "$PKG/_torch_llama.py" "$RUN/"
+  rm -rf "$RUN/assets" "$RUN/node_modules"
+  cp -r "$PKG/assets" "$PKG/node_modules" "$RUN/"
   say "node $("$RUN/node" --version) unpacked"
 }
 

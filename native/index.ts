@@ -181,7 +181,7 @@ export interface CudaStatus {
 }
 
 export interface NativeBackends {
-  readonly cpu: { readonly isa: "generic" | "avx2" | "avx512"; readonly threads: number } & CpuFeatures;
+  readonly cpu: { readonly isa: CpuIsa; readonly threads: number } & CpuFeatures;
   readonly cuda: CudaStatus;
 }
 
@@ -264,8 +264,8 @@ export interface Kernels {
    * "avx512" is the avx2 arithmetic bit for bit, with the batched GEMM on
    * 512-bit column pairs.
    */
-  setIsa(isa: "generic" | "avx2" | "avx512"): boolean;
-  isa(): "generic" | "avx2" | "avx512";
+  setIsa(isa: CpuIsa): boolean;
+  isa(): CpuIsa;
   /** f32 → f16 bits through the vector path that routed append uses. */
   f32ToF16(x: Float32Array, y: Uint16Array): void;
   /** f32 → f16 bits through the scalar conversion. */
@@ -405,6 +405,36 @@ const addon = loadAddon();
 export const features: CpuFeatures = addon.features;
 export const defaultThreads: number = addon.defaultThreads;
 export const kernels: Kernels = addon.kernels;
+
+export type CpuIsa = "generic" | "avx2" | "avx512";
+const CPU_ISAS: readonly CpuIsa[] = ["generic", "avx2", "avx512"];
+
+/**
+ * The vector path a process runs its CPU kernels on: `CONTINUUM_CPU_ISA`
+ * (generic, avx2 or avx512) when set, else the widest the CPU has. The
+ * paths compute the same bits (kernels.h), so the choice changes speed only:
+ * it lets an AVX-512 host measure the AVX2 path most CPUs take. A value that
+ * is not one of the three, or a path the CPU lacks, is an error naming the
+ * variable.
+ */
+export function cpuIsaFromEnv(value: string | undefined, cpu: CpuFeatures): CpuIsa | null {
+  if (value === undefined || value === "") return null;
+  if (!(CPU_ISAS as readonly string[]).includes(value))
+    throw new Error(`CONTINUUM_CPU_ISA must be one of ${CPU_ISAS.join("|")}, got ${JSON.stringify(value)}`);
+  const isa = value as CpuIsa;
+  const avx2 = cpu.avx2 && cpu.fma && cpu.f16c;
+  if ((isa === "avx2" && !avx2) || (isa === "avx512" && !(avx2 && cpu.avx512)))
+    throw new Error(
+      `CONTINUUM_CPU_ISA=${isa}, but this CPU lacks ${isa === "avx2" ? "AVX2, FMA or F16C" : "AVX-512 F/DQ/BW"}`,
+    );
+  return isa;
+}
+
+{
+  const isa = cpuIsaFromEnv(process.env.CONTINUUM_CPU_ISA, features);
+  if (isa !== null && !kernels.setIsa(isa))
+    throw new Error(`CONTINUUM_CPU_ISA=${isa}: the native addon refused it`);
+}
 
 /**
  * The backends this addon offers: the CPU's vector path and threads, and

@@ -15,7 +15,7 @@ import { defineMessage, type MessageKind } from "./wire.ts";
  *
  * Every attribute is cardinality one. Ids travel as 64-hex strings (node,
  * prefix, fingerprint, content) or printable names (worker, tenant, request);
- * catalog/db.ts checks their shape when it resolves a proposal.
+ * catalog/rules.ts checks their shape when it resolves a proposal.
  */
 
 /** Value type of an attribute; `ref` holds another entity's id. */
@@ -280,9 +280,8 @@ const ATTRIBUTE_NAMES: ReadonlySet<string> = new Set(Object.keys(ATTRIBUTES));
 
 /**
  * Hand-written guard: a tx carries thousands of datoms, so this is the hot
- * decode path. Indexed reads and a Set of names: destructuring and `in` on
- * the attribute object cost ~2.5× as much per freshly decoded tx (measured
- * 2.4-3.1 µs against 1.0-1.3 µs for a 15-datom tx).
+ * decode path. Indexed reads and a Set of names, not destructuring and `in`
+ * on the attribute object (which cost over twice as much; bench/catalog.md).
  */
 function isDatoms(u: unknown): u is Datom[] {
   if (!Array.isArray(u)) return false;
@@ -349,7 +348,6 @@ export const RejectionBody = Schema.Struct({
  * decodes every proposal, and the Effect union costs several times the
  * msgpack decode.
  */
-type FieldCheck = (v: unknown) => boolean;
 const OP_MEMBERS = [
   ModelRegistered,
   WorkerRegistered,
@@ -363,37 +361,58 @@ const OP_MEMBERS = [
   DecisionMeasured,
 ] as const;
 
-function fieldCheck(op: string, field: string, s: unknown): FieldCheck {
-  if (s === Schema.String) return (v) => typeof v === "string";
-  if (s === Schema.Number) return (v) => typeof v === "number";
-  if (s === Schema.Boolean) return (v) => typeof v === "boolean";
+/** An op's fields other than `op`, and the typeof each must have. */
+interface OpShape {
+  readonly fields: readonly string[];
+  readonly types: readonly ("string" | "number" | "boolean")[];
+}
+
+function fieldType(op: string, field: string, s: unknown): "string" | "number" | "boolean" {
+  if (s === Schema.String) return "string";
+  if (s === Schema.Number) return "number";
+  if (s === Schema.Boolean) return "boolean";
   throw new Error(`catalog op ${op}: field ${field} has a type the fast guard does not know`);
 }
 
-const OP_SHAPES = new Map<string, readonly (readonly [string, FieldCheck])[]>();
+const OP_SHAPES = new Map<string, OpShape>();
 for (const member of OP_MEMBERS) {
   const { op, ...rest } = member.fields as Record<string, unknown>;
   const tag = op as { literal?: string; literals?: readonly string[] };
   const names = tag.literals ?? [tag.literal!];
   for (const name of names) {
-    OP_SHAPES.set(
-      name,
-      Object.entries(rest).map(([field, s]) => [field, fieldCheck(name, field, s)] as const),
-    );
+    const entries = Object.entries(rest);
+    OP_SHAPES.set(name, {
+      fields: entries.map(([field]) => field),
+      types: entries.map(([field, s]) => fieldType(name, field, s)),
+    });
   }
 }
 
+/**
+ * The op, checked against its shape. An object with exactly the shape's own
+ * keys is returned as it is; one with more (unknown fields, which the schema
+ * drops) is copied without them.
+ */
 function fastOp(u: unknown): CatalogOp | undefined {
   if (typeof u !== "object" || u === null || Array.isArray(u)) return undefined;
   const o = u as Record<string, unknown>;
   const shape = typeof o.op === "string" ? OP_SHAPES.get(o.op) : undefined;
   if (shape === undefined) return undefined;
-  const out: Record<string, unknown> = { op: o.op };
-  for (const [field, check] of shape) {
-    const v = o[field];
-    if (!check(v)) return undefined;
-    out[field] = v;
+  const { fields, types } = shape;
+  for (let i = 0; i < fields.length; i++) {
+    if (typeof o[fields[i]!] !== types[i]) return undefined;
   }
+  let keys = 0;
+  for (const k in o) {
+    if (!Object.hasOwn(o, k)) return copyOp(o, fields);
+    keys++;
+  }
+  return keys === fields.length + 1 ? (o as CatalogOp) : copyOp(o, fields);
+}
+
+function copyOp(o: Record<string, unknown>, fields: readonly string[]): CatalogOp {
+  const out: Record<string, unknown> = { op: o.op };
+  for (const f of fields) out[f] = o[f];
   return out as CatalogOp;
 }
 
@@ -419,8 +438,8 @@ export const ProposalMsg: MessageKind<Proposal> = {
 /**
  * Tx decoding: the guard alone decides (the body is returned as it is, as
  * Schema.declare would); only a body it refuses goes through the Effect
- * schema, for the error message. The Effect call costs ~4 µs per tx on its
- * own, more than unpacking the tx's bytes, and every replica decodes every tx.
+ * schema, for the error message. The Effect call alone costs more than
+ * unpacking the tx's bytes (bench/catalog.md), and every replica decodes every tx.
  */
 const checkedTx = defineMessage("catalog.tx", TxBody);
 export const TxMsg: MessageKind<TxRecord> = {

@@ -18,6 +18,10 @@ export interface Config {
     dir: string;
     /** Preset written under data dir when `dir` is empty. */
     preset: "tiny" | "small" | "bench";
+    /** A Jinja chat template file replacing the model's own (vLLM's --chat-template); empty: the model's. */
+    chatTemplate: string;
+    /** How tool calls are read out of the text (vLLM's --tool-call-parser); auto: from the template's markup. */
+    toolCallParser: "auto" | "none" | "hermes" | "llama3_json" | "mistral";
     /**
      * The execution variant in the model fingerprint: the numerics the K/V
      * bytes depend on (worker/model/variant.ts), so chunks are shared only
@@ -271,7 +275,7 @@ export interface Config {
 }
 
 export const defaultConfig: Config = {
-  model: { dir: "", preset: "tiny", variant: "auto" },
+  model: { dir: "", preset: "tiny", variant: "auto", chatTemplate: "", toolCallParser: "auto" },
   pages: { pageTokens: 16, physicalPages: 4096, chunkTokens: 256 },
   scheduler: {
     maxBatchTokens: 512,
@@ -402,6 +406,8 @@ const optStr: Rule = { kind: "string", allowEmpty: true };
 const rules: Record<string, Rule> = {
   "model.dir": optStr,
   "model.preset": { kind: "enum", values: ["tiny", "small", "bench"] },
+  "model.chatTemplate": optStr,
+  "model.toolCallParser": { kind: "enum", values: ["auto", "none", "hermes", "llama3_json", "mistral"] },
   "model.variant": {
     kind: "string",
     pattern: {

@@ -207,12 +207,52 @@ export type ResidentPrefix = (typeof ResidentPrefix)["Type"];
 
 // ---------------------------------------------------------------- assignment lifecycle
 
+/** Bound on an offer's token-id lists (stop, allowed ids, logit bias entries); the front door's. */
+export const MAX_OFFER_TOKEN_LIST = 4096;
+/** Alternatives per position at most (top_logprobs); the front door's. */
+export const MAX_TOP_LOGPROBS = 20;
+
+const TokenList = Schema.Array(TokenId).check(Schema.isMaxLength(MAX_OFFER_TOKEN_LIST));
+
+/**
+ * Sampling of one choice. Fields after `stop` came with the request fields
+ * of issue 17; absent means the neutral value (a controller sends them only
+ * when a request sets them, so an offer without them is what older workers
+ * were sent).
+ */
 const Sampling = Schema.Struct({
   temperature: Schema.optional(Schema.Finite.check(Schema.isGreaterThanOrEqualTo(0))),
   topP: Schema.optional(Schema.Finite.check(Schema.isBetween({ minimum: 0, maximum: 1 }))),
   topK: Schema.optional(Count),
   seed: Schema.optional(Schema.Int),
   stop: Schema.optional(Schema.Array(Schema.String).check(Schema.isMaxLength(16))),
+  minP: Schema.optional(Schema.Finite.check(Schema.isBetween({ minimum: 0, maximum: 1 }))),
+  repetitionPenalty: Schema.optional(Schema.Finite.check(Schema.isGreaterThan(0))),
+  presencePenalty: Schema.optional(Schema.Finite),
+  frequencyPenalty: Schema.optional(Schema.Finite),
+  logitBias: Schema.optional(
+    Schema.Array(Schema.Tuple([TokenId, Schema.Finite])).check(Schema.isMaxLength(MAX_OFFER_TOKEN_LIST)),
+  ),
+  minTokens: Schema.optional(Count),
+  allowedTokenIds: Schema.optional(TokenList),
+});
+
+/** An output constraint as data (schema/constraint.ts); the worker compiles it for its vocabulary. */
+const Constraint = Schema.Union([
+  Schema.Struct({ kind: Schema.Literal("json_schema"), schema: Schema.Json }),
+  Schema.Struct({ kind: Schema.Literal("json_object") }),
+  Schema.Struct({ kind: Schema.Literal("regex"), pattern: Schema.String }),
+  Schema.Struct({ kind: Schema.Literal("choice"), choices: Schema.Array(Schema.String) }),
+]);
+
+const TopLogprobs = Count.check(Schema.isLessThanOrEqualTo(MAX_TOP_LOGPROBS));
+
+/** One position's log-probabilities (controller/api/service.ts TokenLogprob). */
+const TokenLogprobField = Schema.Struct({
+  token: TokenId,
+  logprob: Schema.Finite,
+  rank: Count,
+  top: Schema.Array(Schema.Tuple([TokenId, Schema.Finite])).check(Schema.isMaxLength(MAX_TOP_LOGPROBS)),
 });
 
 /** What the router expected when it chose this worker; the worker plans its own restore. */
@@ -234,6 +274,16 @@ const OfferBody = Schema.Struct({
   cacheSalt: Schema.String,
   sampling: Sampling,
   plan: OfferPlan,
+  /** Generation ends after any of these ids; absent: the worker's model's EOS ids. */
+  stopTokenIds: Schema.optional(TokenList),
+  /** Larger is served first; absent: 0. */
+  priority: Schema.optional(Schema.Int),
+  /** Log-probabilities of each generated token with this many alternatives; absent: none. */
+  logprobs: Schema.optional(TopLogprobs),
+  /** Score the prompt with this many alternatives (computes it whole); absent: no scoring. */
+  promptLogprobs: Schema.optional(TopLogprobs),
+  /** The grammar the output follows; absent: free. */
+  constraint: Schema.optional(Constraint),
 });
 export type Offer = (typeof OfferBody)["Type"];
 export type Sampling = (typeof Sampling)["Type"];
@@ -264,6 +314,15 @@ const TokensBody = Schema.Struct({
   workerId: WorkerIdField,
   index: Count,
   tokens: Schema.Array(TokenId).check(Schema.isMaxLength(MAX_TOKENS_PER_FRAME)),
+  /** With an offer's `logprobs`: one entry per token of `tokens`, in order. */
+  logprobs: Schema.optional(Schema.Array(TokenLogprobField).check(Schema.isMaxLength(MAX_TOKENS_PER_FRAME))),
+  /**
+   * With an offer's `promptLogprobs`, on the frame that starts at index 0:
+   * prompt positions 1.. (the first prompt token has none).
+   */
+  promptLogprobs: Schema.optional(
+    Schema.Array(TokenLogprobField).check(Schema.isMaxLength(MAX_PROMPT_TOKENS)),
+  ),
 });
 export type Tokens = (typeof TokensBody)["Type"];
 

@@ -1,5 +1,5 @@
 import { Effect } from "effect";
-import { replicaResource } from "../../catalog/replica.ts";
+import { Replica } from "../../catalog/replica.ts";
 import { defaultAssignmentLimits } from "../../controller/assignments.ts";
 import { DecisionRecorder } from "../../controller/fleet/decisions.ts";
 import { DemandWindow } from "../../controller/fleet/demand.ts";
@@ -10,13 +10,14 @@ import { PlacementAuthority } from "../../controller/placement/authority.ts";
 import { defaultRouterPolicy, roundRobinRouterPolicy } from "../../controller/router.ts";
 import { RecentDecisions } from "../../controller/ui/recent-decisions.ts";
 import { createLogger } from "../../schema/log.ts";
+import { resource } from "../../schema/scope.ts";
 import { openFrontDoor } from "../api-server.ts";
 import type { Command } from "../command.ts";
 import { ensureModelIdentity } from "../embedded/model.ts";
-import { textCodec } from "../embedded/service.ts";
-import { fleetSnapshots, openCatalogLog, requireKafka } from "../fleet.ts";
+import { configuredChatTemplate, textCodec } from "../embedded/text-codec.ts";
+import { fleetSnapshots, openCatalogLog, pollLogEnd, requireKafka } from "../fleet.ts";
 import { parseRoleArgs } from "../options.ts";
-import { resource, runScoped } from "../run-scoped.ts";
+import { runScoped } from "../run-scoped.ts";
 import { webViewResource } from "../web-view.ts";
 
 const usage = [
@@ -53,6 +54,7 @@ const command: Command = {
       Effect.gen(function* () {
         // Tokenizer and fingerprint only: the controller runs no model, so it never holds the weights.
         const { model, id: modelId } = yield* Effect.promise(() => ensureModelIdentity(config, log));
+        const chatTemplate = yield* Effect.promise(() => configuredChatTemplate(config));
         const catalogLog = yield* resource(
           () => openCatalogLog(config, "controller"),
           (l) => l.close(),
@@ -62,26 +64,19 @@ const command: Command = {
           (st) => st?.close(),
         );
         // The controller is the fleet's snapshot writer; every replica reads them.
-        const replica = yield* replicaResource({
-          log: catalogLog,
-          warn: (message) => log.log("warn", "catalog.replica", { message }),
-          ...(snapshots ? { snapshots, snapshotEvery: config.catalog.snapshotEvery } : {}),
-        });
+        const replica = yield* resource(
+          () =>
+            Replica.start({
+              log: catalogLog,
+              warn: (message) => log.log("warn", "catalog.replica", { message }),
+              ...(snapshots ? { snapshots, snapshotEvery: config.catalog.snapshotEvery } : {}),
+            }),
+          (r) => r.stop(),
+        );
         // Catalog lag = the log's end − the replica's offset; the end is polled, not asked per scrape.
-        let logEnd = 0;
-        yield* resource(
-          () => {
-            const poll = () =>
-              catalogLog.endOffset().then(
-                (end) => {
-                  logEnd = end;
-                },
-                () => undefined,
-              );
-            void poll();
-            return setInterval(poll, 2_000);
-          },
-          (t) => clearInterval(t),
+        const logEnd = yield* resource(
+          () => pollLogEnd(catalogLog, 2_000),
+          (p) => p.stop(),
         );
         const hub = yield* resource(
           async () => {
@@ -110,7 +105,7 @@ const command: Command = {
               hub,
               {
                 db: () => replica.catalog,
-                lag: () => Math.max(0, logEnd - replica.offset()),
+                lag: () => Math.max(0, logEnd.value - replica.offset()),
               },
               recorder,
               {
@@ -118,7 +113,7 @@ const command: Command = {
                   id: modelId,
                   fingerprint: model.fingerprint,
                   maxContext: model.config.spec.maxPosition,
-                  codec: textCodec(model),
+                  codec: textCodec(model, chatTemplate, undefined, config.model.toolCallParser),
                 },
                 chunkTokens: config.pages.chunkTokens,
                 limits: {
@@ -179,9 +174,7 @@ const command: Command = {
         const frontDoor = openFrontDoor({
           config,
           service,
-          models: [
-            { id: modelId, dir: model.dir, eosTokenIds: model.eosTokenIds, vocab: model.config.spec.vocab },
-          ],
+          models: [{ id: modelId, dir: model.dir }],
           catalog: replica,
           log,
         });
@@ -194,7 +187,7 @@ const command: Command = {
         yield* webViewResource(config, frontDoor.server, {
           mode: "fleet",
           workers: () => service.workers(),
-          catalog: () => ({ offset: replica.offset(), lag: Math.max(0, logEnd - replica.offset()) }),
+          catalog: () => ({ offset: replica.offset(), lag: Math.max(0, logEnd.value - replica.offset()) }),
           decisions: recent ?? null,
         });
         const port = yield* resource(

@@ -122,7 +122,7 @@ async function info(argv: readonly string[]): Promise<number> {
     spec: m.config.spec,
     bosTokenId: m.config.bosTokenId,
     eosTokenIds: m.eosTokenIds,
-    tokenizer: { size: m.tokenizer.size, chatFormat: m.tokenizer.chatFormat },
+    tokenizer: { size: m.tokenizer.size, chatTemplates: [...m.tokenizer.chatTemplates.keys()] },
     tensors: m.weights.tensors.size,
     params,
     bytes,
@@ -141,7 +141,9 @@ async function info(argv: readonly string[]): Promise<number> {
   const sliding = m.config.spec.layers.filter((l) => l.kind === "sliding").length;
   console.log(`  ${"layers".padEnd(15)} ${sliding} sliding, ${m.config.spec.nLayers - sliding} global`);
   console.log(`tokens       bos ${m.config.bosTokenId ?? "none"}, eos ${JSON.stringify(m.eosTokenIds)}`);
-  console.log(`tokenizer    ${m.tokenizer.size} tokens, chat format ${m.tokenizer.chatFormat}`);
+  console.log(
+    `tokenizer    ${m.tokenizer.size} tokens, chat templates: ${summary.tokenizer.chatTemplates.join(", ") || "none"}`,
+  );
   console.log(
     `weights      ${summary.tensors} tensors, ${params} params, ${bytes} bytes, ${summary.dtypes.join("+")}`,
   );

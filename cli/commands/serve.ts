@@ -1,6 +1,7 @@
 import { Effect } from "effect";
 import { registerRestoreMetrics } from "../../controller/api/restore-metrics.ts";
 import { createLogger } from "../../schema/log.ts";
+import { resource } from "../../schema/scope.ts";
 import { KvGeometry } from "../../worker/checkpoint/chunk-format.ts";
 import { openEmbeddedCache } from "../../worker/restore/embedded.ts";
 import { chooseEngine, loadEngine } from "../../worker/runtime/engine-load.ts";
@@ -16,9 +17,10 @@ import {
   requireFreeSpace,
   serveDirs,
 } from "../embedded/startup.ts";
+import { configuredChatTemplate } from "../embedded/text-codec.ts";
 import { workerStatus } from "../fleet.ts";
 import { parseRoleArgs } from "../options.ts";
-import { resource, runScoped } from "../run-scoped.ts";
+import { runScoped } from "../run-scoped.ts";
 import { runtimeOptions } from "../runtime-options.ts";
 import { embeddedWorkerView, webViewResource } from "../web-view.ts";
 
@@ -72,6 +74,7 @@ const command: Command = {
         const { model, id } = yield* Effect.promise(() =>
           ensureModel(config, log, choice.variant).catch(explain),
         );
+        const chatTemplate = yield* Effect.promise(() => configuredChatTemplate(config));
         const engine = yield* resource(
           () =>
             loadEngine(model, config.pages, {
@@ -97,11 +100,14 @@ const command: Command = {
           (rt) => rt.stop(),
         );
         const restorer = durable.cache.restorer;
-        const service = new EmbeddedService(runtime, model, id, () => restorer.stats().tokens);
+        const service = new EmbeddedService(runtime, model, id, () => restorer.stats().tokens, {
+          chatTemplate,
+          toolCallParser: config.model.toolCallParser,
+        });
         const frontDoor = openFrontDoor({
           config,
           service,
-          models: [{ id, dir: model.dir, eosTokenIds: model.eosTokenIds, vocab: model.config.spec.vocab }],
+          models: [{ id, dir: model.dir }],
           catalog: durable.cache.replica,
           log,
         });

@@ -1,11 +1,13 @@
 import { Effect } from "effect";
 import { createLogger } from "../../schema/log.ts";
+import { resource } from "../../schema/scope.ts";
 import { WorkerAgent } from "../../worker/agent/agent.ts";
 import { KvGeometry } from "../../worker/checkpoint/chunk-format.ts";
 import { Prefetcher } from "../../worker/prefetch/prefetcher.ts";
 import { DurableCache } from "../../worker/restore/durable-cache.ts";
 import { chooseEngine, loadEngine } from "../../worker/runtime/engine-load.ts";
 import { WorkerRuntime } from "../../worker/runtime/runtime.ts";
+import { ConstraintCompiler } from "../../worker/structured/constraint.ts";
 import { probeTiers, WarmStart, warmCatalog, warmEngine, warmStep } from "../../worker/warm/warm-start.ts";
 import type { Command } from "../command.ts";
 import { ensureModel } from "../embedded/model.ts";
@@ -21,7 +23,7 @@ import {
   workerStatus,
 } from "../fleet.ts";
 import { parseRoleArgs } from "../options.ts";
-import { resource, runScoped } from "../run-scoped.ts";
+import { runScoped } from "../run-scoped.ts";
 import { runtimeOptions } from "../runtime-options.ts";
 
 const usage = [
@@ -197,6 +199,7 @@ const command: Command = {
               kvBytesPerToken,
               durableTiers: reuse ? durableTiers(cacheConfig.store) : [],
               stopTokenIds: model.eosTokenIds,
+              constraints: new ConstraintCompiler(model.tokenizer.tokenBytes()),
               heartbeatIntervalMs: config.worker.heartbeatIntervalMs,
               reconnectBaseMs: 100,
               reconnectMaxMs: 5_000,

@@ -1,17 +1,20 @@
 import { parseArgs } from "node:util";
+import { Effect } from "effect";
 import { CatalogDb } from "../../catalog/db.ts";
-import { KafkaLog } from "../../catalog/log-kafka.ts";
+import { KafkaLog } from "../../catalog/kafka/log.ts";
 import { CatalogWriter } from "../../catalog/writer.ts";
 import { loadConfig } from "../../schema/config.ts";
 import { createLogger } from "../../schema/log.ts";
+import { resource } from "../../schema/scope.ts";
 import { type Command, UsageError } from "../command.ts";
+import { runScoped } from "../run-scoped.ts";
 
 /**
  * `continuum writer --config F`: the catalog writer as its own process, for a
  * fleet on Kafka. Start two: one becomes active, the other waits as a standby
  * and takes over (fencing the first) when it dies. Logs one JSON line per
  * event on stderr (writer.standby, writer.active, writer.lease_lost,
- * writer.stopped). SIGTERM/SIGINT stop it cleanly.
+ * writer.stopped). SIGTERM/SIGINT close its scope: the writer stops, then its log.
  */
 const command: Command = {
   summary: "run the catalog writer (Kafka): proposals → validated, numbered catalog.tx",
@@ -37,24 +40,39 @@ const command: Command = {
       );
     }
     const logger = createLogger({ fields: { role: "catalog-writer", pid: process.pid } });
-    const log = await KafkaLog.open({
-      brokers: config.catalog.brokers,
-      clientId: `${config.catalog.clientId}.writer`,
-      topics: config.catalog.topics,
-    });
-    const writer = new CatalogWriter({ log, newDb: () => CatalogDb.empty(), logger });
-    const onSignal = () => void writer.stop();
-    process.once("SIGTERM", onSignal);
-    process.once("SIGINT", onSignal);
-    try {
-      await writer.run();
-      return 0;
-    } catch (err) {
-      logger.log("error", "writer.failed", { error: (err as Error).message });
-      return 1;
-    } finally {
-      await log.close();
-    }
+    return runScoped(
+      Effect.gen(function* () {
+        const log = yield* resource(
+          () =>
+            KafkaLog.open({
+              brokers: config.catalog.brokers,
+              clientId: `${config.catalog.clientId}.writer`,
+              topics: config.catalog.topics,
+            }),
+          (l) => l.close(),
+        );
+        // Runs until stopped (the scope closes: Ctrl-C, SIGTERM) or it gives up for good.
+        const writer = yield* resource(
+          () => {
+            const w = new CatalogWriter({ log, newDb: () => CatalogDb.empty(), logger });
+            const running = w.run();
+            running.catch(() => undefined); // handled below; never an unhandled rejection meanwhile
+            return { w, running };
+          },
+          async ({ w, running }) => {
+            await w.stop();
+            await running.catch(() => undefined);
+          },
+        );
+        yield* Effect.tryPromise({
+          try: () => writer.running,
+          catch: (err) => {
+            logger.log("error", "writer.failed", { error: (err as Error).message });
+            return err;
+          },
+        });
+      }),
+    );
   },
 };
 

@@ -1,22 +1,13 @@
-import type { ChatMessage, TextCodec } from "../../controller/api/service.ts";
+import type { EncodeOptions } from "../../controller/api/service.ts";
 import type { ModelTokenizer } from "../../worker/model/tokenizer.ts";
 
 /**
- * The front door's codec over a model's tokenizer: what the service hands
- * the front door, and what each tokenizer thread builds from the model
- * directory (cli/embedded/codec-thread.ts), so both produce the same ids.
+ * Text to token ids as the front door does it, in the service's codec
+ * (text-codec.ts) and on each tokenizer thread (codec-thread.ts) alike, so
+ * a prompt gets the same ids wherever it is tokenized. Special tokens (the
+ * post-processor's BOS) only when asked: completions ask by default, chat
+ * does not (its template writes them).
  */
-export function codecOf(tok: ModelTokenizer, eosTokenIds: readonly number[], vocabSize: number): TextCodec {
-  return {
-    encode: (text) => tok.encode(text),
-    decode: (ids) => tok.decode(ids, { skipSpecialTokens: true }),
-    // The tokenizer's templates know system/user/assistant; a tool result is
-    // shown to the model as a user turn.
-    chatPrompt: (messages: readonly ChatMessage[]) =>
-      tok.encodeChat(
-        messages.map((m) => ({ role: m.role === "tool" ? "user" : m.role, content: m.content })),
-      ),
-    eosTokenIds,
-    vocabSize,
-  };
+export function encodeText(tok: ModelTokenizer, text: string, opts?: EncodeOptions): number[] {
+  return tok.encode(text, { addSpecialTokens: opts?.addSpecialTokens ?? false });
 }

@@ -1,23 +1,21 @@
 import { ApiError, unavailable } from "../../controller/api/errors.ts";
 import { RESTORE_TIERS, type RestoreTierName } from "../../controller/api/restore-metrics.ts";
-import type {
-  Generation,
-  GenerationEvent,
-  GenerationRequest,
-  InferenceService,
-  ModelInfo,
-  ServiceGauges,
-  TextCodec,
+import {
+  type Generation,
+  type GenerationEvent,
+  type GenerationRequest,
+  type InferenceService,
+  type ModelInfo,
+  prefixSalt,
+  type ServiceGauges,
 } from "../../controller/api/service.ts";
-import type { LoadedModel, ModelIdentity } from "../../worker/model/model-dir.ts";
+import type { Config } from "../../schema/config.ts";
+import { logitsRules } from "../../worker/model/logits.ts";
+import type { LoadedModel } from "../../worker/model/model-dir.ts";
 import { SubmitError, type WorkerRuntime } from "../../worker/runtime/runtime.ts";
 import type { RuntimeEvent } from "../../worker/runtime/sequence.ts";
-import { codecOf } from "./codec.ts";
-
-/** The front door's view of a loaded model: its tokenizer and chat template. */
-export function textCodec(model: ModelIdentity): TextCodec {
-  return codecOf(model.tokenizer, model.eosTokenIds, model.config.spec.vocab);
-}
+import { ConstraintCompiler } from "../../worker/structured/constraint.ts";
+import { textCodec } from "./text-codec.ts";
 
 /**
  * The embedded default's inference service: the HTTP front door talks to one
@@ -26,6 +24,7 @@ export function textCodec(model: ModelIdentity): TextCodec {
  */
 export class EmbeddedService implements InferenceService {
   private readonly info: ModelInfo;
+  private readonly constraints: ConstraintCompiler;
 
   constructor(
     private readonly runtime: WorkerRuntime,
@@ -33,12 +32,18 @@ export class EmbeddedService implements InferenceService {
     readonly modelId: string,
     /** Prompt tokens restored from each durable tier so far (the restorer's count); absent: no durable cache. */
     private readonly restoredTokens?: () => Readonly<Record<RestoreTierName, number>>,
+    /** model.chatTemplate's text (replacing the model's own template) and model.toolCallParser. */
+    text: {
+      readonly chatTemplate?: string;
+      readonly toolCallParser?: Config["model"]["toolCallParser"];
+    } = {},
   ) {
+    this.constraints = new ConstraintCompiler(model.tokenizer.tokenBytes());
     this.info = {
       id: modelId,
       created: Math.floor(Date.now() / 1000),
       maxContext: model.config.spec.maxPosition,
-      codec: textCodec(model),
+      codec: textCodec(model, text.chatTemplate, this.constraints, text.toolCallParser),
     };
   }
 
@@ -51,14 +56,20 @@ export class EmbeddedService implements InferenceService {
     try {
       gen = this.runtime.submit({
         requestId: req.requestId,
-        salt: req.tenant === "default" ? undefined : req.tenant,
+        salt: prefixSalt(req.tenant, req.cacheSalt),
         prompt: req.prompt,
         maxTokens: req.maxTokens,
         temperature: req.sampling.temperature,
         topP: req.sampling.topP,
         topK: req.sampling.topK,
+        minP: req.sampling.minP,
         seed: req.sampling.seed,
+        rules: logitsRules(req.sampling),
         stopTokenIds: req.stopTokenIds,
+        priority: req.priority,
+        ...(req.logprobs === null ? {} : { logprobs: req.logprobs }),
+        ...(req.promptLogprobs === null ? {} : { promptLogprobs: req.promptLogprobs }),
+        ...(req.constraint === null ? {} : { constraint: this.constraints.machine(req.constraint) }),
       });
     } catch (err) {
       if (err instanceof SubmitError)

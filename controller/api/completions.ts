@@ -2,16 +2,22 @@ import { randomBytes } from "node:crypto";
 import type { ServerResponse } from "node:http";
 import { RequestId, type TenantId } from "../../schema/ids.ts";
 import type { Counter, Histogram } from "../metrics.ts";
+import { type ChoiceDelta, ChoiceRun, endTokenIds } from "./choice.ts";
 import { ApiError, badRequest } from "./errors.ts";
+import type { Prompts } from "./prompts.ts";
 import { type ChatRequest, type CompletionRequest, checkContext } from "./request.ts";
-import type { FinishReason, Generation, GenerationRequest, InferenceService, ModelInfo } from "./service.ts";
-import { IncrementalDetokenizer, StopMatcher } from "./text-stream.ts";
+import { promptScoring } from "./request-logprobs.ts";
+import { checkTokenIds } from "./request-sampling.ts";
+import { ResponseShape, shownChoices, usageJson } from "./responses.ts";
+import type { GenerationRequest, InferenceService, ModelInfo } from "./service.ts";
+import { toolConstraint } from "./tools.ts";
 
 /**
- * One completion or chat request after it is parsed and tokenized: admit
- * every choice (all or none), then stream each choice's tokens through
- * incremental detokenization and stop sequences, as one JSON answer or as
- * server-sent events.
+ * One completion or chat request after it is parsed and tokenized: check
+ * its prompts, sampling ids and output constraint, admit every choice (all
+ * or none), then drive each choice (choice.ts: detokenization, stop rules,
+ * log-probabilities) and shape the answer (responses.ts) as one JSON body
+ * or as server-sent events.
  *
  * Outcomes, each logged once with the request id and the client's
  * X-Request-Id: `request.done`; `request.failed` (a choice failed: a 500, or
@@ -20,23 +26,6 @@ import { IncrementalDetokenizer, StopMatcher } from "./text-stream.ts";
  * connection is closed): its choices are cancelled at once and /metrics
  * counts it under status 499.
  */
-
-/** One choice being generated: its prompt index, its generation and its text pipeline. */
-interface ChoiceRun {
-  readonly index: number;
-  readonly promptTokens: number;
-  readonly gen: Generation;
-  readonly detok: IncrementalDetokenizer;
-  readonly stop: StopMatcher;
-  completionTokens: number;
-  cachedTokens: number;
-  text: string;
-  finish: FinishReason | null;
-  /** Why the choice failed, when it ended with an error instead of a finish reason. */
-  error: string | null;
-}
-
-type ChoiceChunk = { index: number; text: string; finish: FinishReason | null };
 
 export interface CompletionContext {
   readonly res: ServerResponse;
@@ -54,13 +43,18 @@ export interface CompletionMetrics {
   readonly promptTokens: Counter;
 }
 
-/** The id a request runs under: its kind and the X-Request-Id, made unique when the client chose it. */
+/**
+ * The id a request runs under: its kind and vLLM's `request_id` when the
+ * body names one, else the X-Request-Id, made unique when the client chose it.
+ */
 export function internalRequestId(
   kind: "chat" | "completion",
   xRequestId: string,
   fromClient: boolean,
+  bodyRequestId: string | null = null,
 ): string {
   const prefix = kind === "chat" ? "chatcmpl" : "cmpl";
+  if (bodyRequestId !== null) return `${prefix}-${bodyRequestId}`;
   return fromClient ? `${prefix}-${xRequestId}-${randomBytes(4).toString("hex")}` : `${prefix}-${xRequestId}`;
 }
 
@@ -72,72 +66,124 @@ export class Completions {
     private readonly maxUnsentBytes: number,
   ) {}
 
-  /** Checks every prompt's tokens, then admits every choice; on any failure nothing stays admitted. */
+  /** Checks every prompt, the sampling ids and the constraint, then admits every choice; on any failure nothing stays admitted. */
   private admit(
     parsed: CompletionRequest | ChatRequest,
-    prompts: readonly number[][],
+    prompts: Prompts,
     model: ModelInfo,
     tenant: TenantId,
     requestId: string,
-  ): ChoiceRun[] {
+  ): { runs: ChoiceRun[]; shape: ResponseShape } {
     const codec = model.codec;
-    const plans = prompts.map((ids, i) => {
+    const plans = prompts.ids.map((whole, i) => {
+      const ids = truncated(whole, parsed.truncate, model.maxContext, parsed.maxTokens);
       const bad = ids.find((t) => t >= codec.vocabSize);
       if (bad !== undefined)
         throw badRequest(
           `prompt ${i} has token id ${bad}, outside the vocabulary of ${codec.vocabSize}`,
           "prompt",
         );
-      return { ids, maxTokens: checkContext(ids.length, parsed.maxTokens, model.maxContext) };
+      // max_tokens 0 (echo): one token is generated and dropped, as vLLM does.
+      const budget = checkContext(
+        ids.length,
+        parsed.maxTokens === 0 ? 1 : parsed.maxTokens,
+        model.maxContext,
+      );
+      return { ids, maxTokens: budget };
     });
+    checkTokenIds(parsed.sampling, parsed.stop, codec.vocabSize);
+    const tools = parsed.kind === "chat" ? parsed.tools : null;
+    if (tools?.choice === "auto" && codec.toolParser === null)
+      throw badRequest(
+        "tool_choice 'auto' needs a tool-call parser for this model: set model.toolCallParser",
+        "tool_choice",
+      );
+    const constraint = parsed.constraint ?? (tools ? toolConstraint(tools) : null);
+    if (constraint !== null) {
+      let least: number;
+      try {
+        least = codec.checkConstraint(constraint);
+      } catch (err) {
+        // A tool's parameters the grammar cannot enforce: name the tools, not response_format.
+        if (err instanceof ApiError && parsed.constraint === null) throw badRequest(err.message, "tools");
+        throw err;
+      }
+      const short = plans.find((p) => p.maxTokens < least);
+      if (short)
+        throw badRequest(
+          `max_tokens (${short.maxTokens}) is below the ${least} tokens the requested format's shortest output may need`,
+          "max_tokens",
+        );
+    }
+    const lp = parsed.lp;
+    // best_of ranks choices by their tokens' log-probabilities.
+    const logprobs = lp.logprobs ?? (parsed.bestOf > parsed.n ? 0 : null);
+    const promptLogprobs = promptScoring(lp, parsed.kind);
+    const stopTokenIds = endTokenIds(parsed.stop, codec.eosTokenIds);
+    const perPrompt = parsed.bestOf;
     const runs: ChoiceRun[] = [];
     try {
       plans.forEach((plan, p) => {
-        for (let j = 0; j < parsed.n; j++) {
-          const index = p * parsed.n + j;
+        for (let j = 0; j < perPrompt; j++) {
+          const index = p * perPrompt + j;
           const seed = parsed.sampling.seed === undefined ? undefined : parsed.sampling.seed + index;
           const greq: GenerationRequest = {
             requestId: RequestId(
-              runs.length === 0 && plans.length * parsed.n === 1 ? requestId : `${requestId}.${index}`,
+              runs.length === 0 && plans.length * perPrompt === 1 ? requestId : `${requestId}.${index}`,
             ),
             tenant,
             model: model.id,
             prompt: plan.ids,
             maxTokens: plan.maxTokens,
             sampling: { ...parsed.sampling, seed },
-            stopTokenIds: codec.eosTokenIds,
+            stopTokenIds,
+            cacheSalt: parsed.cacheSalt,
+            priority: -parsed.priority,
+            logprobs,
+            promptLogprobs,
+            constraint,
           };
-          runs.push({
-            index,
-            promptTokens: plan.ids.length,
-            gen: this.service.generate(greq),
-            detok: new IncrementalDetokenizer((ids) => codec.decode(ids)),
-            stop: new StopMatcher(parsed.stop),
-            completionTokens: 0,
-            cachedTokens: 0,
-            text: "",
-            finish: null,
-            error: null,
-          });
+          runs.push(
+            new ChoiceRun(index, plan.ids, this.service.generate(greq), codec, {
+              stop: parsed.stop,
+              eosTokenIds: codec.eosTokenIds,
+              // Mistral's [TOOL_CALLS] is a special token the parser must see (vLLM does the same).
+              skipSpecialTokens:
+                parsed.skipSpecialTokens && !(tools?.choice === "auto" && codec.toolParser === "mistral"),
+              minTokens: parsed.sampling.minTokens,
+              discardGenerated: parsed.maxTokens === 0,
+            }),
+          );
         }
       });
     } catch (err) {
       for (const r of runs) r.gen.cancel();
       throw err;
     }
-    return runs;
+    const echoText = (r: ChoiceRun): string => {
+      if (parsed.kind === "chat") {
+        const last = parsed.messages[parsed.messages.length - 1];
+        return last?.role === "assistant" ? (last.content ?? "") : "";
+      }
+      const p = parsed.prompts[Math.floor(r.index / perPrompt)]!;
+      return p.kind === "text"
+        ? p.text
+        : codec.decode(p.ids, { skipSpecialTokens: parsed.skipSpecialTokens });
+    };
+    const promptText = parsed.kind === "chat" && parsed.chat.returnPromptText ? prompts.rendered : null;
+    return { runs, shape: new ResponseShape(parsed, codec, echoText, promptText, codec.toolParser) };
   }
 
   async run(
     ctx: CompletionContext,
     parsed: CompletionRequest | ChatRequest,
-    prompts: readonly number[][],
+    prompts: Prompts,
     model: ModelInfo,
     tenant: TenantId,
     t0: number,
   ): Promise<void> {
     const { res } = ctx;
-    const requestId = internalRequestId(parsed.kind, ctx.xRequestId, ctx.fromClient);
+    const requestId = internalRequestId(parsed.kind, ctx.xRequestId, ctx.fromClient, parsed.requestId);
     const ids = { requestId, xRequestId: ctx.xRequestId };
     if (res.destroyed) {
       // The client left while its prompt was being tokenized: nothing was admitted.
@@ -148,7 +194,7 @@ export class Completions {
       });
       return;
     }
-    const runs = this.admit(parsed, prompts, model, tenant, requestId);
+    const { runs, shape } = this.admit(parsed, prompts, model, tenant, requestId);
     for (const r of runs) this.metrics.promptTokens.inc({}, r.promptTokens);
     this.log("info", "request.admitted", {
       ...ids,
@@ -156,6 +202,7 @@ export class Completions {
       model: parsed.model,
       choices: runs.length,
       stream: parsed.stream,
+      ...(parsed.user === undefined ? {} : { user: parsed.user }),
     });
     let closed = false;
     let cutOff = false;
@@ -178,33 +225,7 @@ export class Completions {
     const created = Math.floor(Date.now() / 1000);
     const object = parsed.kind === "chat" ? "chat.completion" : "text_completion";
     const chunkObject = parsed.kind === "chat" ? "chat.completion.chunk" : "text_completion";
-    const choiceJson = (c: ChoiceChunk, stream: boolean) =>
-      parsed.kind === "chat"
-        ? stream
-          ? {
-              index: c.index,
-              delta: c.text ? { content: c.text } : {},
-              finish_reason: c.finish,
-              logprobs: null,
-            }
-          : {
-              index: c.index,
-              message: { role: "assistant", content: c.text },
-              finish_reason: c.finish,
-              logprobs: null,
-            }
-        : { index: c.index, text: c.text, finish_reason: c.finish, logprobs: null };
-    const usage = () => {
-      const prompt = runs.reduce((a, r, i) => a + (i % parsed.n === 0 ? r.promptTokens : 0), 0);
-      const completion = runs.reduce((a, r) => a + r.completionTokens, 0);
-      const cached = runs.reduce((a, r) => a + r.cachedTokens, 0);
-      return {
-        prompt_tokens: prompt,
-        completion_tokens: completion,
-        total_tokens: prompt + completion,
-        prompt_tokens_details: { cached_tokens: cached },
-      };
-    };
+    const usage = () => usageJson(runs, parsed.bestOf);
 
     let firstToken = true;
     const onToken = () => {
@@ -224,13 +245,15 @@ export class Completions {
         this.log("warn", "request.failed", { ...ids, message: failed.error ?? "no result" });
         throw new ApiError(500, `generation failed: ${failed.error ?? "no result"}`, "server_error");
       }
+      const shown = shownChoices(runs, parsed.bestOf, parsed.n);
       const text = JSON.stringify({
         id: requestId,
         object,
         created,
         model: parsed.model,
-        choices: runs.map((r) => choiceJson({ index: r.index, text: r.text, finish: r.finish }, false)),
+        choices: shown.map((r, i) => shape.choice(r, i)),
         usage: usage(),
+        ...(parsed.kind === "chat" ? shape.chatExtras(runs[0]!) : {}),
       });
       res.writeHead(200, { "content-type": "application/json", "content-length": Buffer.byteLength(text) });
       res.end(text);
@@ -252,14 +275,37 @@ export class Completions {
       }
     };
     const frame = (choices: unknown[], extra: Record<string, unknown> = {}) =>
-      send({ id: requestId, object: chunkObject, created, model: parsed.model, choices, ...extra });
+      send({
+        id: requestId,
+        object: chunkObject,
+        created,
+        model: parsed.model,
+        choices,
+        ...(parsed.continuousUsage ? { usage: usage() } : {}),
+        ...extra,
+      });
+    const opened = new Set<ChoiceRun>();
+    const open = (r: ChoiceRun) => {
+      if (opened.has(r)) return;
+      opened.add(r);
+      const first = shape.opening(r);
+      if (first) frame([first]);
+    };
+    // Chat opens with the role at once (and prompt_text); an echo opens when the prompt's scores arrive.
     if (parsed.kind === "chat") {
-      for (const r of runs)
-        frame([
-          { index: r.index, delta: { role: "assistant", content: "" }, finish_reason: null, logprobs: null },
-        ]);
+      for (const [i, r] of runs.entries()) {
+        opened.add(r);
+        frame([shape.opening(r)], i === 0 ? shape.streamExtras() : {});
+      }
     }
-    await Promise.all(runs.map((r) => this.drive(r, onToken, (c) => frame([choiceJson(c, true)]))));
+    await Promise.all(
+      runs.map((r) =>
+        this.drive(r, onToken, (d) => {
+          open(r);
+          frame([shape.chunk(r, d)]);
+        }),
+      ),
+    );
     if (closed) return cancelled();
     const failed = runs.find((r) => r.finish === null);
     if (failed) {
@@ -276,8 +322,8 @@ export class Completions {
     this.log("info", "request.done", { ...ids, ms: Math.round(performance.now() - t0) });
   }
 
-  /** Runs one choice to its end, emitting text chunks (and a last chunk with the finish reason). */
-  private async drive(r: ChoiceRun, onToken: () => void, emit: (c: ChoiceChunk) => void): Promise<void> {
+  /** Runs one choice to its end, emitting its deltas (the last one carries the finish reason). */
+  private async drive(r: ChoiceRun, onToken: () => void, emit: (c: ChoiceDelta) => void): Promise<void> {
     let last = performance.now();
     for await (const ev of r.gen.events) {
       if (ev.type === "token") {
@@ -285,28 +331,33 @@ export class Completions {
         const now = performance.now();
         if (r.completionTokens > 0) this.metrics.itl.observe((now - last) / 1000);
         last = now;
-        r.completionTokens += 1;
         this.metrics.tokensOut.inc();
-        if (r.stop.isStopped) continue;
-        const out = r.stop.push(r.detok.push(ev.token));
-        if (out.emit) {
-          r.text += out.emit;
-          emit({ index: r.index, text: out.emit, finish: null });
-        }
-        if (out.stopped) r.gen.cancel();
+        const d = r.onToken(ev.token, ev.logprob, ev.promptLogprobs);
+        if (d && (d.text || d.logprobs.length > 0 || d.tokens.length > 0)) emit(d);
       } else if (ev.type === "end") {
-        r.cachedTokens = ev.cachedTokens;
-        const tail = r.stop.isStopped ? "" : r.stop.push(r.detok.flush()).emit + r.stop.flush();
-        r.text += tail;
-        r.finish = r.stop.isStopped ? "stop" : ev.reason;
-        emit({ index: r.index, text: tail, finish: r.finish });
+        emit(r.onEnd(ev.reason, ev.cachedTokens));
         return;
       } else {
         this.log("info", "choice.error", { index: r.index, message: ev.message });
-        r.finish = null;
-        r.error = ev.message;
+        r.onError(ev.message);
         return;
       }
     }
   }
+}
+
+/**
+ * vLLM's truncate_prompt_tokens: keep the last (side "left") or first
+ * ("right") n tokens; -1 keeps what fits beside max_tokens in the context.
+ */
+function truncated(
+  ids: number[],
+  t: { readonly tokens: number | null; readonly side: "left" | "right" },
+  maxContext: number,
+  maxTokens: number | undefined,
+): number[] {
+  if (t.tokens === null) return ids;
+  const n = t.tokens === -1 ? maxContext - Math.max(1, maxTokens ?? 1) : t.tokens;
+  if (ids.length <= n) return ids;
+  return t.side === "left" ? ids.slice(ids.length - n) : ids.slice(0, n);
 }

@@ -71,12 +71,12 @@ export type PromptTexts =
       readonly kind: "completion";
       readonly prompts: readonly ({ kind: "text"; text: string } | { kind: "tokens" })[];
     }
-  | { readonly kind: "chat"; readonly messages: readonly { readonly content: string }[] };
+  | { readonly kind: "chat"; readonly messages: readonly { readonly content: string | null }[] };
 
 /** Total UTF-8 bytes of a request's prompt text (token-id prompts count 0). */
 export function promptBytes(r: PromptTexts): number {
   let n = 0;
-  if (r.kind === "chat") for (const m of r.messages) n += Buffer.byteLength(m.content, "utf8");
+  if (r.kind === "chat") for (const m of r.messages) n += Buffer.byteLength(m.content ?? "", "utf8");
   else for (const p of r.prompts) if (p.kind === "text") n += Buffer.byteLength(p.text, "utf8");
   return n;
 }
@@ -91,4 +91,15 @@ export function checkPromptLimits(r: PromptTexts, limits: RequestLimits): number
       "prompt_too_large",
     );
   return bytes;
+}
+
+/** Refuses one text (POST /tokenize's prompt or rendered chat) over maxPromptBytes. */
+export function checkTextLimit(text: string, limits: RequestLimits): void {
+  const bytes = Buffer.byteLength(text, "utf8");
+  if (bytes > limits.maxPromptBytes)
+    throw badRequest(
+      `the text is ${bytes} bytes, over the limit of ${limits.maxPromptBytes} (controller.limits.maxPromptBytes)`,
+      "prompt",
+      "prompt_too_large",
+    );
 }

@@ -1,53 +1,70 @@
 import { ApiError, badRequest, unavailable } from "./errors.ts";
 import type { ChatRequest, CompletionRequest } from "./request.ts";
-import type { TextCodec } from "./service.ts";
+import type { EncodeOptions, TextCodec } from "./service.ts";
 import { JobError, PoolFullError, ThreadFailedError, type ThreadPool } from "./thread-pool.ts";
 
 /**
  * A request's prompts as token ids. Small inputs are tokenized inline; any
- * request with more than INLINE_BYTES of prompt text is tokenized (and its
- * chat template rendered) on the tokenizer threads, so the event loop never
- * spends more than about a millisecond on one request's text. The threads
- * run the same codec (cli/embedded/codec-thread.ts builds it the way the
- * service does), so the ids are the same either way.
+ * request with more than INLINE_BYTES of prompt text is tokenized on the
+ * tokenizer threads, so the event loop never spends more than about a
+ * millisecond on one request's BPE. A chat request's template is rendered
+ * here first (Jinja over the messages is linear and far cheaper than the
+ * BPE of its result); its text is what the threads encode. The threads
+ * encode as the service's codec does (cli/embedded/codec.ts's encodeText),
+ * so the ids are the same either way.
  */
 
 /** Prompt text tokenized inline at most (bytes); ~1 µs per byte with the byte-level BPE here. */
 export const INLINE_BYTES = 4096;
 
-/** A job for a tokenizer thread: one codec method applied to each argument list. */
+/** A job for a tokenizer thread: these texts encoded with these options. */
 export interface CodecJob {
-  readonly method: "encode" | "chatPrompt";
-  readonly argsList: readonly (readonly unknown[])[];
+  readonly texts: readonly string[];
+  readonly opts: EncodeOptions;
 }
 export type CodecThreads = ThreadPool<CodecJob, number[][]>;
+
+export interface Prompts {
+  readonly ids: number[][];
+  /** A chat request's rendered template text (null for completions). */
+  readonly rendered: string | null;
+}
 
 export async function promptIds(
   parsed: CompletionRequest | ChatRequest,
   codec: TextCodec,
   threads: CodecThreads | undefined,
   textBytes: number,
-): Promise<number[][]> {
-  const offload = threads !== undefined && textBytes > INLINE_BYTES;
+): Promise<Prompts> {
   if (parsed.kind === "chat") {
-    if (!offload) return [tokenize(() => codec.chatPrompt(parsed.messages))];
-    return run(threads, { method: "chatPrompt", argsList: [[parsed.messages]] });
+    const rendered = codec.renderChat(parsed.chat.prompt);
+    const ids = await encodeOne(codec, threads, rendered, { addSpecialTokens: parsed.chat.addSpecialTokens });
+    return { ids: [ids], rendered };
   }
+  const opts = { addSpecialTokens: parsed.addSpecialTokens };
+  const offload = threads !== undefined && textBytes > INLINE_BYTES;
   const texts = parsed.prompts.flatMap((p) => (p.kind === "text" ? [p.text] : []));
   const encoded =
     offload && texts.length > 0
       ? (
-          await Promise.all(spread(texts, threads.threads).map((part) => run(threads, encodeJob(part))))
+          await Promise.all(spread(texts, threads.threads).map((part) => run(threads, { texts: part, opts })))
         ).flat()
-      : texts.map((t) => tokenize(() => codec.encode(t)));
+      : texts.map((t) => tokenize(() => codec.encode(t, opts)));
   let next = 0;
-  return parsed.prompts.map((p) => (p.kind === "text" ? encoded[next++]! : p.ids));
+  return { ids: parsed.prompts.map((p) => (p.kind === "text" ? encoded[next++]! : p.ids)), rendered: null };
 }
 
-const encodeJob = (texts: readonly string[]): CodecJob => ({
-  method: "encode",
-  argsList: texts.map((t) => [t]),
-});
+/** One text's ids: inline when small, else on a tokenizer thread. */
+export async function encodeOne(
+  codec: TextCodec,
+  threads: CodecThreads | undefined,
+  text: string,
+  opts: EncodeOptions,
+): Promise<number[]> {
+  if (threads === undefined || Buffer.byteLength(text) <= INLINE_BYTES)
+    return tokenize(() => codec.encode(text, opts));
+  return (await run(threads, { texts: [text], opts }))[0]!;
+}
 
 /**
  * Consecutive runs of `texts`, at most `parts` of them, of about equal bytes:

@@ -1,69 +1,77 @@
+import type { ConstraintSpec } from "../../schema/constraint.ts";
 import { ApiError, badRequest } from "./errors.ts";
-import { describeValue } from "./limits.ts";
-import type { ChatMessage, SamplingParams } from "./service.ts";
+import { type ChatFields, parseChatFields } from "./request-chat.ts";
+import {
+  asObject,
+  type Body,
+  type Endpoint,
+  optBool,
+  optNumber,
+  optObject,
+  optString,
+  refuseUnsupported,
+} from "./request-fields.ts";
+import { parseConstraint } from "./request-format.ts";
+import { type LogprobsFields, parseLogprobs } from "./request-logprobs.ts";
+import { checkMinTokens, parseSampling, type SamplingFields } from "./request-sampling.ts";
+import type { ChatMessage } from "./service.ts";
+import { parseToolFields, type ToolFields } from "./tools.ts";
 
 /**
- * Parsing and validation of OpenAI-style request bodies. Pure: a parsed
- * request or an ApiError naming the offending field. Unknown fields are
- * ignored (as OpenAI and vLLM do); known fields of the wrong type or out of
- * range are errors.
+ * Parsing and validation of OpenAI-style request bodies, one parser per
+ * field group (request-sampling.ts, …). Pure: a parsed request or an
+ * ApiError naming the offending field. Fields vLLM's protocol defines that
+ * are not implemented are refused (request-fields.ts); fields no protocol
+ * defines are ignored, as OpenAI and vLLM do.
  */
 
 /** Bounds that keep one request from monopolising a worker. */
-export const MAX_CHOICES = 16;
+export { MAX_CHOICES, MAX_STOP_SEQUENCES } from "./request-sampling.ts";
 export const MAX_PROMPTS = 64;
-export const MAX_STOP_SEQUENCES = 4;
+/** vLLM's default max_tokens for /v1/completions (OpenAI's too). */
 export const DEFAULT_MAX_TOKENS = 16;
 
 export type PromptInput =
   | { readonly kind: "text"; readonly text: string }
   | { readonly kind: "tokens"; readonly ids: number[] };
 
-interface CommonRequest {
+interface CommonRequest extends SamplingFields {
   readonly model: string;
   /** undefined: fill the context (bounded by the model's maximum). */
   readonly maxTokens: number | undefined;
-  readonly sampling: SamplingParams;
-  readonly stop: readonly string[];
-  readonly n: number;
   readonly stream: boolean;
   readonly includeUsageInStream: boolean;
+  /** stream_options.continuous_usage_stats: usage in every chunk (vLLM). */
+  readonly continuousUsage: boolean;
+  /** Skip special tokens when detokenizing (vLLM's default: true). */
+  readonly skipSpecialTokens: boolean;
+  /** The client's end-user id (logged with the request). */
+  readonly user: string | undefined;
+  readonly lp: LogprobsFields;
+  /** truncate_prompt_tokens: keep this many prompt tokens (-1: the model's maximum); null: all. */
+  readonly truncate: { readonly tokens: number | null; readonly side: "left" | "right" };
+  /** vLLM's cache_salt: prefixes are shared only with requests of the same salt (and tenant). */
+  readonly cacheSalt: string | null;
+  /** vLLM's request_id: the response id is built from it (a fresh UUID otherwise). */
+  readonly requestId: string | null;
+  /** response_format / structured_outputs / guided_*: the grammar the output must follow; null: free. */
+  readonly constraint: ConstraintSpec | null;
 }
 
 export interface CompletionRequest extends CommonRequest {
   readonly kind: "completion";
   readonly prompts: readonly PromptInput[];
+  /** Text prompts get what the tokenizer's post-processor adds (a BOS); vLLM's default: true. */
+  readonly addSpecialTokens: boolean;
 }
 
 export interface ChatRequest extends CommonRequest {
   readonly kind: "chat";
+  readonly chat: ChatFields;
+  /** tools / tool_choice / parallel_tool_calls; null: no tools. */
+  readonly tools: ToolFields | null;
+  /** chat.prompt.messages */
   readonly messages: readonly ChatMessage[];
-}
-
-type Body = Record<string, unknown>;
-
-function asObject(body: unknown): Body {
-  if (typeof body !== "object" || body === null || Array.isArray(body)) {
-    throw badRequest("request body must be a JSON object");
-  }
-  return body as Body;
-}
-
-function optNumber(b: Body, key: string, min: number, max: number, integer: boolean): number | undefined {
-  const v = b[key];
-  if (v === undefined || v === null) return undefined;
-  if (typeof v !== "number" || !Number.isFinite(v) || (integer && !Number.isInteger(v))) {
-    throw badRequest(`'${key}' must be ${integer ? "an integer" : "a number"}, got ${describeValue(v)}`, key);
-  }
-  if (v < min || v > max) throw badRequest(`'${key}' must be between ${min} and ${max}, got ${v}`, key);
-  return v;
-}
-
-function optBool(b: Body, key: string): boolean | undefined {
-  const v = b[key];
-  if (v === undefined || v === null) return undefined;
-  if (typeof v !== "boolean") throw badRequest(`'${key}' must be a boolean, got ${describeValue(v)}`, key);
-  return v;
 }
 
 function isTokenArray(v: unknown): v is number[] {
@@ -72,66 +80,77 @@ function isTokenArray(v: unknown): v is number[] {
   );
 }
 
-function parseStop(b: Body): string[] {
-  const v = b.stop;
-  if (v === undefined || v === null) return [];
-  const list = typeof v === "string" ? [v] : v;
-  if (!Array.isArray(list) || list.some((s) => typeof s !== "string" || s === "")) {
-    throw badRequest("'stop' must be a non-empty string or a list of non-empty strings", "stop");
-  }
-  if (list.length > MAX_STOP_SEQUENCES)
-    throw badRequest(`'stop' takes at most ${MAX_STOP_SEQUENCES} sequences`, "stop");
-  return list as string[];
+function parseTruncation(b: Body): CommonRequest["truncate"] {
+  const tokens = optNumber(b, "truncate_prompt_tokens", -1, 1 << 20, true) ?? null;
+  if (tokens === 0)
+    throw badRequest("'truncate_prompt_tokens' must be -1 or at least 1", "truncate_prompt_tokens");
+  const side = b.truncation_side ?? "left";
+  if (side !== "left" && side !== "right")
+    throw badRequest("'truncation_side' must be 'left' or 'right'", "truncation_side");
+  return { tokens, side };
 }
 
-/** Parameters that would change results in ways we do not implement are refused, not ignored. */
-function refuseUnsupported(b: Body): void {
-  for (const key of ["presence_penalty", "frequency_penalty"]) {
-    const v = b[key];
-    if (v !== undefined && v !== null && v !== 0) throw badRequest(`'${key}' is not supported (only 0)`, key);
-  }
-  if (b.logprobs !== undefined && b.logprobs !== null && b.logprobs !== false && b.logprobs !== 0) {
-    throw badRequest("'logprobs' is not supported", "logprobs");
-  }
-  if (b.echo === true) throw badRequest("'echo' is not supported", "echo");
-  if (b.logit_bias !== undefined && b.logit_bias !== null)
-    throw badRequest("'logit_bias' is not supported", "logit_bias");
-  if (b.tools !== undefined && b.tools !== null) throw badRequest("'tools' is not supported", "tools");
+/** vLLM: a non-empty string of at most 1024 characters. */
+function parseCacheSalt(b: Body): string | null {
+  const v = optString(b, "cache_salt", 1024);
+  if (v === "") throw badRequest("'cache_salt' must not be empty", "cache_salt");
+  return v ?? null;
 }
 
-function parseCommon(b: Body): CommonRequest {
+/** Printable ASCII, short enough that "chatcmpl-<id>.<choice>" stays a valid request id. */
+function parseRequestId(b: Body): string | null {
+  const v = optString(b, "request_id", 96);
+  if (v === undefined) return null;
+  if (!/^[\x21-\x7e]+$/.test(v))
+    throw badRequest("'request_id' must be printable ASCII without spaces", "request_id");
+  return v;
+}
+
+function parseCommon(b: Body, endpoint: Endpoint, defaultMaxTokens?: number): CommonRequest {
   if (typeof b.model !== "string" || b.model === "")
     throw badRequest("'model' is required and must be a string", "model");
-  refuseUnsupported(b);
-  const maxTokens =
-    optNumber(b, "max_completion_tokens", 1, 1 << 20, true) ?? optNumber(b, "max_tokens", 1, 1 << 20, true);
-  const temperature = optNumber(b, "temperature", 0, 2, false) ?? 1;
-  const topP = optNumber(b, "top_p", Number.MIN_VALUE, 1, false) ?? 1;
-  const topKRaw = optNumber(b, "top_k", -1, 1 << 20, true) ?? 0;
-  const seed = optNumber(b, "seed", -(2 ** 53) + 1, 2 ** 53 - 1, true);
-  const n = optNumber(b, "n", 1, MAX_CHOICES, true) ?? 1;
+  refuseUnsupported(b, endpoint);
   const stream = optBool(b, "stream") ?? false;
+  const lp = parseLogprobs(b, endpoint, stream);
+  // max_tokens 0 scores an echoed prompt without generating (completions, vLLM).
+  const least = endpoint === "completion" && lp.echo ? 0 : 1;
+  const maxTokens =
+    optNumber(b, "max_completion_tokens", 1, 1 << 20, true) ??
+    optNumber(b, "max_tokens", least, 1 << 20, true) ??
+    defaultMaxTokens;
+  const sampling = parseSampling(b);
   let includeUsageInStream = false;
-  if (b.stream_options !== undefined && b.stream_options !== null) {
-    if (typeof b.stream_options !== "object" || Array.isArray(b.stream_options)) {
-      throw badRequest("'stream_options' must be an object", "stream_options");
-    }
-    includeUsageInStream = optBool(b.stream_options as Body, "include_usage") ?? false;
+  let continuousUsage = false;
+  const streamOptions = optObject(b, "stream_options");
+  if (streamOptions) {
+    if (!stream) throw badRequest("'stream_options' can only be set when 'stream' is true", "stream_options");
+    includeUsageInStream = optBool(streamOptions, "include_usage", "stream_options.include_usage") ?? false;
+    continuousUsage =
+      optBool(streamOptions, "continuous_usage_stats", "stream_options.continuous_usage_stats") ?? false;
   }
+  if (stream && sampling.bestOf > sampling.n)
+    throw badRequest("'best_of' above n cannot be streamed", "best_of");
+  checkMinTokens(sampling.sampling, maxTokens);
   return {
     model: b.model,
     maxTokens,
-    sampling: { temperature, topP, topK: Math.max(0, topKRaw), seed },
-    stop: parseStop(b),
-    n,
+    ...sampling,
     stream,
     includeUsageInStream,
+    continuousUsage,
+    skipSpecialTokens: optBool(b, "skip_special_tokens") ?? true,
+    user: optString(b, "user", 256),
+    lp,
+    truncate: parseTruncation(b),
+    cacheSalt: parseCacheSalt(b),
+    requestId: parseRequestId(b),
+    constraint: parseConstraint(b),
   };
 }
 
 export function parseCompletionRequest(body: unknown): CompletionRequest {
   const b = asObject(body);
-  const common = parseCommon(b);
+  const common = parseCommon(b, "completion", DEFAULT_MAX_TOKENS);
   const p = b.prompt;
   let prompts: PromptInput[];
   if (typeof p === "string") prompts = [{ kind: "text", text: p }];
@@ -147,56 +166,37 @@ export function parseCompletionRequest(body: unknown): CompletionRequest {
     );
   }
   if (prompts.length > MAX_PROMPTS) throw badRequest(`at most ${MAX_PROMPTS} prompts per request`, "prompt");
-  if (prompts.length * common.n > MAX_PROMPTS) {
-    throw badRequest(`prompts × n must be at most ${MAX_PROMPTS}`, "n");
+  if (prompts.length * common.bestOf > MAX_PROMPTS) {
+    throw badRequest(
+      `prompts × ${common.bestOf > common.n ? "best_of" : "n"} must be at most ${MAX_PROMPTS}`,
+      common.bestOf > common.n ? "best_of" : "n",
+    );
   }
   if (prompts.some((x) => x.kind === "text" && x.text === ""))
     throw badRequest("'prompt' must not be empty", "prompt");
-  return { kind: "completion", ...common, prompts };
-}
-
-const ROLES = new Set(["system", "user", "assistant", "tool"]);
-
-function messageText(content: unknown, i: number): string {
-  if (typeof content === "string") return content;
-  if (Array.isArray(content)) {
-    const parts: string[] = [];
-    for (const part of content) {
-      if (typeof part !== "object" || part === null || (part as Body).type !== "text") {
-        throw badRequest(`messages[${i}].content: only text parts are supported`, `messages[${i}].content`);
-      }
-      const text = (part as Body).text;
-      if (typeof text !== "string")
-        throw badRequest(`messages[${i}].content: a text part needs 'text'`, `messages[${i}].content`);
-      parts.push(text);
-    }
-    return parts.join("");
-  }
-  throw badRequest(
-    `messages[${i}].content must be a string or a list of text parts`,
-    `messages[${i}].content`,
-  );
+  return {
+    kind: "completion",
+    ...common,
+    prompts,
+    addSpecialTokens: optBool(b, "add_special_tokens") ?? true,
+  };
 }
 
 export function parseChatRequest(body: unknown): ChatRequest {
   const b = asObject(body);
-  const common = parseCommon(b);
-  const raw = b.messages;
-  if (!Array.isArray(raw) || raw.length === 0)
-    throw badRequest("'messages' must be a non-empty list", "messages");
-  const messages: ChatMessage[] = raw.map((m, i) => {
-    if (typeof m !== "object" || m === null)
-      throw badRequest(`messages[${i}] must be an object`, `messages[${i}]`);
-    const role = (m as Body).role;
-    if (typeof role !== "string" || !ROLES.has(role)) {
-      throw badRequest(
-        `messages[${i}].role must be one of system, user, assistant, tool`,
-        `messages[${i}].role`,
-      );
-    }
-    return { role: role as ChatMessage["role"], content: messageText((m as Body).content, i) };
-  });
-  return { kind: "chat", ...common, messages };
+  const common = parseCommon(b, "chat");
+  const tools = parseToolFields(b);
+  const chat = parseChatFields(b, tools?.raw ?? null);
+  if (
+    tools &&
+    (tools.choice === "required" || typeof tools.choice === "object") &&
+    common.constraint !== null
+  )
+    throw badRequest(
+      "you can only either use constraints for structured outputs or a required or named tool, not both",
+      "tool_choice",
+    );
+  return { kind: "chat", ...common, chat, tools, messages: chat.prompt.messages };
 }
 
 /** Prompt plus generation must fit the model's context. */

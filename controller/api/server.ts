@@ -25,8 +25,14 @@ import {
 } from "./connections.ts";
 import { ApiError } from "./errors.ts";
 import { CorsPolicy, requestIdentity } from "./headers.ts";
-import { checkPromptLimits, checkRawLimits, defaultRequestLimits, type RequestLimits } from "./limits.ts";
-import { type CodecThreads, promptIds } from "./prompts.ts";
+import {
+  checkPromptLimits,
+  checkRawLimits,
+  checkTextLimit,
+  defaultRequestLimits,
+  type RequestLimits,
+} from "./limits.ts";
+import { type CodecThreads, encodeOne, promptIds } from "./prompts.ts";
 import { parseChatRequest, parseCompletionRequest } from "./request.ts";
 import {
   type Access,
@@ -39,6 +45,8 @@ import {
   UNMATCHED_ROUTE,
 } from "./routes.ts";
 import type { InferenceService, ModelInfo } from "./service.ts";
+import { detokenize, modelCard, pickModel, tokenizeAnswer, tokenizeInput } from "./tokenize.ts";
+import { SERVER_VERSION } from "./version.ts";
 
 /**
  * The OpenAI-compatible HTTP front door of the embedded default and the
@@ -87,6 +95,8 @@ interface Call {
   readonly fromClient: boolean;
   readonly t0: number;
   label: string;
+  /** The matched route's `{name}` segments, decoded. */
+  params: Readonly<Record<string, string>>;
   /** What /metrics counts when the HTTP status does not say it (a failed or cancelled stream). */
   countAs: StatusLabel | null;
 }
@@ -128,7 +138,21 @@ export class ApiServer {
             } as const,
           ]
         : []),
+      {
+        method: "GET",
+        path: "/version",
+        access: "open",
+        handler: (c) => this.json(c, 200, { version: SERVER_VERSION }),
+      },
       { method: "GET", path: "/v1/models", access: "tenant", handler: (c) => this.models(c) },
+      {
+        method: "GET",
+        path: "/v1/models/{id}",
+        access: "tenant",
+        handler: (c) => this.json(c, 200, modelCard(pickModel(this.service.models(), c.params.id))),
+      },
+      { method: "POST", path: "/tokenize", access: "tenant", handler: (c) => this.tokenize(c) },
+      { method: "POST", path: "/detokenize", access: "tenant", handler: (c) => this.detokenize(c) },
       {
         method: "POST",
         path: "/v1/completions",
@@ -272,6 +296,7 @@ export class ApiServer {
       fromClient: identity.fromClient,
       t0: performance.now(),
       label: UNMATCHED_ROUTE,
+      params: {},
       countAs: null,
     };
     res.setHeader("x-request-id", identity.id);
@@ -323,6 +348,7 @@ export class ApiServer {
         );
       }
       call.label = match.label;
+      call.params = match.params;
       if (identity.error) throw identity.error;
       await match.route.handler(call, this.admit(match.route.access, req.headers));
     } catch (err) {
@@ -349,16 +375,24 @@ export class ApiServer {
   }
 
   private models(call: Call): void {
-    this.json(call, 200, {
-      object: "list",
-      data: this.service.models().map((m) => ({
-        id: m.id,
-        object: "model",
-        created: m.created,
-        owned_by: "continuum",
-        max_model_len: m.maxContext,
-      })),
+    this.json(call, 200, { object: "list", data: this.service.models().map(modelCard) });
+  }
+
+  /** vLLM's POST /tokenize: a prompt, or messages rendered by the chat template; large text on the threads. */
+  private async tokenize(call: Call): Promise<void> {
+    const raw = await readJsonBody(call.req, this.limits.maxBodyBytes);
+    checkRawLimits(raw, this.limits);
+    const input = tokenizeInput(this.service.models(), raw);
+    checkTextLimit(input.text, this.limits);
+    const ids = await encodeOne(input.model.codec, this.opts.tokenizers?.get(input.model.id), input.text, {
+      addSpecialTokens: input.addSpecialTokens,
     });
+    this.json(call, 200, tokenizeAnswer(input, ids));
+  }
+
+  private async detokenize(call: Call): Promise<void> {
+    const raw = await readJsonBody(call.req, this.limits.maxBodyBytes);
+    this.json(call, 200, detokenize(this.service.models(), raw));
   }
 
   private model(name: string): ModelInfo {

@@ -44,30 +44,51 @@ export class IncrementalDetokenizer {
 /**
  * Stop sequences over streamed text. Text that could be the start of a stop
  * sequence is held back until it is known not to be one, so a client never
- * receives part of a stop sequence. The stop sequence itself is not emitted.
+ * receives part of a stop sequence. The stop sequence itself is emitted only
+ * with `includeStop` (vLLM's include_stop_str_in_output). Text pushed while
+ * not `armed` (vLLM: before min_tokens were generated) is never matched.
  */
 export class StopMatcher {
   private pending = "";
   private stopped = false;
+  private hit: string | null = null;
 
-  constructor(private readonly stops: readonly string[]) {}
+  constructor(
+    private readonly stops: readonly string[],
+    private readonly includeStop = false,
+  ) {}
 
   get isStopped(): boolean {
     return this.stopped;
   }
 
+  /** The stop sequence that ended the text (null: none). */
+  get matched(): string | null {
+    return this.hit;
+  }
+
   /** Adds text; returns what may be sent and whether a stop sequence was hit. */
-  push(text: string): { emit: string; stopped: boolean } {
+  push(text: string, armed = true): { emit: string; stopped: boolean } {
     if (this.stopped) return { emit: "", stopped: true };
+    if (!armed) {
+      const emit = this.pending + text;
+      this.pending = "";
+      return { emit, stopped: false };
+    }
     this.pending += text;
     let cut = -1;
+    let which = "";
     for (const s of this.stops) {
       const at = this.pending.indexOf(s);
-      if (at >= 0 && (cut < 0 || at < cut)) cut = at;
+      if (at >= 0 && (cut < 0 || at < cut)) {
+        cut = at;
+        which = s;
+      }
     }
     if (cut >= 0) {
       this.stopped = true;
-      const emit = this.pending.slice(0, cut);
+      this.hit = which;
+      const emit = this.pending.slice(0, this.includeStop ? cut + which.length : cut);
       this.pending = "";
       return { emit, stopped: true };
     }

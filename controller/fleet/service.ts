@@ -1,18 +1,19 @@
 import type { CatalogDb } from "../../catalog/db.ts";
 import { StreamQueue } from "../../schema/channel.ts";
-import type { DecisionRecord } from "../../schema/control.ts";
+import type { DecisionRecord, Offer } from "../../schema/control.ts";
 import type { ModelFingerprint, TokenCount, WorkerId } from "../../schema/ids.ts";
 import type { Logger } from "../../schema/log.ts";
 import { ApiError, unavailable } from "../api/errors.ts";
-import type {
-  FleetWorkerView,
-  Generation,
-  GenerationEvent,
-  GenerationRequest,
-  InferenceService,
-  ModelInfo,
-  ServiceGauges,
-  TextCodec,
+import {
+  type FleetWorkerView,
+  type Generation,
+  type GenerationEvent,
+  type GenerationRequest,
+  type InferenceService,
+  type ModelInfo,
+  prefixSalt,
+  type ServiceGauges,
+  type TextCodec,
 } from "../api/service.ts";
 import {
   type AssignmentCommand,
@@ -188,7 +189,7 @@ export class FleetService implements InferenceService {
         ? unavailable("no live worker is connected to the controller", 1, "no_live_worker")
         : unavailable(`no worker is ready: ${live.length} connected, still warming up`, 1, "no_ready_worker");
     }
-    const salt = req.tenant === "default" ? "" : req.tenant;
+    const salt = prefixSalt(req.tenant, req.cacheSalt) ?? "";
     const chain: ChainBoundary[] = planChain(
       this.opts.model.fingerprint,
       req.prompt,
@@ -333,7 +334,14 @@ export class FleetService implements InferenceService {
               ttftMs: Math.round(f.firstTokenAtMs - f.state.arrivalMs),
             });
           }
-          for (const token of cmd.tokens) f.stream.push({ type: "token", token });
+          for (const [i, token] of cmd.tokens.entries())
+            f.stream.push({
+              type: "token",
+              token,
+              logprob: cmd.logprobs?.[i] ?? null,
+              ...(i === 0 && cmd.promptLogprobs ? { promptLogprobs: cmd.promptLogprobs } : {}),
+            });
+
           break;
         case "finish":
           this.finish(f, cmd);
@@ -401,17 +409,13 @@ export class FleetService implements InferenceService {
       prompt: f.req.prompt,
       maxTokens: f.req.maxTokens as TokenCount,
       cacheSalt: f.salt,
-      sampling: {
-        temperature: s.temperature,
-        topP: s.topP,
-        topK: s.topK,
-        ...(s.seed === undefined ? {} : { seed: s.seed }),
-      },
+      sampling: offerSampling(s),
       plan: {
         source: cmd.choice.source,
         cachedTokens: cmd.choice.cachedTokens,
         predictedTtftMs: cmd.choice.predictedTtftMs,
       },
+      ...offerExtras(f.req, this.info.codec.eosTokenIds),
     });
     this.opts.log.log("info", "assignment.offered", {
       requestId: f.req.requestId,
@@ -526,4 +530,36 @@ export class FleetService implements InferenceService {
       }
     }
   }
+}
+
+/**
+ * The offer's sampling: only what differs from the neutral value is sent, so
+ * a request that sets none of issue 17's fields is offered as before.
+ */
+function offerSampling(s: GenerationRequest["sampling"]): Offer["sampling"] {
+  return {
+    temperature: s.temperature,
+    topP: s.topP,
+    topK: s.topK,
+    ...(s.seed === undefined ? {} : { seed: s.seed }),
+    ...(s.minP === 0 ? {} : { minP: s.minP }),
+    ...(s.repetitionPenalty === 1 ? {} : { repetitionPenalty: s.repetitionPenalty }),
+    ...(s.presencePenalty === 0 ? {} : { presencePenalty: s.presencePenalty }),
+    ...(s.frequencyPenalty === 0 ? {} : { frequencyPenalty: s.frequencyPenalty }),
+    ...(s.logitBias.length === 0 ? {} : { logitBias: s.logitBias.map(([t, b]) => [t, b] as const) }),
+    ...(s.minTokens === 0 ? {} : { minTokens: s.minTokens }),
+    ...(s.allowedTokenIds === null ? {} : { allowedTokenIds: s.allowedTokenIds }),
+  };
+}
+
+/** The offer's other request fields, each only when the request sets it. */
+function offerExtras(req: GenerationRequest, eos: readonly number[]) {
+  const set = (xs: readonly number[]) => [...new Set(xs)].sort((a, b) => a - b).join(",");
+  return {
+    ...(set(req.stopTokenIds) === set(eos) ? {} : { stopTokenIds: req.stopTokenIds }),
+    ...(req.priority === 0 ? {} : { priority: req.priority }),
+    ...(req.logprobs === null ? {} : { logprobs: req.logprobs }),
+    ...(req.promptLogprobs === null ? {} : { promptLogprobs: req.promptLogprobs }),
+    ...(req.constraint === null ? {} : { constraint: req.constraint as Offer["constraint"] & object }),
+  };
 }

@@ -1,4 +1,4 @@
-import { ensureTopics, waitForKafka } from "../../catalog/log-kafka.ts";
+import { ensureTopics, waitForKafka } from "../../catalog/kafka/admin.ts";
 import { defaultConfig } from "../../schema/config.ts";
 
 /**

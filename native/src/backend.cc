@@ -6,6 +6,7 @@
 #include "quant.h"
 
 #include <algorithm>
+#include <climits>
 #include <stdexcept>
 #include <unordered_set>
 
@@ -184,7 +185,13 @@ std::string validate_paged_batch(const StepBatch& b, const ModelSpec& spec, int6
   if (b.page_table.size() % static_cast<size_t>(b.pt_stride) != 0)
     return "batch: pageTable length " + std::to_string(b.page_table.size()) + " is not a multiple of ptStride " + std::to_string(b.pt_stride);
   const int64_t S = static_cast<int64_t>(b.page_table.size() / static_cast<size_t>(b.pt_stride));
+  // The widest window, or 0 when some layer is global: a row at pos reads no
+  // layer's key below max(0, pos - widest + 1), so the page-table entries
+  // before that one may be released (negative).
+  int32_t widest = spec.window.empty() ? 0 : spec.window[0];
+  for (int32_t w : spec.window) widest = w == 0 || widest == 0 ? 0 : std::max(widest, w);
   std::vector<int32_t> max_pos(static_cast<size_t>(S), -1);
+  std::vector<int32_t> min_lo(static_cast<size_t>(S), INT32_MAX);
   std::unordered_set<int64_t> seen;
   seen.reserve(T * 2);
   for (size_t t = 0; t < T; ++t) {
@@ -196,17 +203,20 @@ std::string validate_paged_batch(const StepBatch& b, const ModelSpec& spec, int6
     if (pidx >= b.pt_stride)
       return "batch: " + at("positions", t) + " = " + std::to_string(pos) + " needs page-table entry " + std::to_string(pidx) + " but ptStride is " + std::to_string(b.pt_stride);
     max_pos[static_cast<size_t>(s)] = std::max(max_pos[static_cast<size_t>(s)], pos);
+    const int32_t lo = widest > 0 ? std::max(0, pos - widest + 1) : 0;
+    min_lo[static_cast<size_t>(s)] = std::min(min_lo[static_cast<size_t>(s)], lo);
     const int64_t slot = b.slots[t];
     if (slot < 0 || slot >= num_pages * page_size)
       return "batch: " + at("slotMapping", t) + " = " + std::to_string(slot) + " is outside the pool [0, " + std::to_string(num_pages * page_size) + ")";
     if (!seen.insert(slot).second) return "batch: " + at("slotMapping", t) + " = " + std::to_string(slot) + " is a duplicate slot";
   }
-  // Every page a row reads (entries 0..pos/page_size of its sequence) must be
-  // a real page; then each row's slot must be where its sequence's table puts
-  // its position, or attention would read a key other than the one appended.
+  // Every page a row reads (entries lo/page_size..pos/page_size of its
+  // sequence, lo its widest window's first key) must be a real page; then
+  // each row's slot must be where its sequence's table puts its position, or
+  // attention would read a key other than the one appended.
   for (int64_t s = 0; s < S; ++s) {
     if (max_pos[static_cast<size_t>(s)] < 0) continue;
-    for (int32_t i = 0; i <= max_pos[static_cast<size_t>(s)] / page_size; ++i) {
+    for (int32_t i = min_lo[static_cast<size_t>(s)] / page_size; i <= max_pos[static_cast<size_t>(s)] / page_size; ++i) {
       const int32_t page = b.page_table[static_cast<size_t>(s * b.pt_stride + i)];
       if (page < 0 || page >= num_pages)
         return "batch: pageTable[" + std::to_string(s) + "][" + std::to_string(i) + "] = " + std::to_string(page) + " is not a page of the pool [0, " + std::to_string(num_pages) + ")";

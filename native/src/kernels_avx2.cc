@@ -27,9 +27,8 @@ CK_AVX2 inline __m256 load_bf16x8(const bf16* p) {
 
 template <DType WT>
 CK_AVX2 inline __m256 load_w8(const void* W, int64_t i) {
-  if constexpr (static_cast<int32_t>(WT) >= static_cast<int32_t>(DType::Q8_0)) {
-    return quant_load8<WT>(W, i);
-  } else if constexpr (WT == DType::F32) {
+  static_assert(static_cast<int32_t>(WT) < static_cast<int32_t>(DType::Q8_0), "block formats: quant_simd.h");
+  if constexpr (WT == DType::F32) {
     return _mm256_loadu_ps(static_cast<const float*>(W) + i);
   } else if constexpr (WT == DType::F16) {
     return load_f16x8(static_cast<const f16*>(W) + i);
@@ -108,50 +107,140 @@ CK_AVX2 void tile(const float* x, int32_t K, const void* Wc, const float* bias, 
 // so a tile over `out` computes the same bits as one over W.
 template <int C, DType WT>
 CK_AVX2 void widen_rows(const void* Wc, int32_t K, float* out) {
-  const int32_t K8 = K & ~7;
-  for (int c = 0; c < C; ++c) {
-    const int64_t row = static_cast<int64_t>(c) * K;
-    for (int32_t k = 0; k < K8; k += 8) _mm256_storeu_ps(out + row + k, load_w8<WT>(Wc, row + k));
-    for (int32_t k = K8; k < K; ++k) out[row + k] = load_w1<WT>(Wc, row + k);
+  if constexpr (static_cast<int32_t>(WT) >= static_cast<int32_t>(DType::Q8_0)) {
+    for (int c = 0; c < C; ++c)
+      avx2::dequantize(WT, static_cast<const uint8_t*>(Wc) + c * bytes_of(WT, K), K,
+                       out + static_cast<int64_t>(c) * K);
+  } else {
+    const int32_t K8 = K & ~7;
+    for (int c = 0; c < C; ++c) {
+      const int64_t row = static_cast<int64_t>(c) * K;
+      for (int32_t k = 0; k < K8; k += 8) _mm256_storeu_ps(out + row + k, load_w8<WT>(Wc, row + k));
+      for (int32_t k = K8; k < K; ++k) out[row + k] = load_w1<WT>(Wc, row + k);
+    }
   }
 }
 
-// The widened weight rows of the current column triplet, per thread.
-thread_local std::vector<float> tl_wide;
+// ---- Row quads over K blocks (batches of 8+ rows) ------------------------
+// The column triplets of a work item are widened to f32 once (exact), then
+// each block of kQuadRows rows runs K in blocks of kQuadK: per block, every
+// triplet × row-quad tile continues its accumulators from memory (an exact
+// store and reload), so a tile reads its x rows and weights from L1 (the x
+// block, 16 rows · kQuadK floats, stays there across the triplets) instead
+// of streaming all T rows of x from the last-level cache once per triplet.
+// Each element still runs `tile`'s 8-lane FMA sequence over k ascending,
+// then its hsum, scalar tail and bias: the same bits.
+constexpr int32_t kQuadRows = 16;
+constexpr int32_t kQuadK = 256;
+
+thread_local std::vector<float> tl_wide_item;
+thread_local std::vector<float> tl_quad_acc;
+
+// Accumulators of rows [0, 4) × 3 columns over k in [0, n) (n a multiple of
+// 8): xr at row 0, k0 (row stride K); w at column 0, k0 (column stride K).
+template <bool kFirst>
+CK_AVX2 void quad_block(const float* xr, const float* w, int32_t K, int32_t n, float* acc_mem) {
+  __m256 acc[4][3];
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 3; ++c) acc[r][c] = kFirst ? _mm256_setzero_ps() : _mm256_loadu_ps(acc_mem + (r * 3 + c) * 8);
+  for (int32_t k = 0; k < n; k += 8) {
+    __m256 wv[3];
+    for (int c = 0; c < 3; ++c) wv[c] = _mm256_loadu_ps(w + static_cast<int64_t>(c) * K + k);
+    for (int r = 0; r < 4; ++r) {
+      const __m256 xv = _mm256_loadu_ps(xr + static_cast<int64_t>(r) * K + k);
+      for (int c = 0; c < 3; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 3; ++c) _mm256_storeu_ps(acc_mem + (r * 3 + c) * 8, acc[r][c]);
+}
+
+// Rows [0, T4) (T4 a multiple of 4) of the column triplets in [n0, n0 + 3·nt).
+template <DType WT>
+CK_AVX2 void quads_blocked(const float* x, int32_t T4, int32_t K, const void* W, int32_t N, const float* bias,
+                           float* y, int32_t n0, int32_t nt) {
+  const int32_t K8 = K & ~7;
+  const float* wide = nullptr;
+  if constexpr (WT == DType::F32) {
+    wide = static_cast<const float*>(W) + static_cast<int64_t>(n0) * K;
+  } else {
+    const size_t need = static_cast<size_t>(3) * nt * K;
+    if (tl_wide_item.size() < need) tl_wide_item.resize(need);
+    for (int32_t t = 0; t < nt; ++t)
+      widen_rows<3, WT>(weight_row<WT>(W, n0 + 3 * t, K), K, tl_wide_item.data() + static_cast<size_t>(3) * t * K);
+    wide = tl_wide_item.data();
+  }
+  constexpr int32_t kTileAcc = 4 * 3 * 8;
+  const size_t acc_need = static_cast<size_t>(kQuadRows / 4) * nt * kTileAcc;
+  if (tl_quad_acc.size() < acc_need) tl_quad_acc.resize(acc_need);
+  float* accs = tl_quad_acc.data();
+  for (int32_t r0 = 0; r0 < T4; r0 += kQuadRows) {
+    const int32_t nq = std::min(kQuadRows, T4 - r0) / 4;
+    for (int32_t k0 = 0; k0 < K8; k0 += kQuadK) {
+      const int32_t n = std::min(kQuadK, K8 - k0);
+      for (int32_t t = 0; t < nt; ++t) {
+        const float* w = wide + static_cast<int64_t>(3) * t * K + k0;
+        for (int32_t q = 0; q < nq; ++q) {
+          const float* xr = x + static_cast<int64_t>(r0 + 4 * q) * K + k0;
+          float* acc = accs + (static_cast<size_t>(t) * (kQuadRows / 4) + q) * kTileAcc;
+          if (k0 == 0) quad_block<true>(xr, w, K, n, acc);
+          else quad_block<false>(xr, w, K, n, acc);
+        }
+      }
+    }
+    for (int32_t t = 0; t < nt; ++t)
+      for (int32_t q = 0; q < nq; ++q) {
+        const float* acc = accs + (static_cast<size_t>(t) * (kQuadRows / 4) + q) * kTileAcc;
+        for (int r = 0; r < 4; ++r) {
+          const int32_t row = r0 + 4 * q + r;
+          const float* xr = x + static_cast<int64_t>(row) * K;
+          for (int c = 0; c < 3; ++c) {
+            const int32_t col = n0 + 3 * t + c;
+            const float* wr = wide + static_cast<int64_t>(3 * t + c) * K;
+            float v = K8 > 0 ? hsum(_mm256_loadu_ps(acc + (r * 3 + c) * 8)) : hsum(_mm256_setzero_ps());
+            for (int32_t k = K8; k < K; ++k) v = fma1(xr[k], wr[k], v);
+            if (bias != nullptr) v += bias[col];
+            y[static_cast<int64_t>(row) * N + col] = v;
+          }
+        }
+      }
+  }
+}
 
 // Register budget (16 ymm): 4 rows × 3 columns = 12 accumulators + 3 weight
 // vectors; a single row takes 8 columns (8 accumulators + 8 weight vectors).
-// Loop order: column triplets outside, row quads inside, so a triplet's
-// weight rows come from memory once and stay in L1 for every row quad. With
-// several row quads, 16-bit weights are first widened to f32 (exact) so the
-// quads share one conversion and the inner loop is loads and FMAs only
-// (the bf16 shift would otherwise take an FMA port every third FMA).
-// Rows [0, T4) of columns [n0, n1), T4 a multiple of 4.
+// Rows [0, T4) of columns [n0, n1), T4 a multiple of 4. With 8+ rows the
+// triplets go through quads_blocked (16-bit and block-format weights widened
+// to f32 once, so the row quads share one conversion and the inner loop is
+// loads and FMAs only); with one quad, column triplets outside, so a
+// triplet's weight rows come from memory once and stay in L1, converted in
+// registers. The last one or two columns take narrower tiles.
 template <DType WT>
 CK_AVX2 void quads(const float* x, int32_t T4, int32_t K, const void* W, int32_t N, const float* bias, float* y,
                    int32_t n0, int32_t n1) {
   if (T4 == 0) return;
-  const bool widen = WT != DType::F32 && T4 >= 8;
-  if (widen && tl_wide.size() < static_cast<size_t>(3) * K) tl_wide.resize(static_cast<size_t>(3) * K);
   int32_t c = n0;
-  for (; c + 3 <= n1; c += 3) {
-    const void* Wc = weight_row<WT>(W, c, K);
-    // The first quad prefetches the next triplet's rows.
-    const void* next = c + 6 <= N ? weight_row<WT>(W, c + 3, K) : nullptr;
-    if (widen) {
-      widen_rows<3, WT>(Wc, K, tl_wide.data());
-      for (int32_t r = 0; r < T4; r += 4)
-        tile<4, 3, DType::F32, WT>(x, K, tl_wide.data(), bias, y, N, r, c, r == 0 ? next : nullptr);
-    } else {
-      for (int32_t r = 0; r < T4; r += 4) tile<4, 3, WT>(x, K, Wc, bias, y, N, r, c, r == 0 ? next : nullptr);
+  if (T4 >= 8) {
+    const int32_t nt = (n1 - n0) / 3;
+    if (nt > 0) quads_blocked<WT>(x, T4, K, W, N, bias, y, n0, nt);
+    c = n0 + 3 * nt;
+  } else if constexpr (static_cast<int32_t>(WT) < static_cast<int32_t>(DType::Q8_0)) {
+    for (; c + 3 <= n1; c += 3) {
+      // The quad prefetches the next triplet's rows.
+      const void* next = c + 6 <= N ? weight_row<WT>(W, c + 3, K) : nullptr;
+      tile<4, 3, WT>(x, K, weight_row<WT>(W, c, K), bias, y, N, 0, c, next);
     }
   }
-  const void* Wc = weight_row<WT>(W, c, K);
-  for (int32_t r = 0; r < T4; r += 4) {
-    switch (n1 - c) {
-      case 2: tile<4, 2, WT>(x, K, Wc, bias, y, N, r, c); break;
-      case 1: tile<4, 1, WT>(x, K, Wc, bias, y, N, r, c); break;
-      default: break;
+  if constexpr (static_cast<int32_t>(WT) >= static_cast<int32_t>(DType::Q8_0)) {
+    quant_quads<WT>(x, T4, K, W, N, bias, y, c, n1);
+  } else {
+    const void* Wc = weight_row<WT>(W, c, K);
+    for (int32_t r = 0; r < T4; r += 4) {
+      switch (n1 - c) {
+        case 2: tile<4, 2, WT>(x, K, Wc, bias, y, N, r, c); break;
+        case 1: tile<4, 1, WT>(x, K, Wc, bias, y, N, r, c); break;
+        default: break;
+      }
     }
   }
 }
@@ -187,8 +276,16 @@ template <DType WT>
 CK_AVX2 void columns(const float* x, int32_t T, int32_t K, const void* W, int32_t N, const float* bias,
                      float* y, int32_t n0, int32_t n1) {
   const int32_t T4 = T & ~3;
-  quads<WT>(x, T4, K, W, N, bias, y, n0, n1);
-  single_rows<WT>(x, T4, T, K, W, N, bias, y, n0, n1);
+  if constexpr (static_cast<int32_t>(WT) >= static_cast<int32_t>(DType::Q8_0)) {
+    // Block formats: 8+ rows widen each column triplet once (quads); fewer
+    // decode in registers (quant_simd.h).
+    if (T4 >= 8) quads<WT>(x, T4, K, W, N, bias, y, n0, n1);
+    else quant_quads<WT>(x, T4, K, W, N, bias, y, n0, n1);
+    quant_single_rows<WT>(x, T4, T, K, W, N, bias, y, n0, n1, T4 == 0);
+  } else {
+    quads<WT>(x, T4, K, W, N, bias, y, n0, n1);
+    single_rows<WT>(x, T4, T, K, W, N, bias, y, n0, n1);
+  }
 }
 
 // ---- 512-bit column pairs (Isa::Avx512) ----------------------------------

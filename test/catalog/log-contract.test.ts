@@ -2,6 +2,7 @@ import { appendFile, mkdtemp, rm, stat } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
+import { KafkaLog } from "../../catalog/kafka/log.ts";
 import {
   CatalogLogError,
   type FullCatalogLog,
@@ -9,7 +10,6 @@ import {
   type WriterCommit,
 } from "../../catalog/log.ts";
 import { EmbeddedLog } from "../../catalog/log-embedded.ts";
-import { KafkaLog } from "../../catalog/log-kafka.ts";
 import { bytes, collect, kafkaBrokers, text, uniqueTopics, until } from "./log-helpers.ts";
 
 /**

@@ -1,7 +1,7 @@
 import { randomUUID } from "node:crypto";
 import { CatalogDb } from "../../catalog/db.ts";
+import type { KafkaTopics } from "../../catalog/kafka/admin.ts";
 import type { FullCatalogLog, LogRecord, RejectionReader, TxLogReader } from "../../catalog/log.ts";
-import type { KafkaTopics } from "../../catalog/log-kafka.ts";
 import { CatalogWriter } from "../../catalog/writer.ts";
 import type { Proposal } from "../../schema/catalog.ts";
 import { silentLogger } from "../../schema/log.ts";

@@ -14,6 +14,7 @@ import { RequestId, TenantId, WorkerId } from "../../schema/ids.ts";
 import { silentLogger } from "../../schema/log.ts";
 import { WorkerAgent } from "../../worker/agent/agent.ts";
 import type { LoadedModel } from "../../worker/model/model-dir.ts";
+import { ConstraintCompiler } from "../../worker/structured/constraint.ts";
 import { CHUNK, PAGE, startWorker, startWriter, type TestWorker } from "../worker/restore/harness.ts";
 
 /**
@@ -46,7 +47,10 @@ export interface InProcessFleet {
 const codec = (vocab: number): TextCodec => ({
   encode: () => [],
   decode: () => "",
-  chatPrompt: () => [],
+  renderChat: () => "",
+  tokenString: (id) => String(id),
+  checkConstraint: () => 0,
+  toolParser: null,
   eosTokenIds: [],
   vocabSize: vocab,
 });
@@ -108,6 +112,7 @@ export async function startFleet(model: LoadedModel, spec: FleetSpec): Promise<I
       kvBytesPerToken: s.nLayers * s.nKvHeads * (s.headDim + s.vHeadDim) * 2,
       durableTiers: ["ram", "ssd"],
       stopTokenIds: [],
+      constraints: new ConstraintCompiler(model.tokenizer.tokenBytes()),
       heartbeatIntervalMs: 50,
       reconnectBaseMs: 50,
       reconnectMaxMs: 500,
@@ -140,8 +145,25 @@ export async function startFleet(model: LoadedModel, spec: FleetSpec): Promise<I
         model: "tiny",
         prompt,
         maxTokens,
-        sampling: { temperature: 0, topP: 1, topK: 0, seed: 1 },
+        sampling: {
+          temperature: 0,
+          topP: 1,
+          topK: 0,
+          minP: 0,
+          seed: 1,
+          repetitionPenalty: 1,
+          presencePenalty: 0,
+          frequencyPenalty: 0,
+          logitBias: [],
+          minTokens: 0,
+          allowedTokenIds: null,
+        },
         stopTokenIds: [],
+        cacheSalt: null,
+        priority: 0,
+        logprobs: null,
+        promptLogprobs: null,
+        constraint: null,
       });
       const tokens: number[] = [];
       for await (const e of g.events) {

@@ -6,7 +6,7 @@ import { join } from "node:path";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { WebSocket } from "ws";
-import { KafkaLog } from "../../catalog/log-kafka.ts";
+import { KafkaLog } from "../../catalog/kafka/log.ts";
 import type { FleetWorkerView } from "../../controller/api/service.ts";
 import { planChain } from "../../controller/candidates.ts";
 import { workerLines } from "../../deploy/cluster.ts";

@@ -6,7 +6,7 @@ import { promisify } from "node:util";
 import OpenAI from "openai";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { runQuery } from "../../catalog/console.ts";
-import { KafkaLog } from "../../catalog/log-kafka.ts";
+import { KafkaLog } from "../../catalog/kafka/log.ts";
 import { Replica } from "../../catalog/replica.ts";
 import { planChain } from "../../controller/candidates.ts";
 import {

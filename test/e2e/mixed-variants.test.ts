@@ -5,7 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { EmbeddedLog } from "../../catalog/log-embedded.ts";
 import { longestPublishedPrefix } from "../../catalog/queries.ts";
 import { Replica } from "../../catalog/replica.ts";
-import { textCodec } from "../../cli/embedded/service.ts";
+import { textCodec } from "../../cli/embedded/text-codec.ts";
 import { defaultAssignmentLimits } from "../../controller/assignments.ts";
 import { planChain } from "../../controller/candidates.ts";
 import { type AssignmentMessage, WorkerHub } from "../../controller/fleet/hub.ts";
@@ -17,6 +17,7 @@ import { WorkerAgent } from "../../worker/agent/agent.ts";
 import { generateModel } from "../../worker/model/generate.ts";
 import { type LoadedModel, loadModelDir } from "../../worker/model/model-dir.ts";
 import { CPU_VARIANT, executionVariant } from "../../worker/model/variant.ts";
+import { ConstraintCompiler } from "../../worker/structured/constraint.ts";
 import {
   CHUNK,
   generate,
@@ -96,8 +97,25 @@ async function viaController(id: string, prompt: number[], maxTokens: number) {
     model: "tiny",
     prompt,
     maxTokens,
-    sampling: { temperature: 0, topP: 1, topK: 0, seed: 1 },
+    sampling: {
+      temperature: 0,
+      topP: 1,
+      topK: 0,
+      minP: 0,
+      seed: 1,
+      repetitionPenalty: 1,
+      presencePenalty: 0,
+      frequencyPenalty: 0,
+      logitBias: [],
+      minTokens: 0,
+      allowedTokenIds: null,
+    },
     stopTokenIds: [],
+    cacheSalt: null,
+    priority: 0,
+    logprobs: null,
+    promptLogprobs: null,
+    constraint: null,
   });
   const tokens: number[] = [];
   for await (const e of gen.events) {
@@ -176,6 +194,7 @@ beforeAll(async () => {
       kvBytesPerToken: s.nLayers * s.nKvHeads * (s.headDim + s.vHeadDim) * 2,
       durableTiers: ["ram", "ssd", "s3"],
       stopTokenIds: [],
+      constraints: new ConstraintCompiler(model.tokenizer.tokenBytes()),
       heartbeatIntervalMs: 50,
       reconnectBaseMs: 20,
       reconnectMaxMs: 200,

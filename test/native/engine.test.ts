@@ -270,6 +270,23 @@ describe("engine input validation: a clear error and nothing written", () => {
     expect(allFinite(await e.step(good))).toBe(true);
   });
 
+  it("a page table may leave out the pages before every layer's window, and only those", async () => {
+    // Windows 6 and 4 over pages of 4: a row at position 16 reads keys from 11 on, so pages 0 and 1 are dead.
+    const sliding = { ...SPEC, layerWindows: Int32Array.from([6, 4]) };
+    const m = makeModel(sliding, 17);
+    const e = await engineFor(m, 8);
+    await e.step(batch(prefillRows(0, prompt(9, 16)), [[2, 5, 6, 7]], []));
+    const row = [{ seq: 0, pos: 16, token: 42 }];
+    const full = await e.step(batch(row, [[2, 5, 6, 7, 3]], [0]));
+    const released = await e.step(batch(row, [[-1, -1, 6, 7, 3]], [0]));
+    expect(sameBits(full, released)).toBe(true);
+    expect(() => e.step(batch(row, [[-1, -1, -1, 7, 3]], [0]))).toThrow(/pageTable\[0\]\[2\] = -1/);
+    // One global layer reads every key: no entry may be left out.
+    const mixed = await engineFor(makeModel({ ...SPEC, layerWindows: Int32Array.from([6, 0]) }, 17), 8);
+    await mixed.step(batch(prefillRows(0, prompt(9, 16)), [[2, 5, 6, 7]], []));
+    expect(() => mixed.step(batch(row, [[-1, -1, 6, 7, 3]], [0]))).toThrow(/pageTable\[0\]\[0\] = -1/);
+  });
+
   it("names the tensor that is missing, extra, misshapen, mistyped or short, and creates nothing", async () => {
     const m = makeModel(SPEC, 17);
     const w = (edit: (w: Map<string, typeof m.weights extends Map<string, infer V> ? V : never>) => void) => {

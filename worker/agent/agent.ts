@@ -35,7 +35,9 @@ import {
   type WorkerId,
 } from "../../schema/ids.ts";
 import type { Logger } from "../../schema/log.ts";
+import { backoffMs } from "../../schema/retry.ts";
 import { encodeMessage, MAX_MESSAGE_BYTES, type MessageKind, WireError } from "../../schema/wire.ts";
+import { logitsRules, type TokenLogprob } from "../model/logits.ts";
 import { PageHashChain } from "../pages/page-hashes.ts";
 import {
   type RequestTiming,
@@ -43,6 +45,7 @@ import {
   SubmitError,
   type WorkerRuntime,
 } from "../runtime/runtime.ts";
+import type { ConstraintCompiler } from "../structured/constraint.ts";
 import { ResidentLedger } from "./resident-ledger.ts";
 
 /**
@@ -80,8 +83,10 @@ export interface AgentOptions {
   readonly chunkTokens: number;
   readonly kvBytesPerToken: number;
   readonly durableTiers: readonly StoreTier[];
-  /** Tokens that end generation (the model's end-of-sequence ids). */
+  /** Tokens that end generation (the model's end-of-sequence ids) unless an offer names its own. */
   readonly stopTokenIds: readonly number[];
+  /** Compiles an offer's output constraint against this worker's vocabulary. */
+  readonly constraints: ConstraintCompiler;
   readonly heartbeatIntervalMs: number;
   /** First reconnect delay; doubles per failed attempt up to `reconnectMaxMs`. */
   readonly reconnectBaseMs: number;
@@ -109,6 +114,10 @@ interface RunningAttempt {
   firstTokenAt: number | null;
   sent: number;
   readonly pending: number[];
+  /** The pending tokens' log-probabilities, when the offer asked for them (null: not asked). */
+  readonly pendingLogprobs: TokenLogprob[] | null;
+  /** The prompt's scores until the first frame carries them. */
+  promptLogprobs: readonly TokenLogprob[] | null;
   readonly generated: number[];
   flushScheduled: boolean;
 }
@@ -278,7 +287,10 @@ export class WorkerAgent {
       this.fenceAll(`connection closed (${code})`);
       if (this.stopped) return;
       // Bounded exponential backoff: base × 2^failures, at most max.
-      const delay = Math.min(this.opts.reconnectMaxMs, this.opts.reconnectBaseMs * 2 ** this.failures);
+      const delay = backoffMs(
+        { baseMs: this.opts.reconnectBaseMs, capMs: this.opts.reconnectMaxMs },
+        this.failures + 1,
+      );
       this.failures = Math.min(this.failures + 1, 30);
       this.opts.log.log("warn", "agent.disconnected", { code, reason: reason.toString(), retryInMs: delay });
       this.reconnectTimer = setTimeout(() => this.connect(), delay);
@@ -426,16 +438,23 @@ export class WorkerAgent {
     if (held) this.fence(held, `superseded by attempt ${offer.attempt}`);
     let generation: RuntimeGeneration;
     try {
+      const s = offer.sampling;
       generation = this.runtime.submit({
         requestId: runtimeId(offer.requestId, offer.attempt),
         salt,
         prompt: offer.prompt,
         maxTokens: offer.maxTokens,
-        temperature: offer.sampling.temperature ?? 1,
-        topP: offer.sampling.topP ?? 1,
-        topK: offer.sampling.topK ?? 0,
-        seed: offer.sampling.seed,
-        stopTokenIds: this.opts.stopTokenIds,
+        temperature: s.temperature ?? 1,
+        topP: s.topP ?? 1,
+        topK: s.topK ?? 0,
+        minP: s.minP ?? 0,
+        seed: s.seed,
+        rules: logitsRules(s),
+        stopTokenIds: offer.stopTokenIds ?? this.opts.stopTokenIds,
+        priority: offer.priority ?? 0,
+        ...(offer.logprobs === undefined ? {} : { logprobs: offer.logprobs }),
+        ...(offer.promptLogprobs === undefined ? {} : { promptLogprobs: offer.promptLogprobs }),
+        ...(offer.constraint === undefined ? {} : { constraint: this.compile(offer.constraint) }),
       });
     } catch (err) {
       if (!(err instanceof SubmitError)) throw err;
@@ -464,6 +483,8 @@ export class WorkerAgent {
       firstTokenAt: null,
       sent: 0,
       pending: [],
+      pendingLogprobs: offer.logprobs === undefined ? null : [],
+      promptLogprobs: null,
       generated: [],
       flushScheduled: false,
     };
@@ -475,6 +496,15 @@ export class WorkerAgent {
     });
     this.send(AcceptMessage, step.decision.msg);
     void this.pump(run);
+  }
+
+  /** An offer's constraint as this vocabulary's token machine; one it cannot compile is a 400 decline. */
+  private compile(spec: NonNullable<Offer["constraint"]>) {
+    try {
+      return this.opts.constraints.machine(spec);
+    } catch (err) {
+      throw new SubmitError(400, `the output constraint does not compile: ${(err as Error).message}`);
+    }
   }
 
   private onCancel(msg: Cancel): void {
@@ -513,6 +543,8 @@ export class WorkerAgent {
           run.generated.push(ev.token);
           if (run.fenced) continue;
           run.pending.push(ev.token);
+          if (ev.logprob) run.pendingLogprobs?.push(ev.logprob);
+          if (ev.promptLogprobs) run.promptLogprobs = ev.promptLogprobs;
           if (run.pending.length >= MAX_TOKENS_PER_FRAME) this.flush(run);
           else if (!run.flushScheduled) {
             run.flushScheduled = true;
@@ -565,12 +597,17 @@ export class WorkerAgent {
       return;
     }
     const tokens = run.pending.splice(0, run.pending.length);
+    const logprobs = run.pendingLogprobs?.splice(0, run.pendingLogprobs.length);
+    const scores = run.promptLogprobs;
+    run.promptLogprobs = null;
     this.send(TokensMessage, {
       requestId: run.requestId,
       attempt: run.attempt,
       workerId: this.opts.workerId,
       index: run.sent,
       tokens,
+      ...(logprobs === undefined ? {} : { logprobs }),
+      ...(scores === null ? {} : { promptLogprobs: scores }),
     });
     run.sent += tokens.length;
   }

@@ -111,9 +111,39 @@ const SHAPES: Record<Preset, Shape> = {
 /** Special tokens of generated tokenizers, in id order after the merges. */
 export const SPECIAL_TOKENS = ["<|bos|>", "<|eos|>", "<|pad|>", "<|im_start|>", "<|im_end|>"] as const;
 
-/** The ChatML template, as Jinja for Hugging Face tools (rendered natively by tokenizer.ts). */
-const CHATML_TEMPLATE =
-  "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+/**
+ * The generated models' chat template: ChatML, with Hermes-style tools (the
+ * tool list in the system turn, calls as <tool_call>{json}</tool_call>,
+ * results as <tool_response> user turns), the layout Qwen2.5 uses. Real
+ * Jinja, rendered like any model's (worker/model/chat-template.ts).
+ */
+const CHATML_TEMPLATE = String.raw`{%- if tools %}
+{{- '<|im_start|>system\n' }}
+{%- if messages[0].role == 'system' %}{{- messages[0].content + '\n\n' }}{%- endif %}
+{{- '# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>' }}
+{%- for tool in tools %}{{- '\n' + (tool | tojson) }}{%- endfor %}
+{{- '\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' }}
+{%- elif messages[0].role == 'system' %}
+{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+{%- if message.role == 'system' and loop.first %}
+{%- elif message.role == 'assistant' and message.tool_calls %}
+{{- '<|im_start|>assistant' }}
+{%- if message.content %}{{- '\n' + message.content }}{%- endif %}
+{%- for call in message.tool_calls %}
+{{- '\n<tool_call>\n{"name": "' + call.function.name + '", "arguments": ' + (call.function.arguments | tojson) + '}\n</tool_call>' }}
+{%- endfor %}
+{{- '<|im_end|>\n' }}
+{%- elif message.role == 'tool' %}
+{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
+{{- '\n<tool_response>\n' + message.content + '\n</tool_response>' }}
+{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\n' }}{%- endif %}
+{%- else %}
+{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}`;
 
 export interface GenerateOptions {
   readonly preset: Preset;

@@ -26,6 +26,8 @@ export const GGUF_ARCHITECTURES: Readonly<Record<string, GgufArchitecture>> = {
   // Llama 2/3 and Mistral (llama.cpp writes Mistral as "llama").
   llama: { hf: "LlamaForCausalLM", modelType: "llama", permutedQK: true },
   qwen2: { hf: "Qwen2ForCausalLM", modelType: "qwen2", permutedQK: false },
+  // Qwen3: Qwen2's layout without biases, with per-head q/k RMSNorms.
+  qwen3: { hf: "Qwen3ForCausalLM", modelType: "qwen3", permutedQK: false },
 };
 
 /** The GGUF architecture a Hugging Face architecture is written as. */
@@ -33,6 +35,7 @@ export const HF_TO_GGUF: Readonly<Partial<Record<Architecture, string>>> = {
   LlamaForCausalLM: "llama",
   MistralForCausalLM: "llama",
   Qwen2ForCausalLM: "qwen2",
+  Qwen3ForCausalLM: "qwen3",
 };
 
 /** GGUF tensor name → Hugging Face name (per layer: `blk.N.` ↔ `model.layers.N.`). */
@@ -49,6 +52,8 @@ const LAYER_NAMES: readonly (readonly [string, string])[] = [
   ["attn_q.bias", "self_attn.q_proj.bias"],
   ["attn_k.bias", "self_attn.k_proj.bias"],
   ["attn_v.bias", "self_attn.v_proj.bias"],
+  ["attn_q_norm.weight", "self_attn.q_norm.weight"],
+  ["attn_k_norm.weight", "self_attn.k_norm.weight"],
   ["attn_output.weight", "self_attn.o_proj.weight"],
   ["ffn_norm.weight", "post_attention_layernorm.weight"],
   ["ffn_gate.weight", "mlp.gate_proj.weight"],

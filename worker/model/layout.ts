@@ -9,9 +9,12 @@
  *
  * A sliding layer's K/V row at position j is read by queries j .. j + W − 1
  * only, so once a sequence has reached position n every row below n − W + 1
- * is dead for that layer (what a page pool may release; the pool does not
- * yet). The layout is part of the model fingerprint (fingerprint.ts), so
- * workers whose layers attend differently never share attention state.
+ * is dead for that layer. When every layer is sliding, a page of rows dead
+ * for the widest window is dead for all of them and the page pool releases
+ * it (releaseWindow); with a global layer nothing is released, since one
+ * page holds every layer's rows. The layout is part of the model
+ * fingerprint (fingerprint.ts), so workers whose layers attend differently
+ * never share attention state.
  */
 export type AttentionLayout =
   | { readonly kind: "global" }
@@ -56,4 +59,18 @@ export function layoutName(layers: readonly AttentionLayout[]): string {
 /** The windows as the native engine takes them: 0 for a global layer, W for sliding. */
 export function layerWindows(layers: readonly AttentionLayout[]): Int32Array {
   return Int32Array.from(layers, (l) => (l.kind === "global" ? 0 : l.window));
+}
+
+/**
+ * The window outside which a page of every layer's rows is dead: the widest
+ * window when every layer is sliding, null when some layer is global (a page
+ * holds all layers' rows, and a global layer reads them all).
+ */
+export function releaseWindow(layers: readonly AttentionLayout[]): number | null {
+  let widest = 0;
+  for (const l of layers) {
+    if (l.kind === "global") return null;
+    widest = Math.max(widest, l.window);
+  }
+  return layers.length === 0 ? null : widest;
 }

@@ -1,3 +1,13 @@
+import type { TokenMachine } from "../structured/token-machine.ts";
+import {
+  applyRules,
+  type LogitsRules,
+  NO_RULES,
+  rulesAreNeutral,
+  type TokenHistory,
+  type TokenLogprob,
+  tokenLogprob,
+} from "./logits.ts";
 import { Rng, type RngState, seedRng } from "./prng.ts";
 
 /**
@@ -7,9 +17,12 @@ import { Rng, type RngState, seedRng } from "./prng.ts";
  * shared prefix, each with its own sampler, and a request's choices depend
  * only on its own seed and its own logits.
  *
- * Order of operations (as in Hugging Face generate): temperature, then top-k,
- * then top-p, then one uniform draw. temperature 0 is greedy (argmax, ties to
- * the lowest id).
+ * Order of operations (vLLM's v1 sampler): the request's logits rules
+ * (logits.ts: allowed ids, min_tokens, logit_bias, penalties), then greedy
+ * argmax when temperature is 0 (ties to the lowest id), else temperature,
+ * min-p, top-k, top-p and one uniform draw. Log-probabilities, when asked
+ * for, are the raw model's (before any rule or temperature), as vLLM returns
+ * by default.
  */
 export interface SamplingParams {
   /** 0 = greedy. */
@@ -18,7 +31,15 @@ export interface SamplingParams {
   readonly topK: number;
   /** Keep the smallest set of most likely tokens whose mass reaches p; 1 = no limit. */
   readonly topP: number;
+  /** Keep tokens whose probability is at least minP × the largest; 0 = no limit. */
+  readonly minP: number;
   readonly seed: number;
+  /** Penalties, logit bias, min_tokens, allowed ids. */
+  readonly rules: LogitsRules;
+  /** Log-probabilities of each sampled token with this many alternatives; null: none. */
+  readonly logprobs: number | null;
+  /** The output is constrained to this grammar (structured output); null: free. */
+  readonly constraint: TokenMachine | null;
   /** Generation stops after emitting any of these. */
   readonly stopTokens: readonly number[];
   /** Generation stops after this many tokens. */
@@ -29,7 +50,11 @@ export const GREEDY: SamplingParams = {
   temperature: 0,
   topK: 0,
   topP: 1,
+  minP: 0,
   seed: 0,
+  rules: NO_RULES,
+  logprobs: null,
+  constraint: null,
   stopTokens: [],
   maxTokens: 256,
 };
@@ -47,6 +72,22 @@ export function samplingParams(p: Partial<SamplingParams>): SamplingParams {
     throw new SamplingParamsError(`top_k must be a non-negative integer, got ${out.topK}`);
   if (!Number.isFinite(out.topP) || out.topP <= 0 || out.topP > 1)
     throw new SamplingParamsError(`top_p must be in (0, 1], got ${out.topP}`);
+  if (!Number.isFinite(out.minP) || out.minP < 0 || out.minP > 1)
+    throw new SamplingParamsError(`min_p must be in [0, 1], got ${out.minP}`);
+  const r = out.rules;
+  if (!Number.isFinite(r.repetitionPenalty) || r.repetitionPenalty <= 0)
+    throw new SamplingParamsError(`repetition_penalty must be > 0, got ${r.repetitionPenalty}`);
+  if (!Number.isFinite(r.presencePenalty) || !Number.isFinite(r.frequencyPenalty))
+    throw new SamplingParamsError("presence_penalty and frequency_penalty must be finite");
+  if (!Number.isSafeInteger(r.minTokens) || r.minTokens < 0)
+    throw new SamplingParamsError(`min_tokens must be a non-negative integer, got ${r.minTokens}`);
+  for (const [id, bias] of r.logitBias)
+    if (!Number.isSafeInteger(id) || id < 0 || !Number.isFinite(bias))
+      throw new SamplingParamsError(`logit_bias entry ${id}: ${bias} is not a token id and a finite bias`);
+  if (r.allowedTokenIds !== null && r.allowedTokenIds.size === 0)
+    throw new SamplingParamsError("allowed_token_ids must not be empty");
+  if (out.logprobs !== null && (!Number.isSafeInteger(out.logprobs) || out.logprobs < 0))
+    throw new SamplingParamsError(`logprobs must be a non-negative integer, got ${out.logprobs}`);
   if (!Number.isSafeInteger(out.seed))
     throw new SamplingParamsError(`seed must be an integer, got ${out.seed}`);
   if (!Number.isSafeInteger(out.maxTokens) || out.maxTokens <= 0)
@@ -73,7 +114,7 @@ export function candidates(logits: ArrayLike<number>, p: SamplingParams): { ids:
   if (p.temperature === 0) return { ids: [argmax(logits)], probs: [1] };
   const n = logits.length;
   const k = p.topK > 0 ? Math.min(p.topK, n) : n;
-  const kept = mostLikely(logits, k);
+  const kept = p.minP > 0 ? minPKept(logits, p.minP, p.temperature, k) : mostLikely(logits, k);
   // softmax(logit / T) over the kept set, stabilised by the largest logit.
   const top = logits[kept[0]!]!;
   let sum = 0;
@@ -99,6 +140,26 @@ export function candidates(logits: ArrayLike<number>, p: SamplingParams): { ids:
     probs = probs.slice(0, cut).map((x) => x / renorm);
   }
   return { ids: ids2, probs };
+}
+
+/**
+ * min-p then top-k: p_i ≥ minP · p_max at temperature T is
+ * logit_i ≥ max + T · ln(minP), so only ids above that threshold are
+ * ordered (a prefix of the sampling order, like top-k's, so the two commute).
+ */
+function minPKept(logits: ArrayLike<number>, minP: number, temperature: number, k: number): number[] {
+  let max = Number.NEGATIVE_INFINITY;
+  for (let i = 0; i < logits.length; i++) if (logits[i]! > max) max = logits[i]!;
+  const threshold = max + temperature * Math.log(minP);
+  const ids: number[] = [];
+  for (let i = 0; i < logits.length; i++) if (logits[i]! >= threshold) ids.push(i);
+  ids.sort((a, b) => logits[b]! - logits[a]! || a - b);
+  return ids.length > k ? ids.slice(0, k) : ids;
+}
+
+/** The k most likely ids in sampling order (exported for log-probability alternatives). */
+export function topIds(logits: ArrayLike<number>, k: number): number[] {
+  return mostLikely(logits, Math.min(k, logits.length));
 }
 
 /**
@@ -232,24 +293,54 @@ export interface SamplerState {
   readonly params: SamplingParams;
   readonly rng: RngState;
   readonly generated: number;
+  /** The constraint's DFA state (−1 when unconstrained). */
+  readonly grammar: number;
 }
 
 export function initialSamplerState(params: SamplingParams, requestLabel = ""): SamplerState {
-  return { params, rng: seedRng(params.seed, requestLabel), generated: 0 };
+  return {
+    params,
+    rng: seedRng(params.seed, requestLabel),
+    generated: 0,
+    grammar: params.constraint ? params.constraint.start : -1,
+  };
 }
 
+/**
+ * One token for the request. `history` carries the counts the penalties read
+ * (required when the rules penalise); the caller adds the returned token to
+ * it. With a constraint the draw is over the ids its grammar allows (the
+ * rules apply to those), and the output ends ("stop") once the grammar is
+ * complete.
+ */
 export function nextToken(
   state: SamplerState,
   logits: ArrayLike<number>,
-): { token: number; state: SamplerState; finish: FinishReason | null } {
-  if (state.generated >= state.params.maxTokens)
-    throw new RangeError(`sampler already produced its ${state.params.maxTokens} tokens`);
-  const { token, rng } = sampleToken(logits, state.params, state.rng);
+  history?: TokenHistory,
+): { token: number; state: SamplerState; finish: FinishReason | null; logprob: TokenLogprob | null } {
+  const p = state.params;
+  if (state.generated >= p.maxTokens)
+    throw new RangeError(`sampler already produced its ${p.maxTokens} tokens`);
+  const machine = p.constraint;
+  const ids = machine ? machine.choices(state.grammar, p.maxTokens - state.generated, p.stopTokens) : null;
+  if (ids !== null && ids.length === 0) throw new RangeError("the constraint allows no token here");
+  let row: ArrayLike<number> = logits;
+  if (ids !== null || !rulesAreNeutral(p.rules)) {
+    // A working copy (the raw row stays for the log-probabilities): the allowed ids' logits, or all.
+    const work = ids === null ? Float32Array.from(logits) : Float32Array.from(ids, (id) => logits[id]!);
+    if (!rulesAreNeutral(p.rules)) {
+      if (!history) throw new RangeError("penalties need the request's token history");
+      applyRules(work, p.rules, history, state.generated, p.stopTokens, ids);
+    }
+    row = work;
+  }
+  const drawn = sampleToken(row, p, state.rng);
+  const token = ids === null ? drawn.token : ids[drawn.token]!;
   const generated = state.generated + 1;
-  const finish: FinishReason | null = state.params.stopTokens.includes(token)
-    ? "stop"
-    : generated >= state.params.maxTokens
-      ? "length"
-      : null;
-  return { token, state: { params: state.params, rng, generated }, finish };
+  const stop = p.stopTokens.includes(token);
+  const grammar = machine && !stop ? machine.next(state.grammar, token) : state.grammar;
+  const finish: FinishReason | null =
+    stop || machine?.complete(grammar) ? "stop" : generated >= p.maxTokens ? "length" : null;
+  const logprob = p.logprobs === null ? null : tokenLogprob(logits, token, p.logprobs, topIds);
+  return { token, state: { params: p, rng: drawn.rng, generated, grammar }, finish, logprob };
 }

@@ -1,30 +1,29 @@
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
+import { BYTE_TO_UNICODE } from "./bpe.ts";
 
 /**
  * A model's tokenizer: `tokenizer.json` (+ `tokenizer_config.json`) through
- * @huggingface/tokenizers, plus chat formatting.
- *
- * Chat formatting does not run Jinja. The chat template in
- * tokenizer_config.json is recognised by family from the special tokens it
- * uses, and the same layout is rendered here:
- *   - "llama3":  <|begin_of_text|><|start_header_id|>ROLE<|end_header_id|>\n\nTEXT<|eot_id|>…
- *   - "chatml":  <|im_start|>ROLE\nTEXT<|im_end|>\n…  (Qwen2 and the generated models)
- *   - "inst":    <s>[INST] TEXT [/INST] ANSWER</s>…    (Llama 2, Mistral; a system message
- *                is prepended to the first user turn)
- *   - "plain":   when there is no template: "ROLE: TEXT\n" per message, then "assistant:".
+ * @huggingface/tokenizers, and the chat templates it ships: the Jinja source
+ * in tokenizer_config.json's `chat_template` (a string, or a list of named
+ * templates) or in `chat_template.jinja` (transformers' newer layout, which
+ * wins). Rendering them is chat-template.ts's job.
  */
 export class TokenizerError extends Error {
   override readonly name = "TokenizerError";
 }
 
-export interface ChatMessage {
-  readonly role: "system" | "user" | "assistant";
-  readonly content: string;
-}
-
-export type ChatFormat = "llama3" | "chatml" | "inst" | "plain";
+/** The special-token names a chat template may read (transformers' special_tokens_map). */
+const SPECIAL_TOKEN_KEYS = [
+  "bos_token",
+  "eos_token",
+  "unk_token",
+  "pad_token",
+  "sep_token",
+  "cls_token",
+  "mask_token",
+];
 
 export class ModelTokenizer {
   private readonly specialIdSet: ReadonlySet<number>;
@@ -33,16 +32,25 @@ export class ModelTokenizer {
     private readonly hf: HfTokenizer,
     /** Ids that have a token string (a checkpoint's vocab_size may exceed it). */
     readonly size: number,
-    readonly chatFormat: ChatFormat,
-    readonly bosToken: string | null,
+    /** Chat templates by name ("default" for a single template); empty: none. */
+    readonly chatTemplates: ReadonlyMap<string, string>,
+    /** bos_token, eos_token, … as strings, for templates. */
+    readonly specialTokens: Readonly<Record<string, string>>,
     private readonly cleanUpSpaces: boolean,
+    /** How a vocabulary string maps to output bytes (the decoder's kind). */
+    private readonly byteMapping: ByteMapping,
   ) {
     this.specialIdSet = new Set(
       [...hf.get_added_tokens_decoder().entries()].filter(([, t]) => t.special).map(([id]) => id),
     );
   }
 
-  static fromJson(tokenizerJson: unknown, tokenizerConfig: Record<string, unknown> = {}): ModelTokenizer {
+  static fromJson(
+    tokenizerJson: unknown,
+    tokenizerConfig: Record<string, unknown> = {},
+    /** chat_template.jinja's text, when the directory has one (it replaces tokenizer_config's). */
+    templateFile?: string,
+  ): ModelTokenizer {
     let hf: HfTokenizer;
     try {
       hf = new HfTokenizer(tokenizerJson as object, tokenizerConfig);
@@ -51,14 +59,18 @@ export class ModelTokenizer {
     }
     let size = 0;
     for (const id of hf.get_vocab(true).values()) size = Math.max(size, id + 1);
-    const template = typeof tokenizerConfig.chat_template === "string" ? tokenizerConfig.chat_template : "";
-    const bos = tokenName(tokenizerConfig.bos_token);
+    const specials: Record<string, string> = {};
+    for (const key of SPECIAL_TOKEN_KEYS) {
+      const name = tokenName(tokenizerConfig[key]);
+      if (name !== null) specials[key] = name;
+    }
     return new ModelTokenizer(
       hf,
       size,
-      chatFormatOf(template),
-      bos,
+      templateFile !== undefined ? new Map([["default", templateFile]]) : chatTemplatesOf(tokenizerConfig),
+      specials,
       tokenizerConfig.clean_up_tokenization_spaces === true,
+      byteMappingOf((tokenizerJson as { decoder?: unknown }).decoder),
     );
   }
 
@@ -77,7 +89,14 @@ export class ModelTokenizer {
       if ((err as NodeJS.ErrnoException).code !== "ENOENT")
         throw new TokenizerError(`${join(dir, "tokenizer_config.json")}: ${(err as Error).message}`);
     }
-    return ModelTokenizer.fromJson(json, config);
+    let templateFile: string | undefined;
+    try {
+      templateFile = await readFile(join(dir, "chat_template.jinja"), "utf8");
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== "ENOENT")
+        throw new TokenizerError(`${join(dir, "chat_template.jinja")}: ${(err as Error).message}`);
+    }
+    return ModelTokenizer.fromJson(json, config, templateFile);
   }
 
   /**
@@ -115,50 +134,24 @@ export class ModelTokenizer {
     return this.specialIdSet.has(id);
   }
 
-  /** The prompt text for `messages`, ending where the assistant's answer begins. */
-  renderChat(messages: readonly ChatMessage[]): string {
-    for (const [i, m] of messages.entries()) {
-      if (m.role !== "system" && m.role !== "user" && m.role !== "assistant")
-        throw new TokenizerError(
-          `messages[${i}].role must be system, user or assistant, got ${String(m.role)}`,
-        );
-      if (typeof m.content !== "string") throw new TokenizerError(`messages[${i}].content must be a string`);
+  /**
+   * The bytes each id contributes to the output (what a byte-level grammar
+   * constrains), or null for special tokens and ids without a token. Byte-level
+   * BPE maps each character back through GPT-2's byte table; SentencePiece-style
+   * vocabularies turn "▁" into a space and "<0xNN>" into that byte; added
+   * (non-special) tokens are their text.
+   */
+  tokenBytes(): (Uint8Array | null)[] {
+    const added = this.hf.get_added_tokens_decoder();
+    const out: (Uint8Array | null)[] = [];
+    for (let id = 0; id < this.size; id++) {
+      const token = this.hf.id_to_token(id);
+      const a = added.get(id);
+      if (token === undefined || this.specialIdSet.has(id)) out.push(null);
+      else if (a !== undefined) out.push(new Uint8Array(Buffer.from(a.content, "utf8")));
+      else out.push(vocabBytes(token, this.byteMapping));
     }
-    switch (this.chatFormat) {
-      case "llama3": {
-        let s = "<|begin_of_text|>";
-        for (const m of messages)
-          s += `<|start_header_id|>${m.role}<|end_header_id|>\n\n${m.content.trim()}<|eot_id|>`;
-        return `${s}<|start_header_id|>assistant<|end_header_id|>\n\n`;
-      }
-      case "chatml": {
-        let s = "";
-        for (const m of messages) s += `<|im_start|>${m.role}\n${m.content}<|im_end|>\n`;
-        return `${s}<|im_start|>assistant\n`;
-      }
-      case "inst": {
-        let s = "";
-        let system = "";
-        for (const m of messages) {
-          if (m.role === "system") system = `${m.content}\n\n`;
-          else if (m.role === "user") {
-            s += `${this.bosToken ?? "<s>"}[INST] ${system}${m.content.trim()} [/INST]`;
-            system = "";
-          } else s += ` ${m.content.trim()}</s>`;
-        }
-        return s;
-      }
-      case "plain": {
-        let s = this.bosToken ?? "";
-        for (const m of messages) s += `${m.role}: ${m.content}\n`;
-        return `${s}assistant:`;
-      }
-    }
-  }
-
-  /** Token ids of the chat prompt (specials in the rendered text become their ids; nothing else is added). */
-  encodeChat(messages: readonly ChatMessage[]): number[] {
-    return this.encode(this.renderChat(messages), { addSpecialTokens: false });
+    return out;
   }
 }
 
@@ -169,12 +162,65 @@ function tokenName(v: unknown): string | null {
   return null;
 }
 
-/** The chat layout a Jinja template implements, recognised by the tokens it emits. */
-export function chatFormatOf(template: string): ChatFormat {
-  if (template.includes("<|start_header_id|>")) return "llama3";
-  if (template.includes("<|im_start|>")) return "chatml";
-  if (template.includes("[INST]")) return "inst";
-  return "plain";
+type ByteMapping = "byte-level" | "metaspace" | "utf8";
+
+const UNICODE_TO_BYTE = new Map(BYTE_TO_UNICODE.map((c, b) => [c, b]));
+
+/** The decoder tells how vocabulary strings become text: ByteLevel, or Metaspace / Replace("▁") with ByteFallback. */
+function byteMappingOf(decoder: unknown): ByteMapping {
+  const kinds: string[] = [];
+  const visit = (d: unknown) => {
+    if (typeof d !== "object" || d === null) return;
+    const o = d as { type?: unknown; decoders?: unknown[]; pattern?: { String?: unknown } };
+    if (o.type === "Sequence" && Array.isArray(o.decoders)) for (const x of o.decoders) visit(x);
+    else if (o.type === "Replace" && o.pattern?.String === "▁") kinds.push("Metaspace");
+    else if (typeof o.type === "string") kinds.push(o.type);
+  };
+  visit(decoder);
+  if (kinds.includes("ByteLevel")) return "byte-level";
+  if (kinds.includes("Metaspace")) return "metaspace";
+  return "utf8";
+}
+
+function vocabBytes(token: string, mapping: ByteMapping): Uint8Array | null {
+  if (mapping === "byte-level") {
+    const out = new Uint8Array(token.length);
+    let n = 0;
+    for (const c of token) {
+      const b = UNICODE_TO_BYTE.get(c);
+      if (b === undefined) return new Uint8Array(Buffer.from(token, "utf8"));
+      out[n++] = b;
+    }
+    return out.subarray(0, n);
+  }
+  if (mapping === "metaspace") {
+    const m = /^<0x([0-9A-Fa-f]{2})>$/.exec(token);
+    if (m) return Uint8Array.of(parseInt(m[1]!, 16));
+    return new Uint8Array(Buffer.from(token.replaceAll("▁", " "), "utf8"));
+  }
+  return new Uint8Array(Buffer.from(token, "utf8"));
+}
+
+/** tokenizer_config.json's chat_template: one string, or [{name, template}, …] (transformers). */
+function chatTemplatesOf(config: Record<string, unknown>): Map<string, string> {
+  const t = config.chat_template;
+  const out = new Map<string, string>();
+  if (typeof t === "string") out.set("default", t);
+  else if (Array.isArray(t)) {
+    for (const [i, entry] of t.entries()) {
+      const e = entry as { name?: unknown; template?: unknown } | null;
+      if (typeof e?.name !== "string" || typeof e.template !== "string")
+        throw new TokenizerError(
+          `tokenizer_config.json: chat_template[${i}] needs a string name and template`,
+        );
+      out.set(e.name, e.template);
+    }
+  } else if (t !== undefined && t !== null) {
+    throw new TokenizerError(
+      "tokenizer_config.json: chat_template must be a string or a list of named templates",
+    );
+  }
+  return out;
 }
 
 /**

@@ -122,7 +122,8 @@ export class PageManager extends RouteTable {
   /** Pages only this route references: what its release gives back. */
   releasablePages(id: ContinuationId): PageCount {
     let n = 0;
-    for (const p of this.getRoute(id).pages) if (this.pool.states.refcount(p) === 1) n++;
+    const r = this.getRoute(id);
+    for (const p of r.pages.slice(r.released)) if (this.pool.states.refcount(p) === 1) n++;
     return n as PageCount;
   }
 
@@ -213,6 +214,11 @@ export class PageManager extends RouteTable {
     const r = this.getRoute(id);
     const sealedPages = Math.floor(r.tokens / this.pageTokens);
     this.checkRange(`route ${id}`, from, count, sealedPages);
+    if (from < r.released)
+      throw new PageError(
+        "invalid",
+        `route ${id}: pages [${from}, ${r.released}) were released outside the window; capture them by prefix`,
+      );
     return this.capture(r.pages.slice(from, from + count));
   }
 

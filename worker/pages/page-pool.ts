@@ -41,9 +41,11 @@ export interface ExpectedUse {
  * Every operation is O(pages it touches), with O(log cached) per cached page;
  * `work` counts the slots visited, so tests can hold it to that.
  *
- * One pool serves every layer today. Sliding-window layers would share it
- * with a page table of their own per route (route.ts) and this index keyed by
- * (layer group, hash), as vLLM's coordinator keys its block pool's per manager.
+ * One pool serves every layer: a page holds every layer's rows, so only a
+ * model whose layers all slide releases pages (route.ts windowDeadPages).
+ * Mixed sliding and global layers would share it with a page table of their
+ * own per route (route.ts) and this index keyed by (layer group, hash), as
+ * vLLM's coordinator keys its block pool's per manager.
  */
 export class PagePool {
   readonly states: PageStates;

@@ -18,12 +18,14 @@ import {
 } from "./page-state.ts";
 import {
   expectedUse,
+  NO_PAGE,
   newRoute,
   type Route,
   type RouteSnapshot,
   snapshotOf,
   type Waiting,
   waitingFor,
+  windowDeadPages,
 } from "./route.ts";
 
 export interface PageManagerOptions {
@@ -33,6 +35,12 @@ export interface PageManagerOptions {
   readonly physicalPages: number;
   /** Run checkInvariants() after every mutation (tests, debug builds). */
   readonly debugInvariants?: boolean;
+  /**
+   * The widest window when every layer is sliding (layout.ts releaseWindow):
+   * each commit releases a route's leading pages dead for it. Absent or null
+   * (some layer is global): nothing is released.
+   */
+  readonly window?: number | null;
 }
 
 /** What the engine executes for one append: copy first, then write each row into its slot. */
@@ -73,6 +81,7 @@ export class RouteTable {
   readonly pageTokens: number;
   readonly physicalPages: number;
   private readonly debug: boolean;
+  private readonly window: number | null;
   protected readonly pool: PagePool;
   protected readonly routes = new Map<ContinuationId, Route>();
   /** Lease → the routes one in-flight step holds. */
@@ -81,6 +90,8 @@ export class RouteTable {
   protected readonly captures = new Map<CaptureId, readonly PageTicket[]>();
   private nextLease = 1;
   protected nextCapture = 1;
+  /** Page-table entries released outside the window, since the table was made. */
+  windowReleases = 0;
 
   constructor(options: PageManagerOptions) {
     const { pageTokens, physicalPages } = options;
@@ -91,6 +102,10 @@ export class RouteTable {
     this.pageTokens = pageTokens;
     this.physicalPages = physicalPages;
     this.debug = options.debugInvariants ?? false;
+    const window = options.window ?? null;
+    if (window !== null && (!Number.isSafeInteger(window) || window < 1))
+      throw new PageError("invalid", `window must be a positive integer or null, got ${window}`);
+    this.window = window;
     this.pool = new PagePool(physicalPages, pageTokens);
   }
 
@@ -269,9 +284,10 @@ export class RouteTable {
         "over-capacity",
         `fork ${src} → ${dst}: needs ${srcExtra + dstNeed} pages, only ${this.availablePages} available`,
       );
-    for (const p of s.pages) this.pool.reference(p, false);
+    for (const p of s.pages.slice(s.released)) this.pool.reference(p, false);
     s.reserved += srcExtra;
     const route = newRoute(dst, [...s.pages], s.tokens, s.startPosition, dstNeed);
+    route.released = s.released;
     this.pool.reserved += srcExtra + dstNeed;
     this.routes.set(route.id, route);
     this.afterMutation();
@@ -381,9 +397,10 @@ export class RouteTable {
   /**
    * Make the pending rows visible. `sealed` gives the prefix-chain hash of each
    * page this append filled, in order; a sealed page's identity never changes.
-   * Returns true when the commit released a cancelled route.
+   * Then the route's pages dead for the window are released (kept cached per
+   * `options`). Returns true when the commit released a cancelled route.
    */
-  commitAppend(id: ContinuationId, sealed: readonly PrefixHash[]): boolean {
+  commitAppend(id: ContinuationId, sealed: readonly PrefixHash[], options: ReleaseOptions = {}): boolean {
     const r = this.getRoute(id);
     const p = r.pending;
     if (!p) throw new PageError("invalid", `route ${id}: no pending append to commit`);
@@ -400,6 +417,7 @@ export class RouteTable {
     r.tokens += p.tokens;
     r.pending = null;
     for (let i = before; i < after; i++) this.pool.seal(r.pages[i]!, sealed[i - before]!, (i + 1) * P);
+    this.releaseOutsideWindow(r, options.cache ?? null);
     const released = this.releaseIfQuiesced(r);
     this.afterMutation();
     return released;
@@ -465,6 +483,7 @@ export class RouteTable {
       this.captures.values(),
       this.pool.states,
       P,
+      this.window,
     );
     if (expected.reserved !== this.pool.reserved)
       throw new PageInvariantError(
@@ -528,6 +547,23 @@ export class RouteTable {
     return take();
   }
 
+  /**
+   * Releases the route's leading pages dead for the window (windowDeadPages):
+   * O(pages released). Their rows are sealed, so one left unreferenced is
+   * kept cached with `keep` (still findable for a prefix hit) or freed.
+   */
+  private releaseOutsideWindow(r: Route, keep: ResidencyCosts | null): void {
+    const dead = windowDeadPages(r.tokens, this.window, this.pageTokens, r.pages.length);
+    if (dead <= r.released) return;
+    this.pool.tick();
+    for (let i = r.released; i < dead; i++) {
+      this.pool.dereference(r.pages[i]!, keep);
+      r.pages[i] = NO_PAGE;
+    }
+    this.windowReleases += dead - r.released;
+    r.released = dead;
+  }
+
   /** Drops the route: O(its pages). Returns the pages it left unreferenced (free or cached). */
   private dropRoute(r: Route, keep: ResidencyCosts | null): PageId[] {
     this.pool.reserved -= r.reserved;
@@ -535,7 +571,7 @@ export class RouteTable {
     this.routes.delete(r.id);
     this.pool.tick();
     const freed: PageId[] = [];
-    for (const p of r.pages) {
+    for (const p of r.pages.slice(r.released)) {
       const kind = this.pool.dereference(p, keep);
       if (kind === "free" || kind === "cached") freed.push(p);
     }

@@ -33,17 +33,39 @@ export interface PendingLoad {
   failed: boolean;
 }
 
+/** A page-table entry whose page the route released: no attention reads it (windowDeadPages). */
+export const NO_PAGE = -1 as PageId;
+
+/**
+ * Leading pages of a route of `tokens` rows dead under `window` (every layer
+ * sliding, the widest window W): the next query, at position `tokens`, reads
+ * rows ≥ tokens − W + 1, so page i is dead once (i + 1)·P ≤ tokens − W + 1.
+ * The last page is never counted (appends write into it), so at most
+ * tablePages − 1. Null window (some layer global): 0.
+ */
+export function windowDeadPages(
+  tokens: number,
+  window: number | null,
+  P: number,
+  tablePages: number,
+): number {
+  if (window === null) return 0;
+  return Math.max(0, Math.min(tablePages - 1, Math.floor((tokens - window + 1) / P)));
+}
+
 /**
  * One continuation's claim on the pool. `pages` is its page table: page i
- * holds rows [i·P, (i+1)·P). Every layer shares it today; a model with
- * sliding-window layers would give a route one table per layer group over
- * the same pool (vLLM's KVCacheCoordinator), each with its own pages, pending
- * copy and load pages, while rows, reservation, pins, leases and the fence
- * stay the route's.
+ * holds rows [i·P, (i+1)·P) of every layer. When every layer is sliding, its
+ * first `released` entries are NO_PAGE: pages dead for every layer's window,
+ * given back to the pool (cached while findable). A model mixing global and
+ * sliding layers would need one table per layer group over the same pool
+ * (vLLM's KVCacheCoordinator); not built: it releases nothing.
  */
 export interface Route {
   readonly id: ContinuationId;
   pages: PageId[];
+  /** Leading entries of `pages` released outside the window (NO_PAGE). */
+  released: number;
   tokens: number;
   readonly startPosition: number;
   /** Unallocated pages held for this route's future appends and loads. */
@@ -69,6 +91,7 @@ export function newRoute(
   return {
     id,
     pages,
+    released: 0,
     tokens,
     startPosition,
     reserved,
@@ -83,7 +106,9 @@ export function newRoute(
 
 export interface RouteSnapshot {
   readonly id: ContinuationId;
+  /** The page table; the first `releasedPages` entries are NO_PAGE. */
   readonly pages: readonly PageId[];
+  readonly releasedPages: PageCount;
   readonly tokens: TokenCount;
   readonly startPosition: TokenCount;
   readonly reservedPages: PageCount;
@@ -111,6 +136,7 @@ export function snapshotOf(r: Route): RouteSnapshot {
   return {
     id: r.id,
     pages: [...r.pages],
+    releasedPages: r.released as PageCount,
     tokens: TokenCount(r.tokens),
     startPosition: TokenCount(r.startPosition),
     reservedPages: r.reserved as PageCount,
@@ -134,6 +160,7 @@ export function expectedUse(
   captures: Iterable<readonly PageTicket[]>,
   states: PageStates,
   pageTokens: number,
+  window: number | null,
 ): ExpectedUse & { readonly reserved: number } {
   const fail = (msg: string): never => {
     throw new PageInvariantError(msg);
@@ -153,8 +180,17 @@ export function expectedUse(
       fail(`route ${r.id}: lease count ${r.leases} disagrees with leases`);
     if (r.pages.length !== pagesFor(r.tokens as TokenCount, P))
       fail(`route ${r.id}: ${r.pages.length} pages for ${r.tokens} rows`);
-    if (new Set(r.pages).size !== r.pages.length) fail(`route ${r.id}: a page appears twice in its table`);
-    for (const p of r.pages) refs[p]!++;
+    // Released entries lead the table, and only pages dead for the window are released.
+    if (r.released > windowDeadPages(r.tokens, window, P, r.pages.length))
+      fail(
+        `route ${r.id}: ${r.released} pages released, only ${windowDeadPages(r.tokens, window, P, r.pages.length)} dead`,
+      );
+    for (let i = 0; i < r.pages.length; i++)
+      if ((r.pages[i] === NO_PAGE) !== i < r.released)
+        fail(`route ${r.id}: entry ${i} is ${r.pages[i]} with ${r.released} released`);
+    const held = r.pages.slice(r.released);
+    if (new Set(held).size !== held.length) fail(`route ${r.id}: a page appears twice in its table`);
+    for (const p of held) refs[p]!++;
     if (r.pending) for (const p of r.pending.fresh) refs[p]!++;
     if (r.load) {
       for (const p of r.load.pages) {
@@ -166,7 +202,7 @@ export function expectedUse(
       }
     }
     // Sealed pages are exactly the full ones, each with the row count it closes.
-    for (let i = 0; i < r.pages.length; i++) {
+    for (let i = r.released; i < r.pages.length; i++) {
       const page = r.pages[i]!;
       const kind = states.kind(page);
       if (kind !== "resident") fail(`route ${r.id}: page ${page} is ${kind}`);

@@ -1,3 +1,4 @@
+import { Effect } from "effect";
 import type { CatalogLog } from "../../catalog/log.ts";
 import { Replica } from "../../catalog/replica.ts";
 import type { SnapshotStore } from "../../catalog/snapshot.ts";
@@ -6,6 +7,7 @@ import { abortable } from "../../schema/abort.ts";
 import type { Config } from "../../schema/config.ts";
 import type { ModelFingerprint, NodeId } from "../../schema/ids.ts";
 import type { Logger } from "../../schema/log.ts";
+import { openScoped, resource, type Scoped } from "../../schema/scope.ts";
 import { CatalogLink } from "../checkpoint/catalog-link.ts";
 import { Checkpointer } from "../checkpoint/checkpointer.ts";
 import { KvGeometry } from "../checkpoint/chunk-format.ts";
@@ -58,9 +60,10 @@ const STARTUP_CATALOG_MS = 30_000;
  *
  *   new WorkerRuntime(engine, { ...opts, restore: cache.restorer, checkpoint: cache.checkpointer })
  *
- * Close order releases users before what they use: checkpoints finish (their
- * chunks stored and proposed), restores settle, the peer server stops, the
- * replica stops, then the store drains its write-behind and closes.
+ * Its parts are built in one scope (schema/scope.ts), so they close in the
+ * reverse of the order open builds them: checkpoints finish (their chunks
+ * stored and proposed), restores settle, the peer server stops, the replica
+ * stops, then the store drains its write-behind and closes.
  */
 export class DurableCache {
   private registered = false;
@@ -72,6 +75,7 @@ export class DurableCache {
     readonly peer: PeerServer,
     readonly checkpointer: Checkpointer,
     readonly restorer: Restorer,
+    private readonly scope: Scoped<unknown>,
   ) {}
 
   get hooks(): { restore: PrefixRestorer; checkpoint: RouteCheckpointer } {
@@ -81,84 +85,97 @@ export class DurableCache {
   static async open(o: DurableCacheOptions): Promise<DurableCache> {
     const { config, engine } = o;
     const geometry = KvGeometry.of(engine.spec);
-    const tiers = await ChunkTiers.open(config.store, o.storeReport);
-    if (tiers.s3?.unreachableAtOpen !== undefined)
-      o.logger.log("warn", "store.s3_unavailable", {
-        endpoint: config.store.s3.endpoint,
-        cause: tiers.s3.unreachableAtOpen,
-        effect:
-          "started degraded: no chunk is published until S3 answers (each put retries); restores use the local tiers",
-      });
-    const undo: (() => Promise<unknown>)[] = [() => tiers.close()];
-    try {
-      const replica = await Replica.start({
-        log: o.log,
-        ...(o.snapshots ? { snapshots: o.snapshots } : {}),
-        warn: (m) => o.logger.log("warn", "catalog.replica", { message: m }),
-      });
-      undo.unshift(() => replica.stop());
-      const peer = await PeerServer.start({
-        host: config.worker.peerHost,
-        port: o.peerPort ?? config.worker.peerPortBase + config.worker.index,
-        secret: config.auth.clusterSecret,
-        chunks: { get: (id) => tiers.getLocal(id) },
-      });
-      undo.unshift(() => peer.close());
-      const catalog = new CatalogLink(o.log, replica, {
-        workerId: config.worker.id,
-        fingerprint: o.fingerprint,
-        modelName: o.modelName,
-        layout: o.layout,
-        chunkTokens: config.pages.chunkTokens,
-      });
-      const cp = o.checkpoint ?? {};
-      const checkpointer = new Checkpointer({
-        engine,
-        geometry,
-        tiers,
-        catalog,
-        pageTokens: config.pages.pageTokens,
-        chunkTokens: config.pages.chunkTokens,
-        maxQueued: cp.maxQueued ?? 64,
-        maxStagingBytes: cp.maxStagingBytes ?? 64 << 20,
-        capturePerByteMs: cp.capturePerByteMs ?? 1e-5,
-        publishTimeoutMs: cp.publishTimeoutMs ?? 30_000,
-        logger: o.logger,
-        ...(cp.beforePublish && { beforePublish: cp.beforePublish }),
-      });
-      const restorer = new Restorer({
-        engine,
-        geometry,
-        tiers,
-        catalog,
-        pageTokens: config.pages.pageTokens,
-        chunkTokens: config.pages.chunkTokens,
-        peerSecret: config.auth.clusterSecret,
-        fetchTimeoutMs: o.fetchTimeoutMs ?? 5_000,
-        logger: o.logger,
-      });
-      const cache = new DurableCache(tiers, replica, catalog, peer, checkpointer, restorer);
-      if (!o.deferRegistration) await cache.register(o.signal);
-      return cache;
-    } catch (err) {
-      for (const u of undo) await u().catch(() => undefined);
-      throw err;
-    }
+    const opened = await openScoped(
+      Effect.gen(function* () {
+        const tiers = yield* resource(
+          () => ChunkTiers.open(config.store, o.storeReport),
+          (t) => t.close(),
+        );
+        if (tiers.s3?.unreachableAtOpen !== undefined)
+          o.logger.log("warn", "store.s3_unavailable", {
+            endpoint: config.store.s3.endpoint,
+            cause: tiers.s3.unreachableAtOpen,
+            effect:
+              "started degraded: no chunk is published until S3 answers (each put retries); restores use the local tiers",
+          });
+        const replica = yield* resource(
+          () =>
+            Replica.start({
+              log: o.log,
+              ...(o.snapshots ? { snapshots: o.snapshots } : {}),
+              warn: (m) => o.logger.log("warn", "catalog.replica", { message: m }),
+            }),
+          (r) => r.stop(),
+        );
+        const peer = yield* resource(
+          () =>
+            PeerServer.start({
+              host: config.worker.peerHost,
+              port: o.peerPort ?? config.worker.peerPortBase + config.worker.index,
+              secret: config.auth.clusterSecret,
+              chunks: { get: (id) => tiers.getLocal(id) },
+            }),
+          (p) => p.close(),
+        );
+        const catalog = new CatalogLink(o.log, replica, {
+          workerId: config.worker.id,
+          fingerprint: o.fingerprint,
+          modelName: o.modelName,
+          layout: o.layout,
+          chunkTokens: config.pages.chunkTokens,
+        });
+        // Deferred: register() once the worker is warm (worker/warm/).
+        if (!o.deferRegistration)
+          yield* Effect.tryPromise({
+            try: () => registerWorker(replica, catalog, peer.address, o.signal),
+            catch: (e) => e,
+          });
+        // What the restorer and the checkpointer both work on.
+        const pages = {
+          engine,
+          geometry,
+          tiers,
+          catalog,
+          pageTokens: config.pages.pageTokens,
+          chunkTokens: config.pages.chunkTokens,
+        };
+        const restorer = yield* resource(
+          () =>
+            new Restorer({
+              ...pages,
+              peerSecret: config.auth.clusterSecret,
+              fetchTimeoutMs: o.fetchTimeoutMs ?? 5_000,
+              logger: o.logger,
+            }),
+          (r) => r.idle(),
+        );
+        const cp = o.checkpoint ?? {};
+        const checkpointer = yield* resource(
+          () =>
+            new Checkpointer({
+              ...pages,
+              maxQueued: cp.maxQueued ?? 64,
+              maxStagingBytes: cp.maxStagingBytes ?? 64 << 20,
+              capturePerByteMs: cp.capturePerByteMs ?? 1e-5,
+              publishTimeoutMs: cp.publishTimeoutMs ?? 30_000,
+              logger: o.logger,
+              ...(cp.beforePublish && { beforePublish: cp.beforePublish }),
+            }),
+          (c) => c.close(),
+        );
+        return { tiers, replica, catalog, peer, checkpointer, restorer };
+      }),
+    );
+    const p = opened.value;
+    const cache = new DurableCache(p.tiers, p.replica, p.catalog, p.peer, p.checkpointer, p.restorer, opened);
+    cache.registered = !o.deferRegistration;
+    return cache;
   }
 
-  /**
-   * Withdraws this worker's RAM replicas of an earlier life, then registers
-   * the model and this worker (with its peer address), waiting until the
-   * replica shows each (bounded: STARTUP_CATALOG_MS each; `signal` stops the
-   * wait). Withdrawal comes first: a worker restarted with another model may
-   * only withdraw them while the catalog still lists it under theirs. Once per
-   * cache.
-   */
+  /** Registers a cache opened with deferRegistration (registerWorker); once per cache. */
   async register(signal?: AbortSignal): Promise<void> {
     if (this.registered) return;
-    await abortable(this.replica.catchUp(STARTUP_CATALOG_MS), signal);
-    await this.catalog.forgetRamApplied(STARTUP_CATALOG_MS, signal);
-    await this.catalog.register(this.peer.address, STARTUP_CATALOG_MS, signal);
+    await registerWorker(this.replica, this.catalog, this.peer.address, signal);
     this.registered = true;
   }
 
@@ -168,11 +185,25 @@ export class DurableCache {
     await this.restorer.idle();
   }
 
-  async close(): Promise<void> {
-    await this.checkpointer.close();
-    await this.restorer.idle();
-    await this.peer.close();
-    await this.replica.stop();
-    await this.tiers.close();
+  close(): Promise<void> {
+    return this.scope.close();
   }
+}
+
+/**
+ * Withdraws this worker's RAM replicas of an earlier life, then registers the
+ * model and this worker (with its peer address), waiting until the replica
+ * shows each (bounded: STARTUP_CATALOG_MS each; `signal` stops the wait).
+ * Withdrawal comes first: a worker restarted with another model may only
+ * withdraw them while the catalog still lists it under theirs.
+ */
+async function registerWorker(
+  replica: Replica,
+  catalog: CatalogLink,
+  address: string,
+  signal: AbortSignal | undefined,
+): Promise<void> {
+  await abortable(replica.catchUp(STARTUP_CATALOG_MS), signal);
+  await catalog.forgetRamApplied(STARTUP_CATALOG_MS, signal);
+  await catalog.register(address, STARTUP_CATALOG_MS, signal);
 }

@@ -1,5 +1,6 @@
 import { mkdir } from "node:fs/promises";
 import { dirname } from "node:path";
+import { Effect } from "effect";
 import { embeddedLogPath } from "../../catalog/console.ts";
 import { CatalogDb } from "../../catalog/db.ts";
 import { InconsistentLogError } from "../../catalog/embedded-file.ts";
@@ -8,9 +9,10 @@ import { CatalogWriter } from "../../catalog/writer.ts";
 import type { Engine } from "../../native/index.ts";
 import type { Config } from "../../schema/config.ts";
 import type { Logger } from "../../schema/log.ts";
+import { openScoped, resource } from "../../schema/scope.ts";
 import type { LoadedModel } from "../model/model-dir.ts";
 import type { PrefixRestorer, RouteCheckpointer } from "../pages/durable-hooks.ts";
-import { type FileLock, lockFile } from "../store/dir-lock.ts";
+import { lockFile } from "../store/dir-lock.ts";
 import { DurableCache } from "./durable-cache.ts";
 
 /**
@@ -48,66 +50,70 @@ export async function openEmbeddedCache(o: {
 }): Promise<EmbeddedCache> {
   const path = embeddedLogPath(o.config);
   await mkdir(dirname(path), { recursive: true });
-  const lock: FileLock = lockFile(`${path}.lock`, `catalog log ${path}`);
-  let log: EmbeddedLog;
-  try {
-    log = await EmbeddedLog.open({ path });
-  } catch (err) {
-    lock.release();
-    if (err instanceof InconsistentLogError)
-      throw new InconsistentLogError(
-        err.path,
-        err.at,
-        `${err.message}: run \`continuum catalog repair --dir ${o.config.store.dataDir}\``,
+  // Built in one scope (schema/scope.ts): it closes the cache, then the writer, the log and the lock.
+  const opened = await openScoped(
+    Effect.gen(function* () {
+      yield* resource(
+        () => lockFile(`${path}.lock`, `catalog log ${path}`),
+        (lock) => lock.release(),
       );
-    throw err;
-  }
-  const startup = new AbortController();
-  const writer = new CatalogWriter({
-    log,
-    newDb: () => CatalogDb.empty(),
-    logger: o.logger,
-    onLeaseLost: (err) => startup.abort(new Error(`the catalog writer cannot commit: ${err.message}`)),
-  });
-  let stopped: (err: Error) => void = () => {};
-  const writerStopped = new Promise<Error>((resolve) => {
-    stopped = resolve;
-  });
-  const writing = writer.run().catch((err: Error) => {
-    o.logger.log("error", "catalog.writer_stopped", { message: err.message });
-    stopped(err);
-  });
-  const stopCatalog = async () => {
-    await writer.stop();
-    await writing;
-    await log.close();
-    lock.release();
-  };
-  let cache: DurableCache;
-  try {
-    cache = await DurableCache.open({
-      engine: o.engine,
-      fingerprint: o.model.fingerprint,
-      modelName: o.modelName,
-      layout: o.model.manifest.layout,
-      config: o.config,
-      log,
-      logger: o.logger,
-      // One process has no peers to serve; any free port keeps the default from colliding.
-      peerPort: 0,
-      signal: startup.signal,
-    });
-  } catch (err) {
-    await stopCatalog();
-    throw err;
-  }
-  return {
-    cache,
-    hooks: cache.hooks,
-    writerStopped,
-    async close() {
-      await cache.close();
-      await stopCatalog();
-    },
-  };
+      const log = yield* resource(
+        () =>
+          EmbeddedLog.open({ path }).catch((err) => {
+            throw err instanceof InconsistentLogError
+              ? new InconsistentLogError(
+                  err.path,
+                  err.at,
+                  `${err.message}: run \`continuum catalog repair --dir ${o.config.store.dataDir}\``,
+                )
+              : err;
+          }),
+        (l) => l.close(),
+      );
+      const startup = new AbortController();
+      let stopped: (err: Error) => void = () => {};
+      const writerStopped = new Promise<Error>((resolve) => {
+        stopped = resolve;
+      });
+      yield* resource(
+        () => {
+          const writer = new CatalogWriter({
+            log,
+            newDb: () => CatalogDb.empty(),
+            logger: o.logger,
+            onLeaseLost: (err) =>
+              startup.abort(new Error(`the catalog writer cannot commit: ${err.message}`)),
+          });
+          const writing = writer.run().catch((err: Error) => {
+            o.logger.log("error", "catalog.writer_stopped", { message: err.message });
+            stopped(err);
+          });
+          return { writer, writing };
+        },
+        async ({ writer, writing }) => {
+          await writer.stop();
+          await writing;
+        },
+      );
+      const cache = yield* resource(
+        () =>
+          DurableCache.open({
+            engine: o.engine,
+            fingerprint: o.model.fingerprint,
+            modelName: o.modelName,
+            layout: o.model.manifest.layout,
+            config: o.config,
+            log,
+            logger: o.logger,
+            // One process has no peers to serve; any free port keeps the default from colliding.
+            peerPort: 0,
+            signal: startup.signal,
+          }),
+        (c) => c.close(),
+      );
+      return { cache, writerStopped };
+    }),
+  );
+  const { cache, writerStopped } = opened.value;
+  return { cache, hooks: cache.hooks, writerStopped, close: () => opened.close() };
 }

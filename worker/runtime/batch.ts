@@ -14,11 +14,16 @@ export interface Lane {
   readonly pageTable: readonly PageId[];
   /** The last row's logits are needed (a decode lane). */
   readonly wantLogits: boolean;
+  /** Every row's logits are needed (a prefill lane of a request that scores its prompt). */
+  readonly promptLogits?: boolean;
 }
 
 export interface BuiltBatch {
   readonly batch: StepBatch;
-  /** For each lane, the index of its logits row in the step's output, or -1. */
+  /**
+   * For each lane, the index of its logits row in the step's output, or -1;
+   * a promptLogits lane's rows follow from there, one per row.
+   */
   readonly logitIndex: readonly number[];
   readonly rows: number;
 }
@@ -55,7 +60,10 @@ export function buildBatch(lanes: readonly Lane[]): BuiltBatch {
       slotMapping[r] = l.slots[k]!;
     }
     pageTable.set(l.pageTable, i * ptStride);
-    if (l.wantLogits) {
+    if (l.promptLogits) {
+      logitIndex.push(logitRows.length);
+      for (let k = r - l.tokens.length; k < r; k++) logitRows.push(k);
+    } else if (l.wantLogits) {
       logitIndex.push(logitRows.length);
       logitRows.push(r - 1);
     } else {

@@ -1,4 +1,3 @@
-import { Effect, type Scope } from "effect";
 import {
   type BackendChoice,
   type BackendName,
@@ -45,16 +44,4 @@ export async function loadEngine(
     throw err;
   }
   return engine;
-}
-
-/** loadEngine as a scoped resource: the engine (weights and page pool) is freed when the scope closes. */
-export function scopedEngine(
-  model: LoadedModel,
-  pool: { readonly physicalPages: number; readonly pageTokens: number },
-  opts: EngineOptions = {},
-): Effect.Effect<Engine, unknown, Scope.Scope> {
-  return Effect.acquireRelease(
-    Effect.tryPromise({ try: () => loadEngine(model, pool, opts), catch: (e) => e }),
-    (engine) => Effect.sync(() => engine.free()),
-  );
 }

@@ -1,5 +1,5 @@
 import { randomInt } from "node:crypto";
-import { Effect, Fiber, type Scope } from "effect";
+import { Effect, Fiber } from "effect";
 import type { Engine } from "../../native/index.ts";
 import { StreamQueue } from "../../schema/channel.ts";
 import {
@@ -11,11 +11,14 @@ import {
 } from "../../schema/ids.ts";
 import type { Logger } from "../../schema/log.ts";
 import { type Calibration, type ConfiguredCosts, CostCalibrator } from "../calibration/calibration.ts";
-import { initialSamplerState, nextToken, samplingParams } from "../model/sampling.ts";
+import { type AttentionLayout, releaseWindow } from "../model/layout.ts";
+import { type LogitsRules, NO_RULES, TokenHistory, tokenLogprob } from "../model/logits.ts";
+import { initialSamplerState, nextToken, samplingParams, topIds } from "../model/sampling.ts";
 import type { PrefixRestorer, RouteCheckpointer } from "../pages/durable-hooks.ts";
 import { PageManager } from "../pages/page-manager.ts";
 import { type Admission, type Preemption, planIteration } from "../scheduler/plan-iteration.ts";
 import { type Budgets, phaseOf } from "../scheduler/request.ts";
+import type { TokenMachine } from "../structured/token-machine.ts";
 import { buildBatch, type Lane, stepShape } from "./batch.ts";
 import { PrefillPacer } from "./prefill-pacer.ts";
 import { type RuntimeEvent, Sequence } from "./sequence.ts";
@@ -28,6 +31,8 @@ export interface RuntimeOptions {
   readonly maxContext: number;
   readonly pageTokens: number;
   readonly physicalPages: number;
+  /** The model's attention layout, per layer: when every layer is sliding, pages outside the window are released. */
+  readonly layers: readonly AttentionLayout[];
   readonly maxBatchTokens: number;
   readonly maxBatchSeqs: number;
   readonly minPrefillTokens: number;
@@ -65,6 +70,20 @@ export interface SubmitRequest {
   readonly priority?: number;
   /** Its pages are freed when it ends, neither cached nor offered for checkpoint (the warm-up request). Default false. */
   readonly ephemeral?: boolean;
+  /** Keep tokens at least this fraction as likely as the most likely; default 0 (off). */
+  readonly minP?: number;
+  /** Penalties, logit bias, min_tokens, allowed ids; default none. */
+  readonly rules?: LogitsRules;
+  /** Log-probabilities of each generated token with this many alternatives; absent: none. */
+  readonly logprobs?: number;
+  /**
+   * Log-probabilities of each prompt token after the first, with this many
+   * alternatives; absent: none. Such a request computes its whole prompt
+   * (no resident or restored prefix has the logits), as vLLM's does.
+   */
+  readonly promptLogprobs?: number;
+  /** The grammar the output follows (structured output); absent: free. */
+  readonly constraint?: TokenMachine;
 }
 
 export interface RuntimeGeneration {
@@ -116,6 +135,8 @@ export interface RuntimeStats {
   readonly evictedPages: number;
   /** Prompt tokens adopted from pages another running request computed (a subset of cachedPromptTokens). */
   readonly sharedInFlightTokens: number;
+  /** Page-table entries released outside the window (every layer sliding), each dead for every layer. */
+  readonly windowReleasedPages: number;
   readonly calibration: Calibration;
 }
 
@@ -170,7 +191,11 @@ export class WorkerRuntime {
     private readonly engine: Engine,
     private readonly opts: RuntimeOptions,
   ) {
-    this.pages = new PageManager({ pageTokens: opts.pageTokens, physicalPages: opts.physicalPages });
+    this.pages = new PageManager({
+      pageTokens: opts.pageTokens,
+      physicalPages: opts.physicalPages,
+      window: releaseWindow(opts.layers),
+    });
     this.calibrator = new CostCalibrator(opts.costs);
     this.held = new SequencePages(this.pages, this.calibrator, {
       fingerprint: opts.fingerprint,
@@ -192,40 +217,21 @@ export class WorkerRuntime {
           );
   }
 
-  /**
-   * The runtime as a scoped resource: its device loop is a fiber forked in
-   * the scope. Closing the scope interrupts the loop (after the step in
-   * flight: an iteration is uninterruptible, the wait for work is not), then
-   * ends every open request with an error and refuses new ones. The engine is
-   * the caller's resource, acquired before (scopedEngine) so it is released
-   * after the loop stops.
-   */
-  static scoped(engine: Engine, opts: RuntimeOptions): Effect.Effect<WorkerRuntime, never, Scope.Scope> {
-    return Effect.gen(function* () {
-      const rt = new WorkerRuntime(engine, opts);
-      // Finalizers run in reverse: the loop's interruption (forked below) first, then this.
-      yield* Effect.addFinalizer(() => Effect.sync(() => rt.closeOpen()));
-      rt.loopFiber = yield* Effect.forkScoped(rt.loop());
-      return rt;
-    });
-  }
-
-  /** Starts the device loop as a detached fiber (stop() interrupts it); or use scoped(). */
+  /** Starts the device loop as a detached fiber (stop() interrupts it). */
   start(): void {
     if (this.loopFiber) throw new Error("runtime already started");
     this.loopFiber = Effect.runFork(this.loop());
   }
 
-  /** Stops the loop after the step in flight; every open request ends with an error. */
+  /**
+   * Stops the loop after the step in flight (an iteration is uninterruptible,
+   * the wait for work is not); every open request ends with an error and new
+   * ones are refused. The engine is the caller's: free it after this.
+   */
   async stop(): Promise<void> {
     this.stopping = true;
     this.signal();
     if (this.loopFiber) await Effect.runPromise(Fiber.interrupt(this.loopFiber));
-    this.closeOpen();
-  }
-
-  private closeOpen(): void {
-    this.stopping = true;
     for (const seq of [...this.seqs.values()]) this.fail(seq, "the worker is stopping");
   }
 
@@ -261,25 +267,39 @@ export class WorkerRuntime {
         temperature: req.temperature,
         topK: req.topK,
         topP: req.topP,
+        minP: req.minP ?? 0,
         seed: req.seed ?? randomInt(2 ** 47),
+        rules: req.rules ?? NO_RULES,
+        logprobs: req.logprobs ?? null,
+        constraint: req.constraint ?? null,
         stopTokens: req.stopTokenIds,
         maxTokens: req.maxTokens,
       });
     } catch (err) {
       throw new SubmitError(400, (err as Error).message);
     }
+    if (req.constraint && req.constraint.dfa.minDist(req.constraint.start) > req.maxTokens)
+      throw new SubmitError(
+        400,
+        `max_tokens (${req.maxTokens}) is below the ${req.constraint.dfa.minDist(req.constraint.start)} tokens the constraint's shortest output may need`,
+      );
+    const promptLogprobs = req.promptLogprobs ?? null;
+    if (promptLogprobs !== null && (!Number.isSafeInteger(promptLogprobs) || promptLogprobs < 0))
+      throw new SubmitError(400, `prompt_logprobs must be a non-negative integer, got ${promptLogprobs}`);
     const events = new StreamQueue<RuntimeEvent>(req.maxTokens + 1);
     const seq = new Sequence(
       req.requestId,
       [...req.prompt],
       req.prompt.length,
       initialSamplerState(params),
+      new TokenHistory(req.prompt, params.rules.repetitionPenalty !== 1),
       req.priority ?? 0,
       this.arrivals++,
       events,
       o.pageTokens,
       req.salt,
       performance.now(),
+      promptLogprobs,
     );
     seq.ephemeral = req.ephemeral ?? false;
     this.seqs.set(seq.id, seq);
@@ -316,6 +336,7 @@ export class WorkerRuntime {
       ...this.counters,
       ...this.held.counters,
       evictedPages: this.pages.evictions,
+      windowReleasedPages: this.pages.windowReleases,
       calibration: this.calibrator.value,
     };
   }
@@ -423,6 +444,7 @@ export class WorkerRuntime {
         slots: append.slots,
         pageTable: append.pageTable,
         wantLogits: w.phase === "decode",
+        promptLogits: w.phase !== "decode" && seq.promptLogprobs !== null,
       });
       laneSeqs.push(seq);
     }
@@ -447,7 +469,7 @@ export class WorkerRuntime {
       const before = Math.floor(seq.processed / this.opts.pageTokens);
       seq.processed += rows;
       const sealed = seq.chain.extend(seq.tokens, seq.processed).slice(before);
-      this.pages.commitAppend(seq.route, sealed);
+      this.pages.commitAppend(seq.route, sealed, { cache: this.held.residencyCosts() });
       if (!lanes[i]!.wantLogits) {
         prefillRows += rows;
         this.counters.computedPromptTokens += rows;
@@ -458,14 +480,24 @@ export class WorkerRuntime {
     this.pacer?.observe(stepShape(lanes), stepMs);
     const vocab = this.opts.vocab;
     for (const [i, seq] of laneSeqs.entries()) {
+      const lane = lanes[i]!;
+      if (lane.promptLogits && !seq.cancelled) this.scorePrompt(seq, lane, logits, built.logitIndex[i]!);
+    }
+    for (const [i, seq] of laneSeqs.entries()) {
       const at = built.logitIndex[i]!;
-      if (at < 0 || seq.cancelled) continue;
+      if (at < 0 || seq.cancelled || lanes[i]!.promptLogits) continue;
       const first = seq.generated === 0;
-      const next = nextToken(seq.sampler, logits.subarray(at * vocab, (at + 1) * vocab));
+      const next = nextToken(seq.sampler, logits.subarray(at * vocab, (at + 1) * vocab), seq.history);
       seq.sampler = next.state;
+      seq.history.add(next.token);
       seq.tokens.push(next.token);
       this.counters.generatedTokens++;
-      emit(seq, { type: "token", token: next.token });
+      emit(seq, {
+        type: "token",
+        token: next.token,
+        logprob: next.logprob,
+        ...(first && seq.promptLogprobs !== null ? { promptLogprobs: seq.promptEntries } : {}),
+      });
       if (first) {
         this.calibrator.record({
           kind: "first-token",
@@ -476,6 +508,23 @@ export class WorkerRuntime {
       if (next.finish) this.finish(seq, next.finish);
     }
     return true;
+  }
+
+  /**
+   * A prefill lane's rows of a request that scores its prompt: row k at
+   * position p predicts the token at p + 1. Each prompt position is scored
+   * once, even when a preemption recomputes it; the first generated token
+   * carries them all.
+   */
+  private scorePrompt(seq: Sequence, lane: Lane, logits: Float32Array, at: number): void {
+    const vocab = this.opts.vocab;
+    const topN = seq.promptLogprobs ?? 0;
+    for (let k = 0; k < lane.tokens.length; k++) {
+      const q = lane.firstPosition + k + 1;
+      if (q !== seq.promptEntries.length + 1 || q >= seq.promptLength) continue;
+      const row = logits.subarray((at + k) * vocab, (at + k + 1) * vocab);
+      seq.promptEntries.push(tokenLogprob(row, seq.tokens[q]!, topN, topIds));
+    }
   }
 
   private releaseLease(lease: ReturnType<PageManager["acquireLease"]>): void {

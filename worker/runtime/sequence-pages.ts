@@ -64,7 +64,9 @@ export class SequencePages {
         );
       } else {
         // Adopting an evictable cached page takes it out of what others may use.
-        const hit = this.pages.prefixHit(s.chain.extend(s.tokens, s.tokens.length - 1));
+        const hit = s.reusesPrefixes
+          ? this.pages.prefixHit(s.chain.extend(s.tokens, s.tokens.length - 1))
+          : { pages: 0, evictable: 0 };
         admitPages = Math.max(0, pagesFor(TokenCount(s.totalRows), P) - hit.pages) + hit.evictable;
         processed = hit.pages * P;
       }
@@ -101,7 +103,7 @@ export class SequencePages {
         this.pages.reserve(seq.route, TokenCount(seq.totalRows));
       } else {
         const hashes = seq.chain.extend(seq.tokens, seq.tokens.length - 1);
-        const matched = this.pages.matchPrefix(hashes);
+        const matched = seq.reusesPrefixes ? this.pages.matchPrefix(hashes) : 0;
         this.pages.openRoute(seq.route, {
           prefix: hashes.slice(0, matched),
           reserveTokens: TokenCount(seq.totalRows),
@@ -116,7 +118,7 @@ export class SequencePages {
       seq.cachedTokens = seq.processed;
       seq.admittedAt = performance.now();
       this.counters.cachedPromptTokens += seq.processed;
-      this.beginRestore(seq);
+      if (seq.reusesPrefixes) this.beginRestore(seq);
     }
     seq.state = "running";
     seq.preempted = null;
@@ -185,6 +187,7 @@ export class SequencePages {
     const P = this.opts.pageTokens;
     for (const seq of seqs) {
       if (seq.state !== "running" || seq.cancelled || this.restoring.has(seq.id)) continue;
+      if (!seq.reusesPrefixes) continue;
       const rows = seq.tokens.length - 1;
       if (seq.processed >= rows || seq.processed % P !== 0) continue;
       const page = seq.processed / P;
@@ -199,7 +202,7 @@ export class SequencePages {
   }
 
   /** What a cached page is priced with now: its recompute, and its reload from the local store. */
-  private residencyCosts(): ResidencyCosts {
+  residencyCosts(): ResidencyCosts {
     return residencyCosts(this.calibrator.value, this.opts.pageTokens, this.opts.pageBytes);
   }
 

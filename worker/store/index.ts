@@ -24,18 +24,6 @@ export type { PutResult, StoreStats } from "./tiered.ts";
 export { TieredChunkStore } from "./tiered.ts";
 export type { DrainReport, Durability, WriteBehindStats } from "./write-behind.ts";
 
-/**
- * The chunk store the configuration describes: RAM when store.ram.maxBytes > 0,
- * files under store.dir.path (default <dataDir>/store), S3 when
- * store.s3.enabled. The caller owns it and must `close()` it.
- */
-export async function openChunkStore(
-  store: Config["store"],
-  report?: StoreReporter,
-): Promise<TieredChunkStore> {
-  return (await openConfiguredTiers(store, report)).store;
-}
-
 /** The configured store and its individual tiers (restore reads one named tier at a time). */
 export interface ConfiguredTiers {
   readonly store: TieredChunkStore;
@@ -44,7 +32,12 @@ export interface ConfiguredTiers {
   readonly s3: S3Tier | undefined;
 }
 
-/** Opens the tiers the configuration describes and the tiered store over them. */
+/**
+ * Opens the tiers the configuration describes (RAM when store.ram.maxBytes > 0,
+ * files under store.dir.path, default <dataDir>/store; S3 when store.s3.enabled)
+ * and the tiered store over them. The caller owns the store: its `close()`
+ * closes the tiers.
+ */
 export async function openConfiguredTiers(
   store: Config["store"],
   report?: StoreReporter,

@@ -14,6 +14,7 @@ import {
   UploadPartCommand,
 } from "@aws-sdk/client-s3";
 import type { ContentId } from "../../schema/ids.ts";
+import type { RetryPolicy } from "../../schema/retry.ts";
 import {
   type ChunkInfo,
   type ChunkMeta,
@@ -39,7 +40,7 @@ import {
   StoreUnavailableError,
 } from "./errors.ts";
 import { FrameReader } from "./frame-reader.ts";
-import { AttemptTimeoutError, type RetryPolicy, withRetries } from "./retry.ts";
+import { AttemptTimeoutError, withRetries } from "./retry.ts";
 
 export interface S3TierOptions {
   readonly endpoint: string;

@@ -1,14 +1,15 @@
 import { randomUUID } from "node:crypto";
 import { Kafka, logLevel, type Producer } from "kafkajs";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { producerWithCachedCoordinators } from "../../../catalog/kafka-coordinators.ts";
+import { ensureTopics } from "../../../catalog/kafka/admin.ts";
+import { retryConcurrent } from "../../../catalog/kafka/client.ts";
+import { producerWithCachedCoordinators } from "../../../catalog/kafka/coordinators.ts";
 import { CatalogLogError } from "../../../catalog/log.ts";
-import { ensureTopics, retryConcurrent } from "../../../catalog/log-kafka.ts";
 import { kafkaBrokers, uniqueTopics } from "../log-helpers.ts";
 
 /**
  * The writer's transactional producer remembers its coordinators
- * (catalog/kafka-coordinators.ts), counted on the wire against a real broker:
+ * (catalog/kafka/coordinators.ts), counted on the wire against a real broker:
  * kafkajs names FindCoordinator requests "GroupCoordinator" in its request
  * events.
  */

@@ -5,7 +5,7 @@ import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { afterAll, describe, expect, it } from "vitest";
 import { CatalogDb } from "../../../catalog/db.ts";
-import { KafkaLog } from "../../../catalog/log-kafka.ts";
+import { KafkaLog } from "../../../catalog/kafka/log.ts";
 import { CatalogWriter } from "../../../catalog/writer.ts";
 import { ProposalMsg, TxMsg, type TxRecord } from "../../../schema/catalog.ts";
 import { silentLogger } from "../../../schema/log.ts";

@@ -1,6 +1,7 @@
 import { Packr } from "msgpackr";
 import { afterAll, describe, expect, it } from "vitest";
 import { CatalogDb } from "../../../catalog/db.ts";
+import { KafkaLog } from "../../../catalog/kafka/log.ts";
 import {
   mayBePacked,
   PackedRecordError,
@@ -8,9 +9,8 @@ import {
   pack,
   TX_BATCH,
   unpack,
-} from "../../../catalog/kafka-records.ts";
+} from "../../../catalog/kafka/records.ts";
 import type { LogRecord } from "../../../catalog/log.ts";
-import { KafkaLog } from "../../../catalog/log-kafka.ts";
 import { CatalogWriter, decideBatch } from "../../../catalog/writer.ts";
 import { type Proposal, ProposalMsg, type Rejection, RejectionMsg, TxMsg } from "../../../schema/catalog.ts";
 import { silentLogger } from "../../../schema/log.ts";
@@ -18,7 +18,7 @@ import { decodeMessage, encodeMessage } from "../../../schema/wire.ts";
 import { collect, kafkaBrokers, leaseProposal, uniqueTopics, until } from "../log-helpers.ts";
 
 /**
- * Packed proposal records (`catalog.proposal.batch`, catalog/kafka-records.ts):
+ * Packed proposal records (`catalog.proposal.batch`, catalog/kafka/records.ts):
  * every proposal inside is decided on its own — its own idempotency key, its
  * own rejection — and a batch that cannot be unpacked becomes one rejection
  * naming why, while the writer goes on.

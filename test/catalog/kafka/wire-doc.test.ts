@@ -1,7 +1,7 @@
 import { execFileSync, spawnSync } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { afterAll, describe, expect, it } from "vitest";
-import { KafkaLog } from "../../../catalog/log-kafka.ts";
+import { KafkaLog } from "../../../catalog/kafka/log.ts";
 import { ProposalMsg } from "../../../schema/catalog.ts";
 import { encodeMessage } from "../../../schema/wire.ts";
 import { collect, kafkaBrokers, leaseProposal, startWriter, uniqueTopics } from "../log-helpers.ts";

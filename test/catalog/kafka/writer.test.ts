@@ -1,8 +1,8 @@
 import { afterAll, describe, expect, it } from "vitest";
 import { CatalogDb } from "../../../catalog/db.ts";
+import { KafkaLog } from "../../../catalog/kafka/log.ts";
 import type { FullCatalogLog } from "../../../catalog/log.ts";
 import { EmbeddedLog } from "../../../catalog/log-embedded.ts";
-import { KafkaLog } from "../../../catalog/log-kafka.ts";
 import { ProposalMsg, RejectionMsg, TxMsg } from "../../../schema/catalog.ts";
 import { decodeMessage, encodeMessage } from "../../../schema/wire.ts";
 import { collect, kafkaBrokers, leaseProposal, startWriter, uniqueTopics, until } from "../log-helpers.ts";

@@ -66,7 +66,7 @@ describe("a client that stops reading its stream", () => {
     await completions.run(
       { res, xRequestId: "slow-1", fromClient: true, countAs: (s) => (countedAs = s) },
       parsed,
-      [model.tokenizer.encode("Once upon a time")],
+      { ids: [model.tokenizer.encode("Once upon a time")], rendered: null },
       service.models()[0]!,
       TenantId("default"),
       performance.now(),

@@ -33,7 +33,7 @@ export async function startApi(
   const frontDoor = openFrontDoor({
     config: { ...config, controller: { ...config.controller, host: "127.0.0.1", httpPort: 0 } },
     service,
-    models: [{ id: "tiny", dir: model.dir, eosTokenIds: model.eosTokenIds, vocab: model.config.spec.vocab }],
+    models: [{ id: "tiny", dir: model.dir }],
     log: {
       log: (level, event, fields) => logs.push({ level, event, ...fields }),
       child() {

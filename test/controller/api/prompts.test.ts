@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { codecOf } from "../../../cli/embedded/codec.ts";
 import type { CodecThreadData } from "../../../cli/embedded/codec-thread.ts";
+import { textCodec } from "../../../cli/embedded/text-codec.ts";
 import { type CodecJob, INLINE_BYTES, promptIds, spread } from "../../../controller/api/prompts.ts";
 import { parseChatRequest, parseCompletionRequest } from "../../../controller/api/request.ts";
 import type { TextCodec } from "../../../controller/api/service.ts";
@@ -9,9 +9,10 @@ import { tinyModel } from "../../worker/runtime/fixture.ts";
 
 /**
  * Tokenizing on the tokenizer threads gives the ids tokenizing inline gives:
- * the threads build the same codec from the model directory. Checked on the
- * tiny model's byte-level BPE for text prompts (several per request) and a
- * rendered chat, each over the inline threshold.
+ * the threads encode as the service's codec does, from the model directory.
+ * Checked on the tiny model's byte-level BPE for text prompts (several per
+ * request, with the BOS completions add) and a rendered chat, each over the
+ * inline threshold.
  */
 
 let cleanup: () => Promise<void>;
@@ -21,12 +22,8 @@ let threads: ThreadPool<CodecJob, number[][]>;
 beforeAll(async () => {
   const t = await tinyModel();
   cleanup = t.cleanup;
-  codec = codecOf(t.model.tokenizer, t.model.eosTokenIds, t.model.config.spec.vocab);
-  const data: CodecThreadData = {
-    modelDir: t.model.dir,
-    eosTokenIds: t.model.eosTokenIds,
-    vocabSize: t.model.config.spec.vocab,
-  };
+  codec = textCodec(t.model);
+  const data: CodecThreadData = { modelDir: t.model.dir };
   threads = new ThreadPool<CodecJob, number[][]>({
     entry: new URL("../../../cli/embedded/codec-thread.ts", import.meta.url),
     data,
@@ -54,7 +51,7 @@ describe("prompts tokenized off the event loop", () => {
     const off = await promptIds(parsed, codec, threads, bytes);
     const inline = await promptIds(parsed, codec, undefined, bytes);
     expect(off).toEqual(inline);
-    expect(off.map((ids) => ids.length).every((n) => n > 0)).toBe(true);
+    expect(off.ids.map((ids) => ids.length).every((n) => n > 0)).toBe(true);
   }, 60_000);
 
   it("equal the inline ids for a rendered chat", async () => {
@@ -68,7 +65,8 @@ describe("prompts tokenized off the event loop", () => {
       ],
     });
     const off = await promptIds(parsed, codec, threads, INLINE_BYTES + 1);
-    expect(off).toEqual([codec.chatPrompt(parsed.messages)]);
+    const rendered = codec.renderChat(parsed.chat.prompt);
+    expect(off).toEqual({ ids: [codec.encode(rendered)], rendered });
   }, 60_000);
 });
 

@@ -71,3 +71,22 @@ describe("stop sequences", () => {
     );
   });
 });
+
+describe("stop sequences: vLLM's include_stop_str_in_output and min_tokens", () => {
+  it("includes the stop sequence when asked and names the one that matched", () => {
+    const m = new StopMatcher(["END", "\n"], true);
+    expect(m.push("ab E").emit).toBe("ab ");
+    const r = m.push("ND c");
+    expect(r).toEqual({ emit: "END", stopped: true });
+    expect(m.matched).toBe("END");
+  });
+
+  it("does not match text pushed before it is armed", () => {
+    const m = new StopMatcher(["ab"]);
+    expect(m.push("xa", false)).toEqual({ emit: "xa", stopped: false });
+    // the held "a" was released unarmed, so "b" does not complete "ab"
+    expect(m.push("b", true)).toEqual({ emit: "b", stopped: false });
+    expect(m.push("ab", true)).toEqual({ emit: "", stopped: true });
+    expect(m.matched).toBe("ab");
+  });
+});

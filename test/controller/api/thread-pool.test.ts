@@ -61,8 +61,9 @@ describe("ThreadPool", () => {
     const p = pool(1, 4);
     const running = p.run({ sleepMs: 500 });
     const waiting = p.run({ sleepMs: 0 });
+    // Both expectations are attached before close() rejects the jobs (else: unhandled rejections).
+    const failed = [running, waiting].map((job) => expect(job).rejects.toBeInstanceOf(ThreadFailedError));
     await p.close();
-    await expect(running).rejects.toBeInstanceOf(ThreadFailedError);
-    await expect(waiting).rejects.toBeInstanceOf(ThreadFailedError);
+    await Promise.all(failed);
   }, 60_000);
 });

@@ -24,7 +24,10 @@ import { heartbeat, wid } from "../fixtures.ts";
 export const codec: TextCodec = {
   encode: () => [],
   decode: (ids) => ids.map((i) => String.fromCharCode(97 + (i % 26))).join(""),
-  chatPrompt: () => [],
+  renderChat: () => "",
+  tokenString: (id) => String(id),
+  checkConstraint: () => 0,
+  toolParser: null,
   eosTokenIds: [],
   vocabSize: 1000,
 };

@@ -1,6 +1,6 @@
 import { createHash } from "node:crypto";
 import { afterAll, describe, expect, it } from "vitest";
-import { KafkaLog } from "../../../catalog/log-kafka.ts";
+import { KafkaLog } from "../../../catalog/kafka/log.ts";
 import { Replica } from "../../../catalog/replica.ts";
 import {
   PlacementAuthority,

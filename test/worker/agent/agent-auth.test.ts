@@ -5,6 +5,7 @@ import type { Logger } from "../../../schema/log.ts";
 import { silentLogger } from "../../../schema/log.ts";
 import { WorkerAgent } from "../../../worker/agent/agent.ts";
 import type { LoadedModel } from "../../../worker/model/model-dir.ts";
+import { ConstraintCompiler } from "../../../worker/structured/constraint.ts";
 import { type RuntimeFixture, startRuntime, tinyModel } from "../runtime/fixture.ts";
 
 /**
@@ -43,6 +44,7 @@ function agent(workerId: string, bearer: string, log: Logger = silentLogger): Wo
     kvBytesPerToken: 256,
     durableTiers: [],
     stopTokenIds: model.eosTokenIds,
+    constraints: new ConstraintCompiler(model.tokenizer.tokenBytes()),
     heartbeatIntervalMs: 100,
     reconnectBaseMs: 50,
     reconnectMaxMs: 200,

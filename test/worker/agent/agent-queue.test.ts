@@ -6,6 +6,7 @@ import { RequestId, type WorkerId } from "../../../schema/ids.ts";
 import { silentLogger } from "../../../schema/log.ts";
 import { WorkerAgent } from "../../../worker/agent/agent.ts";
 import type { LoadedModel } from "../../../worker/model/model-dir.ts";
+import { ConstraintCompiler } from "../../../worker/structured/constraint.ts";
 import { prompt, type RuntimeFixture, startRuntime, tinyModel } from "../runtime/fixture.ts";
 
 /**
@@ -56,6 +57,7 @@ beforeAll(async () => {
     kvBytesPerToken: 256,
     durableTiers: ["ram"],
     stopTokenIds: [],
+    constraints: new ConstraintCompiler(model.tokenizer.tokenBytes()),
     heartbeatIntervalMs: 100,
     reconnectBaseMs: 20,
     reconnectMaxMs: 200,

@@ -6,6 +6,7 @@ import { type ModelFingerprint, RequestId, type WorkerId } from "../../../schema
 import { silentLogger } from "../../../schema/log.ts";
 import { WorkerAgent } from "../../../worker/agent/agent.ts";
 import type { LoadedModel } from "../../../worker/model/model-dir.ts";
+import { ConstraintCompiler } from "../../../worker/structured/constraint.ts";
 import { type RuntimeFixture, startRuntime, tinyModel } from "../runtime/fixture.ts";
 
 /**
@@ -107,6 +108,7 @@ beforeAll(async () => {
     kvBytesPerToken: 256,
     durableTiers: [],
     stopTokenIds: model.eosTokenIds,
+    constraints: new ConstraintCompiler(model.tokenizer.tokenBytes()),
     heartbeatIntervalMs: 100,
     reconnectBaseMs: 20,
     reconnectMaxMs: 200,

@@ -1,24 +1,31 @@
 import { mkdir, writeFile } from "node:fs/promises";
 import { join } from "node:path";
-import { parseModelConfig } from "../../../worker/model/config.ts";
+import { expect } from "vitest";
+import { type EngineSpec, parseModelConfig } from "../../../worker/model/config.ts";
+import { decodeValues, encodeValues } from "../../../worker/model/dtype.ts";
 import { generatedTensors, presetFiles } from "../../../worker/model/generate.ts";
-import { writeSafetensors } from "../../../worker/model/safetensors.ts";
+import type { Arch } from "../../../worker/model/generate-arch.ts";
+import type { LoadedModel } from "../../../worker/model/model-dir.ts";
+import { referenceForward } from "../../../worker/model/reference.ts";
+import { type LoadedTensor, writeSafetensors } from "../../../worker/model/safetensors.ts";
+import { assemble, type ModelWeights } from "../../../worker/model/weights.ts";
 
 /**
  * A small Hugging Face model directory whose rows are whole 256-element
  * super-blocks, so every GGUF type (the K-quants too) can hold it: the tiny
  * preset's tokenizer, Llama-3 rope scaling and GQA (4 heads / 2 kv), with
- * hidden 256 and ffn 512, bf16 weights from the generator's seeded streams.
+ * hidden 256 and ffn 512, bf16 weights from the generator's seeded streams
+ * (`arch`: the generator's config for that family instead of Llama's).
  */
 export async function writeBlockModel(
   dir: string,
-  opts: { qwen2?: boolean; tied?: boolean } = {},
+  opts: { arch?: Arch; tied?: boolean } = {},
 ): Promise<string> {
   const files = presetFiles({
     preset: "tiny",
     out: dir,
     dtype: "BF16",
-    arch: opts.qwen2 ? "qwen2" : "llama",
+    arch: opts.arch ?? "llama",
     tiedEmbeddings: opts.tied ?? false,
   });
   const config = {
@@ -39,4 +46,38 @@ export async function writeBlockModel(
     generatedTensors(parseModelConfig(config), "BF16", 3),
   );
   return dir;
+}
+
+/** The same model with every tensor dequantized to F32 (exactly). */
+export function dequantized(m: LoadedModel): ModelWeights {
+  const tensors = new Map<string, LoadedTensor>();
+  for (const [name, t] of m.weights.tensors)
+    tensors.set(name, { ...t, dtype: "F32", data: encodeValues(decodeValues(t.data, t.dtype), "F32") });
+  return assemble(tensors, m.config.spec);
+}
+
+/**
+ * A greedy generation of `out.tokens` after `prompt` against the float64
+ * reference forward on the same weights (K/V rounded to f16 as the pages
+ * hold them): the same argmax at every step, every logit within `bound`.
+ */
+export function expectReferenceGreedy(
+  spec: EngineSpec,
+  weights: ModelWeights,
+  prompt: readonly number[],
+  out: { tokens: readonly number[]; logits: readonly Float32Array[] },
+  bound: number,
+): void {
+  const ref = referenceForward(spec, weights, [...prompt, ...out.tokens.slice(0, -1)], {
+    roundKvToF16: true,
+  });
+  let worst = 0;
+  for (let i = 0; i < out.tokens.length; i++) {
+    const row = ref[prompt.length - 1 + i]!;
+    let best = 0;
+    for (let v = 1; v < row.length; v++) if (row[v]! > row[best]!) best = v;
+    expect(out.tokens[i]).toBe(best);
+    for (let v = 0; v < row.length; v++) worst = Math.max(worst, Math.abs(row[v]! - out.logits[i]![v]!));
+  }
+  expect(worst).toBeLessThan(bound);
 }

@@ -1,4 +1,5 @@
 import { describe, expect, it } from "vitest";
+import { TokenHistory } from "../../../worker/model/logits.ts";
 import { seedRng } from "../../../worker/model/prng.ts";
 import {
   argmax,
@@ -68,6 +69,35 @@ describe("sampling", () => {
     );
   });
 
+  it("min-p keeps the tokens at least min_p times as likely as the most likely, at the temperature", () => {
+    // probs 0.05, 0.5, 0.15, 0.3: min_p 0.5 keeps p >= 0.25 -> ids 1, 3
+    expect(candidates(logits, samplingParams({ temperature: 1, minP: 0.5 })).ids).toEqual([1, 3]);
+    expect(candidates(logits, samplingParams({ temperature: 1, minP: 0.29 })).ids).toEqual([1, 3, 2]);
+    // temperature 2 flattens: p ∝ sqrt(probs), sqrt(0.05/0.5) ≈ 0.32 clears min_p 0.3
+    expect(candidates(logits, samplingParams({ temperature: 2, minP: 0.3 })).ids).toEqual([1, 3, 2, 0]);
+    // with top-k both cuts hold
+    expect(candidates(logits, samplingParams({ temperature: 1, minP: 0.29, topK: 2 })).ids).toEqual([1, 3]);
+  });
+
+  it("applies the request's rules before the draw and reports raw log-probabilities", () => {
+    const params = samplingParams({
+      logprobs: 2,
+      rules: {
+        repetitionPenalty: 1,
+        presencePenalty: 0,
+        frequencyPenalty: 0,
+        logitBias: new Map([[0, 100]]),
+        minTokens: 0,
+        allowedTokenIds: null,
+      },
+    });
+    const r = nextToken(initialSamplerState(params), logits, new TokenHistory([], false));
+    expect(r.token).toBe(0);
+    // raw: id 0 had probability 0.05, and the top two are ids 1 and 3
+    expect(r.logprob!.logprob).toBeCloseTo(Math.log(0.05), 9);
+    expect(r.logprob!.top.map(([id]) => id)).toEqual([1, 3]);
+  });
+
   it("low temperature sharpens towards the argmax", () => {
     const c = candidates(logits, samplingParams({ temperature: 0.1 }));
     expect(c.ids[0]).toBe(1);
@@ -100,6 +130,8 @@ describe("sampling", () => {
     [{ topP: 1.5 }, /top_p/],
     [{ maxTokens: 0 }, /max_tokens/],
     [{ stopTokens: [-2] }, /stop token/],
+    [{ minP: 1.5 }, /min_p/],
+    [{ logprobs: -1 }, /logprobs/],
   ])("rejects bad parameters naming the field (%#)", (p, msg) => {
     expect(() => samplingParams(p)).toThrow(msg);
   });

@@ -4,6 +4,8 @@ import { describe, expect, it } from "vitest";
 import { ContinuationId, type PageId, PrefixHash, TokenCount } from "../../../schema/ids.ts";
 import { type AppendPlan, type LoadTicket, PageManager } from "../../../worker/pages/page-manager.ts";
 import { type CaptureId, type LeaseId, PageError } from "../../../worker/pages/page-state.ts";
+import { NO_PAGE, windowDeadPages } from "../../../worker/pages/route.ts";
+import type { ResidencyCosts } from "../../../worker/residency/residency.ts";
 
 const P = 4;
 const cid = (s: string) => ContinuationId(s);
@@ -27,11 +29,13 @@ class PageMemory {
     rows[offset] = value;
     this.pages.set(page, rows);
   }
+  /** The route's rows, from its first held page on (released pages' rows are not the route's). */
   read(pm: PageManager, id: ContinuationId): number[] {
     const r = pm.route(id);
+    const from = r.releasedPages * P;
     return Array.from(
-      { length: r.tokens },
-      (_, i) => this.pages.get(r.pages[Math.floor(i / P)]!)?.[i % P] as number,
+      { length: r.tokens - from },
+      (_, i) => this.pages.get(r.pages[Math.floor((from + i) / P)]!)?.[(from + i) % P] as number,
     );
   }
 }
@@ -58,7 +62,12 @@ const op = fc.record({
   c: fc.nat(1000),
 });
 
-describe("PageManager under random operation sequences", () => {
+const KEEP: ResidencyCosts = { recomputePageMs: 4, reloadPageMs: 1 };
+
+// Window null: every layer global. Window 3 (pages of 4): every commit
+// releases the leading pages dead for the window, kept cached (findable) on
+// odd commits and freed on even ones.
+describe.each([null, 3])("PageManager under random operation sequences (window %s)", (window) => {
   it("conserves refcounts, never frees a referenced page, keeps generations monotonic, isolates copy-on-write, and leaks nothing", () => {
     // How often each interesting path ran, so the generator is known to reach them.
     const seen = {
@@ -70,13 +79,14 @@ describe("PageManager under random operation sequences", () => {
       deferredCancels: 0,
       adopted: 0,
       adoptedLater: 0,
+      released: window === null ? 11 : 0,
     };
     fc.assert(
       fc.property(
         fc.integer({ min: 4, max: 24 }),
         fc.array(op, { minLength: 10, maxLength: 100, size: "max" }),
         (N, ops) => {
-          const pm = new PageManager({ pageTokens: P, physicalPages: N, debugInvariants: true });
+          const pm = new PageManager({ pageTokens: P, physicalPages: N, debugInvariants: true, window });
           const mem = new PageMemory();
           const model = new Map<ContinuationId, ModelRoute>();
           const leases: LeaseId[] = [];
@@ -102,9 +112,12 @@ describe("PageManager under random operation sequences", () => {
                 const src = pick(o.b);
                 const s = src ? model.get(src)! : undefined;
                 const sealed = s ? Math.floor(pm.route(src!).tokens / P) : 0;
-                const k = sealed ? o.c % (sealed + 1) : 0;
+                const want = sealed ? o.c % (sealed + 1) : 0;
+                // A window's released pages are held only while cached.
+                const held = s ? pm.matchPrefix(sealedHashes(s.rows, 0, want)) : 0;
+                if (window === null) expect(held).toBe(want);
+                const k = held;
                 const prefix = s ? sealedHashes(s.rows, 0, k) : [];
-                expect(pm.matchPrefix(prefix)).toBe(k);
                 if (k > 0) seen.adopted++;
                 pm.openRoute(nid, { prefix, reserveTokens: TokenCount(k * P + (o.c % 9)) });
                 model.set(nid, {
@@ -141,7 +154,20 @@ describe("PageManager under random operation sequences", () => {
                 if (!id || !m!.pending) return;
                 const before = m!.rows.length;
                 const rows = [...m!.rows, ...m!.pending.values];
-                pm.commitAppend(id, sealedHashes(rows, Math.floor(before / P), Math.floor(rows.length / P)));
+                const releasedBefore = pm.route(id).releasedPages;
+                const dropped = pm.commitAppend(
+                  id,
+                  sealedHashes(rows, Math.floor(before / P), Math.floor(rows.length / P)),
+                  o.c % 2 ? { cache: KEEP } : {},
+                );
+                if (!dropped) {
+                  const r = pm.route(id);
+                  // Exactly the pages dead for the window are released, and never un-released.
+                  expect(r.releasedPages).toBe(
+                    Math.max(releasedBefore, windowDeadPages(r.tokens, window, P, r.pages.length)),
+                  );
+                  seen.released += r.releasedPages - releasedBefore;
+                }
                 m!.rows = rows;
                 m!.pending = null;
                 return;
@@ -248,7 +274,14 @@ describe("PageManager under random operation sequences", () => {
                   : sealedHashes(mine, 0, Math.floor(mine.length / P));
                 const expected = Math.max(0, pm.matchPrefix(chain) - pm.route(id).pages.length);
                 const adopted = pm.adoptPrefix(id, chain);
-                expect(adopted).toBe(expected);
+                // Adoption stops short only at an evictable cached page (a window's released
+                // page) it has no room for: no reservation left, nothing available.
+                expect(adopted).toBeLessThanOrEqual(expected);
+                if (adopted < expected) {
+                  expect(window).not.toBeNull();
+                  expect(pm.route(id).reservedPages).toBe(0);
+                  expect(pm.availablePages).toBe(0);
+                }
                 if (adopted > 0) {
                   seen.adoptedLater++;
                   m!.rows = s!.rows.slice(0, mine.length + adopted * P);
@@ -263,14 +296,17 @@ describe("PageManager under random operation sequences", () => {
             for (let p = 0; p < N; p++) expect(gens[p]).toBeGreaterThanOrEqual(gensBefore[p]!);
             const snap = pm.snapshot();
             for (const r of snap.routes) {
-              for (const p of r.pages) {
+              expect(r.pages.slice(0, r.releasedPages).every((p) => p === NO_PAGE)).toBe(true);
+              for (const p of r.pages.slice(r.releasedPages)) {
                 expect(pm.pageState(p).kind).toBe("resident");
                 expect(snap.refcounts[p]).toBeGreaterThan(0);
               }
               // Copy-on-write isolation: every route still reads exactly its own rows.
-              expect(mem.read(pm, r.id)).toEqual(model.get(r.id)!.rows);
+              expect(mem.read(pm, r.id)).toEqual(model.get(r.id)!.rows.slice(r.releasedPages * P));
             }
-            expect(snap.freePages + snap.residentPages + snap.loadingPages + snap.evictingPages).toBe(N);
+            expect(
+              snap.freePages + snap.cachedPages + snap.residentPages + snap.loadingPages + snap.evictingPages,
+            ).toBe(N);
           };
 
           /** A finished load shows as rows (success) or none (abandoned); released routes leave the model. */
@@ -319,9 +355,10 @@ describe("PageManager under random operation sequences", () => {
           }
           const end = pm.snapshot();
           expect(end.routes).toEqual([]);
-          expect(end.freePages).toBe(N);
+          expect(end.freePages + end.cachedPages).toBe(N);
           expect(end.reservedPages).toBe(0);
-          expect(end.prefixes).toEqual([]);
+          if (window === null) expect(end.prefixes).toEqual([]);
+          expect(end.prefixes.length).toBe(end.cachedPages);
           pm.checkInvariants();
         },
       ),
@@ -463,5 +500,53 @@ describe("PageManager operations", () => {
     pm.releaseRoute(producer);
     pm.releaseRoute(waiter);
     expect(pm.snapshot().freePages).toBe(8);
+  });
+});
+
+describe("PageManager with every layer sliding (window 6, pages of 4)", () => {
+  const KEEP_COSTS: ResidencyCosts = { recomputePageMs: 4, reloadPageMs: 1 };
+  const rows = Array.from({ length: 20 }, (_, i) => i + 1);
+
+  it("releases the pages dead for the window at each commit, kept cached and findable, and shares the release on fork", () => {
+    const pm = new PageManager({ pageTokens: P, physicalPages: 8, debugInvariants: true, window: 6 });
+    const a = cid("a");
+    pm.openRoute(a, { reserveTokens: TokenCount(20) });
+    pm.beginAppend(a, TokenCount(9));
+    // 9 rows: the next query (position 9) reads rows 4..9, so page 0 (rows 0..3) is dead.
+    pm.commitAppend(a, sealedHashes(rows, 0, 2), { cache: KEEP_COSTS });
+    expect(pm.route(a).releasedPages).toBe(1);
+    expect(pm.route(a).pages[0]).toBe(NO_PAGE);
+    expect(pm.windowReleases).toBe(1);
+    expect(pm.snapshot().cachedPages).toBe(1);
+    // The released page is still the prefix's first page for another request, until evicted.
+    expect(pm.matchPrefix(sealedHashes(rows, 0, 2))).toBe(2);
+    expect(() => pm.beginCapture(a, 0, 1)).toThrow(/released outside the window/);
+    const cap = pm.beginCapturePrefix(sealedHashes(rows, 0, 2), 0, 1);
+    pm.endCapture(cap.id);
+    const b = cid("b");
+    pm.fork(a, b, { reserveTokens: TokenCount(12) });
+    expect(pm.route(b).releasedPages).toBe(1);
+    pm.beginAppend(a, TokenCount(7));
+    // 16 rows: rows 11.. are read, pages 0 and 1 (rows 0..7) are dead, page 2 (8..11) is not.
+    pm.commitAppend(a, sealedHashes(rows, 2, 4));
+    expect(pm.route(a).releasedPages).toBe(2);
+    // Page 1 is still b's: released by a, it stays resident.
+    expect(pm.pageState(pm.route(b).pages[1]!).kind).toBe("resident");
+    expect(pm.releasablePages(a)).toBe(2);
+    pm.releaseRoute(a);
+    pm.releaseRoute(b);
+    pm.checkInvariants();
+  });
+
+  it("releases nothing without a window, and refuses a window that is not a positive integer", () => {
+    const pm = new PageManager({ pageTokens: P, physicalPages: 8, debugInvariants: true });
+    const a = cid("a");
+    pm.openRoute(a, { reserveTokens: TokenCount(20) });
+    pm.beginAppend(a, TokenCount(20));
+    pm.commitAppend(a, sealedHashes(rows, 0, 5), { cache: KEEP_COSTS });
+    expect(pm.route(a).releasedPages).toBe(0);
+    expect(pm.windowReleases).toBe(0);
+    expect(() => new PageManager({ pageTokens: P, physicalPages: 8, window: 0 })).toThrow(/window/);
+    expect(() => new PageManager({ pageTokens: P, physicalPages: 8, window: 2.5 })).toThrow(/window/);
   });
 });

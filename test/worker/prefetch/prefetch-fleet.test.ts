@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { KafkaLog } from "../../../catalog/log-kafka.ts";
+import { KafkaLog } from "../../../catalog/kafka/log.ts";
 import { readyReplicasOfChunk } from "../../../catalog/queries.ts";
 import { type CatalogOp, ProposalMsg } from "../../../schema/catalog.ts";
 import { catalogNodeId, prefixChain } from "../../../schema/identity.ts";

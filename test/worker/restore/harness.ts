@@ -17,6 +17,7 @@ import {
   initialCalibration,
 } from "../../../worker/calibration/calibration.ts";
 import { KvGeometry } from "../../../worker/checkpoint/chunk-format.ts";
+import { releaseWindow } from "../../../worker/model/layout.ts";
 import type { LoadedModel } from "../../../worker/model/model-dir.ts";
 import { PageHashChain } from "../../../worker/pages/page-hashes.ts";
 import { PageManager } from "../../../worker/pages/page-manager.ts";
@@ -116,6 +117,7 @@ export async function startWorker(model: LoadedModel, spec: WorkerSpec): Promise
     fingerprint: model.fingerprint,
     vocab: model.config.spec.vocab,
     maxContext: model.config.spec.maxPosition,
+    layers: model.config.spec.layers,
     pageTokens: PAGE,
     physicalPages: 256,
     maxBatchTokens: 256,
@@ -204,12 +206,20 @@ export function promptOf(n: number, seed: number, vocab = 512): number[] {
  */
 export class Device {
   readonly pages: PageManager;
-  private constructor(readonly engine: Engine) {
-    this.pages = new PageManager({ pageTokens: PAGE, physicalPages: 256, debugInvariants: true });
+  private constructor(
+    readonly engine: Engine,
+    window: number | null,
+  ) {
+    this.pages = new PageManager({ pageTokens: PAGE, physicalPages: 256, debugInvariants: true, window });
   }
 
-  static async open(model: LoadedModel): Promise<Device> {
-    return new Device(await loadEngine(model, { physicalPages: 256, pageTokens: PAGE }, { threads: 1 }));
+  /** `release`: pages dead for every layer's window are released, as the runtime does (default true). */
+  static async open(model: LoadedModel, opts: { readonly release?: boolean } = {}): Promise<Device> {
+    const window = opts.release === false ? null : releaseWindow(model.config.spec.layers);
+    return new Device(
+      await loadEngine(model, { physicalPages: 256, pageTokens: PAGE }, { threads: 1 }),
+      window,
+    );
   }
 
   openRoute(name: string, totalTokens: number): ContinuationId {

@@ -3,8 +3,8 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { KafkaLog } from "../../../catalog/kafka/log.ts";
 import { EmbeddedLog } from "../../../catalog/log-embedded.ts";
-import { KafkaLog } from "../../../catalog/log-kafka.ts";
 import type { LoadedModel } from "../../../worker/model/model-dir.ts";
 import { tinyModel } from "../runtime/fixture.ts";
 import {

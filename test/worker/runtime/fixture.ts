@@ -46,6 +46,7 @@ export async function openRuntime(
     fingerprint: model.fingerprint,
     vocab: model.config.spec.vocab,
     maxContext: model.config.spec.maxPosition,
+    layers: model.config.spec.layers,
     pageTokens: 16,
     physicalPages: 512,
     maxBatchTokens: 256,

@@ -3,8 +3,9 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { Engine } from "../../../native/index.ts";
 import { RequestId } from "../../../schema/ids.ts";
 import { silentLogger } from "../../../schema/log.ts";
+import { resource } from "../../../schema/scope.ts";
 import type { LoadedModel } from "../../../worker/model/model-dir.ts";
-import { scopedEngine } from "../../../worker/runtime/engine-load.ts";
+import { loadEngine } from "../../../worker/runtime/engine-load.ts";
 import { type SubmitRequest, WorkerRuntime } from "../../../worker/runtime/runtime.ts";
 import type { RuntimeEvent } from "../../../worker/runtime/sequence.ts";
 import { collect, openRuntime, prompt, type RuntimeFixture, startRuntime, tinyModel } from "./fixture.ts";
@@ -195,16 +196,21 @@ describe("worker runtime (tiny model, real engine)", () => {
     expect(outputs[0]!.map((o) => o.length)).toEqual([40, 40, 5]);
   });
 
-  it("as a scoped Effect: closing the scope interrupts the loop fiber, ends open requests, then frees the engine", async () => {
+  it("in a scope, as the roles own it: closing the scope stops the loop, ends open requests, then frees the engine", async () => {
     let engine: Engine | null = null;
     const served = await Effect.runPromise(
       Effect.scoped(
         Effect.gen(function* () {
-          engine = yield* scopedEngine(model, { physicalPages: 64, pageTokens: 16 }, { threads: 2 });
-          const rt = yield* WorkerRuntime.scoped(engine, {
+          const e = yield* resource(
+            () => loadEngine(model, { physicalPages: 64, pageTokens: 16 }, { threads: 2 }),
+            (x) => x.free(),
+          );
+          engine = e;
+          const options = {
             fingerprint: model.fingerprint,
             vocab: model.config.spec.vocab,
             maxContext: model.config.spec.maxPosition,
+            layers: model.config.spec.layers,
             pageTokens: 16,
             physicalPages: 64,
             maxBatchTokens: 64,
@@ -219,7 +225,15 @@ describe("worker runtime (tiny model, real engine)", () => {
               restorePerByteMs: { ram: 1e-6, ssd: 1e-5, peer: 1e-5, s3: 1e-4 },
             },
             logger: silentLogger,
-          });
+          };
+          const rt = yield* resource(
+            () => {
+              const r = new WorkerRuntime(e, options);
+              r.start();
+              return r;
+            },
+            (r) => r.stop(),
+          );
           const done = yield* Effect.promise(() => run(rt, request("sc1", prompt(3, 20), 3)));
           // A long generation still running when the scope closes.
           const open: RuntimeEvent[] = [];
@@ -229,7 +243,7 @@ describe("worker runtime (tiny model, real engine)", () => {
           yield* Effect.promise(async () => {
             while (open.length === 0) await new Promise((r) => setTimeout(r, 5));
           });
-          expect(engine.freed).toBe(false);
+          expect(e.freed).toBe(false);
           return { done, rt, open, drained };
         }),
       ),

@@ -1,7 +1,6 @@
 import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { Effect } from "effect";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { resolveConfig } from "../../../schema/config.ts";
 import {
@@ -11,8 +10,7 @@ import {
   StoreClosedError,
 } from "../../../worker/store/errors.ts";
 import { FileTier } from "../../../worker/store/file.ts";
-import { openChunkStore } from "../../../worker/store/index.ts";
-import { ChunkStore } from "../../../worker/store/layer.ts";
+import { openConfiguredTiers } from "../../../worker/store/index.ts";
 import { RamTier } from "../../../worker/store/ram.ts";
 import { S3Tier } from "../../../worker/store/s3.ts";
 import { TieredChunkStore } from "../../../worker/store/tiered.ts";
@@ -159,8 +157,8 @@ describe("tiered chunk store (RAM → files → real S3)", () => {
   });
 });
 
-describe("openChunkStore from the configuration", () => {
-  it("the Effect layer opens the store for a scope and, when it ends, finishes uploads then closes", async () => {
+describe("openConfiguredTiers: the store the configuration describes", () => {
+  it("close finishes the write-behind uploads, then closes", async () => {
     const dir = await mkdtemp(join(tmpdir(), "continuum-layer-"));
     const env = s3Env();
     const bucket = bucketName("layer");
@@ -173,18 +171,13 @@ describe("openChunkStore from the configuration", () => {
       },
     );
     const c = chunkOf(2 * MiB, "layer");
-    const program = Effect.gen(function* () {
-      const store = yield* ChunkStore;
-      const r = yield* Effect.promise(() => store.put(c.id, c.bytes, c.meta, "optional"));
-      expect(r.status).toBe("stored");
-      return store;
-    });
     try {
-      const store = await Effect.runPromise(
-        program.pipe(Effect.provide(ChunkStore.layer(config.store, () => {}))),
-      );
+      const { store } = await openConfiguredTiers(config.store, () => {});
+      const r = await store.put(c.id, c.bytes, c.meta, "optional");
+      expect(r.status).toBe("stored");
+      await store.close();
       await expect(store.get(c.id)).rejects.toThrow(StoreClosedError);
-      // The write-behind upload was finished by the release, not dropped.
+      // The write-behind upload was finished by close, not dropped.
       const check = await S3Tier.open({
         ...env,
         bucket,
@@ -214,7 +207,7 @@ describe("openChunkStore from the configuration", () => {
         CONTINUUM_STORE_S3_SECRET_ACCESS_KEY: env.secretAccessKey,
       },
     );
-    const store = await openChunkStore(config.store, () => {});
+    const { store } = await openConfiguredTiers(config.store, () => {});
     try {
       const c = chunkOf(50_000, "cfg");
       const r = await store.put(c.id, c.bytes, c.meta);

@@ -1,15 +1,16 @@
 import { Packr } from "msgpackr";
-import { openEnvelope, WIRE_VERSION, WireError } from "../schema/wire.ts";
+import { openEnvelope, WIRE_VERSION, WireError } from "../../schema/wire.ts";
+import { CatalogLogError } from "../log.ts";
+import { type BatchLimits, groups } from "./grouping.ts";
 
 /**
  * Packed Kafka records: several catalog messages in one Kafka record value
  * (catalog/WIRE.md, "Packed records"). Pure: bytes in, bytes out.
  *
- * Why: kafkajs spends a fixed cost per record (an encoder with a zeroed
- * 512-byte buffer, varints, headers, copies; ~25-35 µs per record to produce
- * on this machine, measured with --cpu-prof) that dwarfs the bytes. One
- * record per proposal and one per tx put that cost on every publication,
- * twice. A packed record pays it once for up to `maxItems` messages.
+ * Why: kafkajs spends a fixed cost per produced record (an encoder with a
+ * zeroed buffer, varints, headers, copies) that dwarfs a catalog message's
+ * bytes; a packed record pays it once for up to `maxItems` messages
+ * (measurements: bench/catalog.md).
  *
  * Format: one msgpack map `{v: 1, kind, <field>: [bin, …]}` where each bin is
  * one complete wire message, exactly as it would be a record value on its
@@ -46,7 +47,7 @@ export const PROPOSAL_BATCH: PackedKind = {
 /**
  * Tx batches: the writer packs consecutive txs of one Kafka transaction.
  * At most 512 txs per record: readers rely on it to seek (a record holding
- * logical offset N sits at partition offset ≥ ⌊N / 512⌋, see KafkaLog.follow).
+ * logical offset N sits at partition offset ≥ ⌊N / 512⌋, see catalog/kafka/reader.ts).
  * 1 MiB per record unless one tx alone is larger (a tx is at most 16 MiB).
  */
 export const TX_BATCH: PackedKind = {
@@ -56,7 +57,9 @@ export const TX_BATCH: PackedKind = {
   maxBytes: 20 << 20,
 };
 /** Bytes the writer aims to put in one tx record (a single larger tx still gets its own). */
-export const TX_RECORD_TARGET_BYTES = 1 << 20;
+const TX_RECORD_TARGET_BYTES = 1 << 20;
+/** Bounds of one tx record the writer packs. */
+const TX_RECORD: BatchLimits = { maxRecords: TX_BATCH.maxItems, maxBytes: TX_RECORD_TARGET_BYTES };
 
 /** A packed record that is not acceptable: `oversized` (over a bound) or `malformed`. */
 export class PackedRecordError extends WireError {
@@ -145,4 +148,73 @@ export function unpack(k: PackedKind, bytes: Uint8Array): Uint8Array[] | undefin
     }
   }
   return items as Uint8Array[];
+}
+
+/**
+ * Header of every record the writer appends: the logical offset (decimal)
+ * of its first message. catalog.tx is written only inside Kafka
+ * transactions, so its partition offsets have holes (commit/abort markers,
+ * aborted records); the n-th committed tx is logical offset n, in Kafka as
+ * in the embedded log.
+ */
+export const OFFSET_HEADER = "continuum-offset";
+
+/** The logical offset a record's header carries; throws naming the record when it has none. */
+export function logicalOffset(
+  headers: Record<string, unknown> | undefined,
+  topic: string,
+  kafkaOffset: string,
+): number {
+  const h = headers?.[OFFSET_HEADER];
+  const n = h === undefined ? Number.NaN : Number(Buffer.isBuffer(h) ? h.toString("utf8") : String(h));
+  if (!Number.isSafeInteger(n) || n < 0) {
+    throw new CatalogLogError(`${topic}@${kafkaOffset}: record has no valid ${OFFSET_HEADER} header`);
+  }
+  return n;
+}
+
+/**
+ * Packs consecutive txs into `catalog.tx.batch` records (at most
+ * TX_BATCH.maxItems txs and TX_RECORD_TARGET_BYTES each, or one larger tx
+ * alone), each stamped with the logical offset of its first tx.
+ */
+export function packTxs(
+  txs: readonly Uint8Array[],
+  from: number,
+): Array<{ value: Buffer; headers: Record<string, string> }> {
+  const out: Array<{ value: Buffer; headers: Record<string, string> }> = [];
+  let at = from;
+  for (const part of groups(txs, TX_RECORD, (t) => t.byteLength)) {
+    out.push({ value: pack(TX_BATCH, part), headers: { [OFFSET_HEADER]: String(at) } });
+    at += part.length;
+  }
+  return out;
+}
+
+/** The proposals in one record of the proposals topic: a batch's items, or the record itself (a single proposal, or bytes the writer will reject). */
+export function proposalItems(value: Uint8Array): Uint8Array[] {
+  if (!mayBePacked(PROPOSAL_BATCH, value)) return [value];
+  try {
+    return unpack(PROPOSAL_BATCH, value) ?? [value];
+  } catch {
+    // Malformed or over the bounds: handed over whole, and decideBatch turns it into one rejection naming why.
+    return [value];
+  }
+}
+
+/** The txs of one catalog.tx record (a packed record, or one tx as a writer before packing wrote it). */
+export function txItems(value: Uint8Array, topic: string, kafkaOffset: string): Uint8Array[] {
+  if (!mayBePacked(TX_BATCH, value)) return [value];
+  try {
+    return unpack(TX_BATCH, value) ?? [value];
+  } catch (err) {
+    throw new CatalogLogError(`${topic}@${kafkaOffset}: ${(err as Error).message}`);
+  }
+}
+
+/** A record's bytes without a copy (kafkajs values are views of the fetch response, which they keep alive). */
+export function view(value: Buffer | null): Uint8Array {
+  return value === null
+    ? new Uint8Array(0)
+    : new Uint8Array(value.buffer, value.byteOffset, value.byteLength);
 }

@@ -1,5 +1,5 @@
 import type { Kafka, Producer, ProducerConfig } from "kafkajs";
-import { CatalogLogError } from "./log.ts";
+import { CatalogLogError } from "../log.ts";
 
 /**
  * A transactional kafkajs producer that remembers its coordinators.
@@ -7,11 +7,9 @@ import { CatalogLogError } from "./log.ts";
  * Why: kafkajs 2.2.4 asks the cluster for the transaction coordinator before
  * every AddPartitionsToTxn, AddOffsetsToTxn and EndTxn, and for the group
  * coordinator before every TxnOffsetCommit, and never caches the answer: four
- * FindCoordinator round trips in each writer transaction of about ten. At
- * 5,000 proposals/s the writer commits ~25 transactions/s, so these were ~100
- * of the ~600 requests/s the broker served, on a 2-core machine where the
- * three processes (proposers and replica, writer, broker) already use ~1.8
- * cores, and each round trip sits on every proposal's apply lag.
+ * FindCoordinator round trips in each writer transaction of about ten, each
+ * on every proposal's apply lag and on the broker's CPU (measurements:
+ * bench/catalog.md).
  *
  * What: the producer's cluster answers FindCoordinator from a cache of at
  * most MAX_ENTRIES entries, each trusted for `ttlMs`. A coordinator only moves

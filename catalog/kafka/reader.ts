@@ -1,0 +1,85 @@
+import { randomUUID } from "node:crypto";
+import type { EachBatchPayload, Kafka } from "kafkajs";
+import { CatalogLogError, type LogRecord } from "../log.ts";
+import { logicalOffset, TX_BATCH, txItems, view } from "./records.ts";
+
+/** Records handed to one subscriber callback (default). */
+export const DEFAULT_MAX_BATCH = 2000;
+
+export interface FollowOptions {
+  /** Prefix of the reader's private consumer group id. */
+  readonly clientId: string;
+  readonly topic: string;
+  /** Whether records are packed tx batches (catalog.tx) or one message each (catalog.rejections). */
+  readonly packed: boolean;
+  /** First logical offset to hand out. */
+  readonly fromOffset: number;
+  /** Partition offset of a record at or before `fromOffset` (a replica's snapshot knows it). */
+  readonly position?: number;
+  /** Records per onBatch call at most. */
+  readonly maxBatch: number;
+  readonly onBatch: (records: readonly LogRecord[]) => Promise<void>;
+}
+
+/**
+ * Reads a writer-stamped topic from logical offset `fromOffset` with a
+ * private consumer group that never commits. Invariant: records are handed
+ * out densely (next, next+1, …); a gap means the topic was written by
+ * something else and is reported, not skipped.
+ */
+export async function followTopic(kafka: Kafka, o: FollowOptions): Promise<{ stop(): Promise<void> }> {
+  const { topic, packed, maxBatch, onBatch } = o;
+  const consumer = kafka.consumer({
+    groupId: `${o.clientId}.reader.${randomUUID()}`,
+    readUncommitted: false,
+    maxBytesPerPartition: 8 << 20,
+    maxWaitTimeInMs: 100,
+  });
+  let next = o.fromOffset;
+  // catalog.tx records are packed (at most TX_BATCH.maxItems txs each), so the record holding logical
+  // offset N is preceded by at least ⌊N / maxItems⌋ records and sits at partition offset ≥ that:
+  // a safe place to start reading, skipping what is below N. Rejections are one per record, and each
+  // record takes a partition offset of its own, so partition offset ≥ logical offset there.
+  // That start can be far behind on a log of sparse records (one tx each: it reads about
+  // N − N/maxItems records to skip them), so a caller that knows the position of a record at or
+  // before N (a replica's snapshot does) passes it, and reading starts there.
+  // Partition offset to read from at a (re)join: the start above, then one past the last record handed out.
+  let kafkaNext = o.position ?? (packed ? Math.floor(o.fromOffset / TX_BATCH.maxItems) : o.fromOffset);
+  await consumer.connect();
+  await consumer.subscribe({ topic, fromBeginning: true });
+  consumer.on(consumer.events.GROUP_JOIN, () =>
+    consumer.seek({ topic, partition: 0, offset: String(kafkaNext) }),
+  );
+  await consumer.run({
+    autoCommit: false,
+    eachBatch: async ({ batch, heartbeat, isRunning, isStale }: EachBatchPayload) => {
+      const records: LogRecord[] = [];
+      let lastKafka = "";
+      for (const m of batch.messages) {
+        const first = logicalOffset(m.headers, topic, m.offset);
+        lastKafka = m.offset;
+        const value = view(m.value);
+        const items = packed ? txItems(value, topic, m.offset) : [value];
+        for (let j = 0; j < items.length; j++) {
+          const offset = first + j;
+          if (offset < next) continue;
+          if (offset !== next + records.length) {
+            throw new CatalogLogError(
+              `${topic}@${m.offset}: logical offset ${offset}, expected ${next + records.length}`,
+            );
+          }
+          records.push({ offset, bytes: items[j]!, position: Number(m.offset) });
+        }
+      }
+      for (let i = 0; i < records.length; i += maxBatch) {
+        if (!isRunning() || isStale()) return;
+        const part = records.slice(i, i + maxBatch);
+        await onBatch(part);
+        next = part[part.length - 1]!.offset + 1;
+        await heartbeat();
+      }
+      if (lastKafka !== "") kafkaNext = Math.max(kafkaNext, Number(lastKafka) + 1);
+    },
+  });
+  return { stop: () => consumer.disconnect() };
+}
