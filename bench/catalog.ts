@@ -313,7 +313,7 @@ async function lag(
 function bigCatalog(chunks: number, log: (l: string) => void): { db: CatalogDb; chains: number } {
   const db = CatalogDb.empty();
   const apply = (p: Proposal) => {
-    const r = db.resolve(p);
+    const r = db.resolve(p, 0);
     if (!r.ok) throw new Error(`bench catalog: ${r.reason}`);
     db.apply({ txNo: db.nextTxNo, proposalId: p.id, clientId: p.clientId, time: 0, datoms: r.datoms });
   };
@@ -385,7 +385,7 @@ function lookups(
 function applyRate(n: number, eager: boolean): number {
   const writer = CatalogDb.empty();
   const txs = [setup(), ...publicationWaves(n, "apply", 64).flat()].map((p) => {
-    const r = writer.resolve(p);
+    const r = writer.resolve(p, 0);
     if (!r.ok) throw new Error(r.reason);
     const tx = { txNo: writer.nextTxNo, proposalId: p.id, clientId: p.clientId, time: 0, datoms: r.datoms };
     writer.apply(tx);

@@ -1,100 +1,141 @@
 import { mkdtemp, rm } from "node:fs/promises";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import OpenAI from "openai";
-import type { FleetWorkerView } from "../controller/api/service.ts";
+import type { KafkaTopics } from "../catalog/kafka/admin.ts";
+import type { RecordedDecision } from "../controller/replay/records.ts";
+import { predictionError } from "../controller/replay/records.ts";
 import {
   type ClusterState,
   clusterDown,
   clusterUp,
-  parseMetrics,
   type RunningServices,
   startServices,
 } from "../deploy/cluster.ts";
 import { type Config, resolveConfig } from "../schema/config.ts";
-import type { WorkerStatus } from "../schema/control.ts";
 import { generateModel } from "../worker/model/generate.ts";
 import { loadModelDir } from "../worker/model/model-dir.ts";
-import { Rng, seedRng } from "../worker/model/prng.ts";
+import {
+  decisionsSince,
+  drive,
+  fleetDecisions,
+  freePort,
+  freePortPair,
+  minus,
+  type PhaseResult,
+  routedToHolderFraction,
+  routedTokens,
+  SCRAPE_TOKEN,
+  settledTotals,
+  type Totals,
+} from "./_cluster-fleet.ts";
+import {
+  coldPrompts,
+  type SharedShape,
+  sharedWorkload,
+  type Workload,
+  type ZipfShape,
+  zipfWorkload,
+} from "./_cluster-workloads.ts";
 import { type Bench, percentile, round } from "./contract.ts";
-
-/** The fleet has API tokens (one per tenant), so /metrics and /workers take a scrape token. */
-const SCRAPE_TOKEN = "bench-scrape";
-const SCRAPE = { authorization: `Bearer ${SCRAPE_TOKEN}` };
 
 /**
  * The whole fleet end to end: `cluster up`'s own code starts, as real
  * processes, two catalog writers, the controller and 2 workers on one real
  * Kafka broker and one real S3 server (deploy/ scripts, started once and
- * shared by the three fleets below, each with its own catalog topics and
- * bucket). Requests go over HTTP through the official openai client,
- * streamed, so TTFT is what a client sees.
+ * shared by every fleet below, each with its own catalog topics and bucket).
+ * Requests go over HTTP through the official openai client, streamed, so
+ * TTFT is what a client sees.
  *
- * Workload: many users share a few long system prompts. P system prompts
- * of L tokens; T tenants, each with its own API key, so its prefixes are
- * salted (never shared across tenants): T × P distinct prefixes. Every
- * request is a tenant's system prompt + a unique 16–32 token user message,
- * 4 generated tokens (temperature 0). The workers' page pools hold about one
- * cached prefix beside the running request, far fewer than T × P: which
- * prefixes stay resident is up to eviction, and a prefix that left the pool
- * is restored (RAM, SSD, a peer, S3) or recomputed. That is where durable
- * reuse matters.
- *
- * Phases, identical in every configuration (same seed, same order):
- *   warm      each distinct prefix once (its first computation: cold in
- *             every configuration; reported apart as cold TTFT);
- *   measured  N requests over the prefixes, uniformly at random, from 2
- *             closed-loop clients.
- *
- * Three fleets, one after the other in one run:
+ * Two workloads (bench/_cluster-workloads.ts), each on three fleets in turn:
+ *   shared  tenants sharing a few long system prompts, 2 closed-loop clients,
+ *           pools holding about one cached prefix; every worker reaches every
+ *           peer's RAM;
+ *   zipf    Zipf-skewed prefix popularity across tenants, a tail first seen
+ *           during the run, more closed-loop clients than workers, pools and
+ *           RAM tiers holding a few prefixes each, S3 the only tier the
+ *           workers share (CONTINUUM_BENCH_CLUSTER_PEER=on lets them read each
+ *           other's RAM/SSD too); placement and prefetch on.
+ * Fleets:
  *   full        TTFT routing (controller.routing: ttft), durable reuse on;
- *   no_reuse    TTFT routing, worker.durableReuse false: the workers neither
- *               checkpoint (capture finished prefixes into RAM, chunk files
- *               and S3, publish them in the catalog) nor restore; a request
- *               reuses only prefix pages still resident in its worker's pool,
- *               and anything else is recomputed;
+ *   no_reuse    TTFT routing, worker.durableReuse false: no checkpoints and no
+ *               restores, only prefix pages still resident are reused;
  *   round_robin controller.routing: round_robin (workers in turn, blind to
  *               where prefixes are), durable reuse on.
  *
- * Model: the `small` preset (12 layers, hidden 768, ~88 M parameters). The
- * tiny preset prefills a token in ~0.07 ms, so a 128-token chunk costs less
- * to recompute (~9 ms) than to checkpoint (~12 ms, two fsyncs), and the
- * worker's checkpoint admission rightly declines it: there would be no
- * durable reuse to measure. With small, a 384–768-token prefix costs one to
- * several seconds of prefill on one core, and a chunk (128 tokens, 1.5 MiB)
- * a few ms to restore.
- * Sizes: quick 6 tenants × 2 prompts of 384 tokens, 24 measured requests,
- * 96 pages per worker; full 6 × 3 of 768 tokens, 48 requests, 160 pages.
+ * From each fleet's catalog the bench reads its decision records back: the
+ * share of requests routed to a worker already holding their prefix, and
+ * the router's prediction error against the measured TTFT. On the zipf full
+ * fleet it also times warm start: the fleet's first request (a cold prompt,
+ * right after `cluster up` reported ready) against the same kind of request
+ * once the fleet is in steady state.
+ *
+ * CONTINUUM_BENCH_CLUSTER=shared|zipf runs one workload only (default both).
+ *
+ * Model: the `small` preset (12 layers, hidden 768, ~88 M parameters): a
+ * 128-token chunk (1.5 MiB) costs seconds to prefill on one core and a few ms
+ * to restore, so durable reuse is there to measure (the tiny preset's prefill
+ * is cheaper than a checkpoint and rightly never checkpointed).
  */
 
 const MODEL_DIR = resolve(process.env.CONTINUUM_DATA_DIR ?? ".continuum", "models", "small");
 const PAGE_TOKENS = 16;
 const CHUNK_TOKENS = 128;
 const GEN_TOKENS = 4;
-const CLIENTS = 2;
 const WORKERS = 2;
+const MIB = 1 << 20;
 
-interface Shape {
-  readonly tenants: number;
-  readonly prompts: number;
-  readonly promptTokens: number;
-  readonly requests: number;
+interface Spec {
+  readonly name: "shared" | "zipf";
+  readonly clients: number;
   readonly physicalPages: number;
+  /** store.ram.maxBytes of each worker (0: the default). */
+  readonly ramBytes: number;
+  readonly peers: boolean;
+  readonly shape: SharedShape | ZipfShape;
+  readonly workload: (vocab: number) => Workload;
+  /** Time warm start on the full fleet. */
+  readonly warmStart: boolean;
 }
 
 /**
  * Pools: a worker's admission counts an accepted request's pages twice until
  * it ends (agent.ts: conservative), so a pool takes a second concurrent
  * request only with 2 × request + one more request of room; beyond that it
- * holds few cached prefixes: quick 2 × 96 pages vs 12 prefixes × 24 pages,
- * full 2 × 160 vs 18 × 48.
+ * holds few cached prefixes.
  */
-const QUICK: Shape = { tenants: 6, prompts: 2, promptTokens: 384, requests: 24, physicalPages: 96 };
-const FULL: Shape = { tenants: 6, prompts: 3, promptTokens: 768, requests: 48, physicalPages: 160 };
-/** A request the controller refused for want of a worker with room is retried this often, this far apart. */
-const NO_WORKER_RETRIES = 40;
-const NO_WORKER_BACKOFF_MS = 250;
+function specs(quick: boolean, peerSwitch: boolean): Spec[] {
+  const shared: SharedShape = quick
+    ? { tenants: 6, prompts: 2, promptTokens: 384, requests: 24 }
+    : { tenants: 6, prompts: 3, promptTokens: 768, requests: 48 };
+  const zipf: ZipfShape = quick
+    ? { tenants: 3, prompts: 4, promptTokens: 384, requests: 32, s: 1.1, warm: 4 }
+    : { tenants: 4, prompts: 6, promptTokens: 512, requests: 72, s: 1.1, warm: 6 };
+  return [
+    {
+      name: "shared",
+      clients: 2,
+      physicalPages: quick ? 96 : 160,
+      ramBytes: 0,
+      peers: true,
+      shape: shared,
+      workload: (v) => sharedWorkload(shared, v),
+      warmStart: false,
+    },
+    {
+      name: "zipf",
+      clients: quick ? 4 : 6,
+      // About three requests at a time per worker (counted twice) and a few prefixes of 24–32 pages beside them.
+      physicalPages: quick ? 192 : 256,
+      // A few prefixes of 4.5–6 MiB per worker's RAM tier.
+      ramBytes: quick ? 24 * MIB : 48 * MIB,
+      peers: peerSwitch,
+      shape: zipf,
+      workload: (v) => zipfWorkload(zipf, v),
+      warmStart: true,
+    },
+  ];
+}
 
 interface Variant {
   readonly name: "full" | "no_reuse" | "round_robin";
@@ -108,193 +149,7 @@ const VARIANTS: readonly Variant[] = [
   { name: "round_robin", routing: "round_robin", durableReuse: true },
 ];
 
-interface Job {
-  readonly tenant: number;
-  readonly prompt: number;
-  readonly tokens: readonly number[];
-}
-
-/** The workload, the same for every variant: warm (each prefix once) and measured requests. */
-function workload(shape: Shape, vocab: number): { warm: Job[]; measured: Job[] } {
-  const rng = new Rng(seedRng(0x5eed));
-  const word = () => 1 + Math.floor(rng.nextFloat() * (vocab - 1));
-  const system = Array.from({ length: shape.prompts }, () =>
-    Array.from({ length: shape.promptTokens }, word),
-  );
-  const job = (tenant: number, prompt: number): Job => {
-    const suffix = Array.from({ length: 16 + Math.floor(rng.nextFloat() * 17) }, word);
-    return { tenant, prompt, tokens: [...system[prompt]!, ...suffix] };
-  };
-  const warm: Job[] = [];
-  for (let p = 0; p < shape.prompts; p++) for (let t = 0; t < shape.tenants; t++) warm.push(job(t, p));
-  const measured: Job[] = [];
-  for (let i = 0; i < shape.requests; i++)
-    measured.push(
-      job(Math.floor(rng.nextFloat() * shape.tenants), Math.floor(rng.nextFloat() * shape.prompts)),
-    );
-  return { warm, measured };
-}
-
-async function freePort(): Promise<number> {
-  const s = createServer();
-  await new Promise<void>((r) => s.listen(0, "127.0.0.1", r));
-  const port = (s.address() as { port: number }).port;
-  await new Promise<void>((r) => s.close(() => r()));
-  return port;
-}
-
-/** A free port whose successor is free too (Kafka's broker and its KRaft controller). */
-async function freePortPair(): Promise<number> {
-  for (let i = 0; i < 50; i++) {
-    const p = await freePort();
-    if (p >= 65535) continue;
-    const s = createServer();
-    const ok = await new Promise<boolean>((r) => {
-      s.once("error", () => r(false));
-      s.listen(p + 1, "127.0.0.1", () => r(true));
-    });
-    if (ok) {
-      await new Promise<void>((r) => s.close(() => r()));
-      return p;
-    }
-  }
-  throw new Error("no free pair of ports");
-}
-
 const tenantKey = (t: number) => `bench-tenant-${t}-key`;
-
-interface Totals {
-  residentHitTokens: number;
-  computedTokens: number;
-  restoredChunks: Record<"ram" | "ssd" | "peer" | "s3", number>;
-  restoredBytes: Record<"ram" | "ssd" | "peer" | "s3", number>;
-  publishedChunks: number;
-  publishedBytes: number;
-}
-
-function totals(fleet: readonly FleetWorkerView[]): Totals {
-  const t: Totals = {
-    residentHitTokens: 0,
-    computedTokens: 0,
-    restoredChunks: { ram: 0, ssd: 0, peer: 0, s3: 0 },
-    restoredBytes: { ram: 0, ssd: 0, peer: 0, s3: 0 },
-    publishedChunks: 0,
-    publishedBytes: 0,
-  };
-  for (const w of fleet) {
-    const s: WorkerStatus | null = w.status;
-    if (s === null) throw new Error(`${w.workerId} reports no status`);
-    t.residentHitTokens += s.residentHitTokens;
-    t.computedTokens += s.computedTokens;
-    t.publishedChunks += s.publishedChunks;
-    t.publishedBytes += s.publishedBytes;
-    for (const k of ["ram", "ssd", "peer", "s3"] as const) {
-      t.restoredChunks[k] += s.restoredChunks[k];
-      t.restoredBytes[k] += s.restoredBytes[k];
-    }
-  }
-  return t;
-}
-
-function minus(a: Totals, b: Totals): Totals {
-  const tier = (x: Totals["restoredChunks"], y: Totals["restoredChunks"]) => ({
-    ram: x.ram - y.ram,
-    ssd: x.ssd - y.ssd,
-    peer: x.peer - y.peer,
-    s3: x.s3 - y.s3,
-  });
-  return {
-    residentHitTokens: a.residentHitTokens - b.residentHitTokens,
-    computedTokens: a.computedTokens - b.computedTokens,
-    restoredChunks: tier(a.restoredChunks, b.restoredChunks),
-    restoredBytes: tier(a.restoredBytes, b.restoredBytes),
-    publishedChunks: a.publishedChunks - b.publishedChunks,
-    publishedBytes: a.publishedBytes - b.publishedBytes,
-  };
-}
-
-/**
- * The fleet's totals once every worker's heartbeat reflects all finished work:
- * two heartbeats in a row with the same counters (bounded: 30 s).
- */
-async function settledTotals(api: string): Promise<Totals> {
-  let last = "";
-  const deadline = Date.now() + 30_000;
-  for (;;) {
-    const fleet = (
-      (await (await fetch(`${api}/workers`, { headers: SCRAPE })).json()) as { workers: FleetWorkerView[] }
-    ).workers;
-    const t = totals(fleet);
-    const key = JSON.stringify(t);
-    if (key === last || Date.now() > deadline) return t;
-    last = key;
-    await new Promise((r) => setTimeout(r, 1_200));
-  }
-}
-
-interface PhaseResult {
-  readonly ttftMs: number[];
-  readonly wallMs: number;
-  /** Prompt tokens of the requests served. */
-  readonly promptTokens: number;
-  /** Requests refused (no worker had room) and sent again; their TTFT counts from the first try. */
-  readonly retries: number;
-}
-
-/** Runs jobs from `clients` closed-loop clients (each takes the next job when its last one finished). */
-async function drive(
-  clients: readonly OpenAI[],
-  model: string,
-  jobs: readonly Job[],
-  concurrency: number,
-): Promise<PhaseResult> {
-  const ttftMs: number[] = [];
-  let promptTokens = 0;
-  let retries = 0;
-  let next = 0;
-  const t0 = performance.now();
-  /** TTFT of one request (ms from `start`), or "no_worker" when the controller refused it before any token. */
-  const attempt = async (job: Job, start: number): Promise<number | "no_worker"> => {
-    let first: number | null = null;
-    try {
-      const stream = await clients[job.tenant]!.completions.create({
-        model,
-        prompt: [...job.tokens],
-        max_tokens: GEN_TOKENS,
-        temperature: 0,
-        stream: true,
-      });
-      for await (const chunk of stream) {
-        if (chunk.choices.length === 0) continue;
-        first ??= performance.now() - start;
-      }
-    } catch (err) {
-      if (first === null && /no_worker/.test((err as Error).message)) return "no_worker";
-      throw err;
-    }
-    if (first === null) throw new Error("a request streamed no token");
-    return first;
-  };
-  const one = async () => {
-    for (let i = next++; i < jobs.length; i = next++) {
-      const start = performance.now();
-      let ttft = await attempt(jobs[i]!, start);
-      for (let r = 0; ttft === "no_worker"; r++) {
-        if (r === NO_WORKER_RETRIES) throw new Error(`request ${i}: no worker had room after ${r} retries`);
-        retries++;
-        await new Promise((res) => setTimeout(res, NO_WORKER_BACKOFF_MS));
-        ttft = await attempt(jobs[i]!, start);
-      }
-      ttftMs.push(ttft);
-      promptTokens += jobs[i]!.tokens.length;
-    }
-  };
-  // Every client runs to its end before a failure is reported (none is left unhandled).
-  const settled = await Promise.allSettled(Array.from({ length: concurrency }, one));
-  const failed = settled.find((r) => r.status === "rejected");
-  if (failed) throw (failed as PromiseRejectedResult).reason;
-  return { ttftMs, wallMs: performance.now() - t0, promptTokens, retries };
-}
 
 interface VariantResult {
   readonly cold: PhaseResult;
@@ -304,90 +159,142 @@ interface VariantResult {
   /** The whole run's (warm + measured): checkpoints happen mostly while prefixes are first computed. */
   readonly total: Totals;
   readonly routedTokens: Record<string, number>;
+  /** The measured phase's first decisions, from the fleet's catalog. */
+  readonly decisions: RecordedDecision[];
+  /** Warm start: the fleet's first request and steady-state requests of the same kind (ms). */
+  readonly firstRequestTtftMs: number | null;
+  readonly steadyTtftMs: number | null;
 }
 
-async function runVariant(
+function fleetConfig(
+  spec: Spec,
   v: Variant,
-  shape: Shape,
-  services: RunningServices,
   run: string,
-  root: string,
-  log: (l: string) => void,
-): Promise<VariantResult> {
+  ports: { http: number; worker: number; peer: number },
+) {
   const base = resolveConfig({}, {});
   const tokens: Record<string, string> = {};
-  for (let t = 0; t < shape.tenants; t++) tokens[tenantKey(t)] = `tenant-${t}`;
+  for (let t = 0; t < spec.shape.tenants; t++) tokens[tenantKey(t)] = `tenant-${t}`;
+  const topicBase = `bench-${run}-${spec.name}-${v.name}`;
+  const topics: KafkaTopics = {
+    proposals: `${topicBase}.proposals`,
+    tx: `${topicBase}.tx`,
+    rejections: `${topicBase}.rejections`,
+  };
+  const ram = spec.ramBytes > 0 ? spec.ramBytes : base.store.ram.maxBytes;
+  const placed = Math.max(0, ram - 4 * CHUNK_TOKENS * 12_288);
   const config: Config = {
     ...base,
     model: { ...base.model, dir: MODEL_DIR, preset: "small" },
-    pages: { pageTokens: PAGE_TOKENS, physicalPages: shape.physicalPages, chunkTokens: CHUNK_TOKENS },
-    store: { ...base.store, s3: { ...base.store.s3, bucket: `bench-${run}-${v.name.replace("_", "-")}` } },
-    catalog: {
-      ...base.catalog,
-      topics: {
-        proposals: `bench-${run}-${v.name}.proposals`,
-        tx: `bench-${run}-${v.name}.tx`,
-        rejections: `bench-${run}-${v.name}.rejections`,
-      },
+    pages: { pageTokens: PAGE_TOKENS, physicalPages: spec.physicalPages, chunkTokens: CHUNK_TOKENS },
+    store: {
+      ...base.store,
+      ram: { maxBytes: ram },
+      s3: { ...base.store.s3, bucket: `bench-${run}-${spec.name}-${v.name.replace("_", "-")}` },
     },
+    catalog: { ...base.catalog, topics },
     controller: {
       ...base.controller,
-      httpPort: await freePort(),
-      workerPort: await freePort(),
+      httpPort: ports.http,
+      workerPort: ports.worker,
       routing: v.routing,
       // A prefill of seconds on a shared core must not read as a stuck worker.
       heartbeatTtlMs: 10_000,
       residentFreshMs: 5_000,
       offerTimeoutMs: 30_000,
       progressTimeoutMs: 300_000,
+      placement: {
+        ...base.controller.placement,
+        intervalMs: 1_000,
+        leaseTtlMs: 5_000,
+        halfLifeMs: 60_000,
+        demandWindowMs: 1_000,
+        ramBytesPerWorker: placed,
+        ssdBytesPerWorker: 0,
+      },
     },
-    worker: { ...base.worker, peerPortBase: await freePort(), threads: 1, durableReuse: v.durableReuse },
+    worker: {
+      ...base.worker,
+      peerPortBase: ports.peer,
+      threads: 1,
+      durableReuse: v.durableReuse,
+      peerTransfer: spec.peers,
+      prefetch: { ...base.worker.prefetch, ramBytes: placed, retryMs: 1_000 },
+    },
     auth: { ...base.auth, tokens, clusterSecret: "", metricsToken: SCRAPE_TOKEN },
   };
-  const dir = join(root, v.name);
+  return { config, topics };
+}
+
+async function runVariant(
+  spec: Spec,
+  v: Variant,
+  vocab: number,
+  services: RunningServices,
+  run: string,
+  root: string,
+  log: (l: string) => void,
+): Promise<VariantResult> {
+  const ports = { http: await freePort(), worker: await freePort(), peer: await freePort() };
+  const { config, topics } = fleetConfig(spec, v, run, ports);
+  const tag = `${spec.name}/${v.name}`;
   const state: ClusterState = await clusterUp({
-    dir,
+    dir: join(root, spec.name, v.name),
     workers: WORKERS,
     config,
     kafkaPort: 0,
     s3Port: 0,
     readyTimeoutMs: 300_000,
-    progress: (l) => log(`  ${v.name}: ${l}`),
+    progress: (l) => log(`  ${tag}: ${l}`),
     services,
   });
   try {
     const clients = Array.from(
-      { length: shape.tenants },
+      { length: spec.shape.tenants },
       (_, t) =>
         new OpenAI({ baseURL: `${state.api}/v1`, apiKey: tenantKey(t), maxRetries: 0, timeout: 600_000 }),
     );
     const model = (await clients[0]!.models.list()).data[0]!.id;
-    const { warm, measured } = workload(shape, 8000);
-    log(`  ${v.name}: warm phase, ${warm.length} distinct prefixes once each`);
-    const cold = await drive(clients, model, warm, CLIENTS);
+    const { warm, measured } = spec.workload(vocab);
+    const probes = coldPrompts(4, spec.shape.promptTokens + 24, vocab, 0xc01d);
+    const probe = async (tokens: readonly number[]) =>
+      (await drive(clients, model, [{ tenant: 0, prompt: -1, tokens }], 1, GEN_TOKENS)).ttftMs[0]!;
+    const warmStart = spec.warmStart && v.name === "full";
+    const firstRequestTtftMs = warmStart ? await probe(probes[0]!) : null;
+    log(`  ${tag}: warm phase, ${warm.length} prefixes once each`);
+    const cold = await drive(clients, model, warm, spec.clients, GEN_TOKENS);
     const before = await settledTotals(state.api);
-    const routedBefore = await routed(state.api);
-    log(`  ${v.name}: measured phase, ${measured.length} requests from ${CLIENTS} clients`);
-    const m = await drive(clients, model, measured, CLIENTS);
+    const routedBefore = await routedTokens(state.api);
+    log(`  ${tag}: measured phase, ${measured.length} requests from ${spec.clients} clients`);
+    const measuredFrom = Date.now();
+    const m = await drive(clients, model, measured, spec.clients, GEN_TOKENS);
+    const measuredTo = Date.now();
     const after = await settledTotals(state.api);
-    const routedAfter = await routed(state.api);
-    const routedTokens: Record<string, number> = {};
-    for (const [k, n] of Object.entries(routedAfter)) routedTokens[k] = n - (routedBefore[k] ?? 0);
-    return { cold, measured: m, work: minus(after, before), total: after, routedTokens };
+    const routedAfter = await routedTokens(state.api);
+    const routed: Record<string, number> = {};
+    for (const [k, n] of Object.entries(routedAfter)) routed[k] = n - (routedBefore[k] ?? 0);
+    let steadyTtftMs: number | null = null;
+    if (warmStart) {
+      const steady: number[] = [];
+      for (const p of probes.slice(1)) steady.push(await probe(p));
+      steadyTtftMs = steady.reduce((a, b) => a + b, 0) / steady.length;
+    }
+    // The controller proposes decisions in batches every second: let the last ones land.
+    await new Promise((r) => setTimeout(r, 2_500));
+    const all = await fleetDecisions(services.brokers, topics);
+    return {
+      cold,
+      measured: m,
+      work: minus(after, before),
+      total: after,
+      routedTokens: routed,
+      decisions: decisionsSince(all, measuredFrom, measuredTo),
+      firstRequestTtftMs,
+      steadyTtftMs,
+    };
   } finally {
     await clusterDown(state, () => undefined);
   }
-}
-
-/** The controller's prompt tokens by the source its router chose (resident, ram, ssd, peer, s3, recompute). */
-async function routed(api: string): Promise<Record<string, number>> {
-  const m = parseMetrics(await (await fetch(`${api}/metrics`, { headers: SCRAPE })).text());
-  const out: Record<string, number> = {};
-  for (const [k, v] of Object.entries(m)) {
-    const hit = /^continuum_cache_tokens\{source="(\w+)"\}$/.exec(k);
-    if (hit) out[hit[1]!] = v;
-  }
-  return out;
 }
 
 async function ensureSmallModel(log: (l: string) => void): Promise<number> {
@@ -402,32 +309,90 @@ async function ensureSmallModel(log: (l: string) => void): Promise<number> {
 
 const mean = (xs: readonly number[]) => xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length);
 
+/** One workload's figures, named `<prefix><variant>_<figure>`. */
+function workloadFigures(
+  prefix: string,
+  results: Record<Variant["name"], VariantResult>,
+): Record<string, number | null> {
+  const figures: Record<string, number | null> = {};
+  for (const v of VARIANTS) {
+    const r = results[v.name];
+    const m = r.measured;
+    const f = (k: string, x: number | null) => {
+      figures[`${prefix}${v.name}_${k}`] = x === null ? null : round(x);
+    };
+    f("ttft_mean_ms", mean(m.ttftMs));
+    f("ttft_p50_ms", percentile(m.ttftMs, 50));
+    f("ttft_p99_ms", percentile(m.ttftMs, 99));
+    f("cold_ttft_mean_ms", mean(r.cold.ttftMs));
+    f("requests_per_s", (m.ttftMs.length / m.wallMs) * 1000);
+    f("prompt_tokens_per_s", (m.promptTokens / m.wallMs) * 1000);
+    f("no_worker_retries", m.retries + r.cold.retries);
+    f("hit_resident_tokens", r.work.residentHitTokens);
+    f("computed_prompt_tokens", r.work.computedTokens);
+    for (const k of ["ram", "ssd", "peer", "s3"] as const) {
+      f(`hit_${k}_chunks`, r.work.restoredChunks[k]);
+      f(`restored_${k}_bytes`, r.work.restoredBytes[k]);
+    }
+    // Over the whole run: each published chunk was written to its worker's RAM and SSD and uploaded to S3 once.
+    f("published_chunks", r.total.publishedChunks);
+    f("written_local_bytes", r.total.publishedBytes);
+    f("written_s3_bytes", r.total.publishedBytes);
+    for (const [k, n] of Object.entries(r.routedTokens)) f(`routed_${k}_tokens`, n);
+    const err = predictionError(r.decisions);
+    f("decisions", r.decisions.length);
+    f("routed_to_holder_fraction", routedToHolderFraction(r.decisions));
+    f("prediction_error_p90", err.relativeErrorP90);
+    f("prediction_within_25pct", err.withinQuarter);
+    for (const [term, t] of Object.entries(err.terms))
+      f(`${term}_measured_over_predicted`, t.measuredOverPredicted);
+    f("prefetched_chunks", r.work.prefetchedChunks);
+    f("prefetch_hits", r.work.prefetchHits);
+    f("prefetch_skipped", r.work.prefetchSkipped);
+    if (r.firstRequestTtftMs !== null) f("first_request_ttft_ms", r.firstRequestTtftMs);
+    if (r.steadyTtftMs !== null) f("steady_cold_ttft_ms", r.steadyTtftMs);
+  }
+  return figures;
+}
+
 const bench: Bench = {
   summary:
-    "the fleet end to end (real Kafka, S3, writers, controller, 2 workers): multi-tenant shared system prompts; full vs no durable reuse vs round-robin",
+    "the fleet end to end (real Kafka, S3, writers, controller, 2 workers): shared system prompts and a Zipf-skewed multi-tenant workload; full vs no durable reuse vs round-robin",
   async run({ quick, log }) {
-    const shape = quick ? QUICK : FULL;
+    const only = process.env.CONTINUUM_BENCH_CLUSTER;
+    if (only !== undefined && only !== "shared" && only !== "zipf")
+      throw new Error(`CONTINUUM_BENCH_CLUSTER must be shared or zipf, got '${only}'`);
+    const peerEnv = process.env.CONTINUUM_BENCH_CLUSTER_PEER ?? "off";
+    if (peerEnv !== "on" && peerEnv !== "off")
+      throw new Error(`CONTINUUM_BENCH_CLUSTER_PEER must be on or off, got '${peerEnv}'`);
+    const chosen = specs(quick, peerEnv === "on").filter((s) => only === undefined || s.name === only);
     const vocab = await ensureSmallModel(log);
     if (vocab < 8000)
       throw new Error(`the small preset's vocabulary (${vocab}) is smaller than the workload's`);
     const root = await mkdtemp(join(tmpdir(), "continuum-bench-cluster-"));
     const run = Date.now().toString(36);
-    log(`starting Kafka and S3 once for the three fleets (${root})`);
+    log(`starting Kafka and S3 once for every fleet (${root})`);
     const services = await startServices({
       dir: root,
       kafkaPort: await freePortPair(),
       s3Port: await freePort(),
       progress: (l) => log(`  ${l}`),
     });
-    const results: Partial<Record<Variant["name"], VariantResult>> = {};
+    const results: Partial<Record<Spec["name"], Record<Variant["name"], VariantResult>>> = {};
     try {
-      for (const v of VARIANTS) {
-        log(`fleet '${v.name}': routing ${v.routing}, durable reuse ${v.durableReuse ? "on" : "off"}`);
-        results[v.name] = await runVariant(v, shape, services, run, root, log);
-        const r = results[v.name]!;
-        log(
-          `  ${v.name}: TTFT mean ${round(mean(r.measured.ttftMs))} ms, p50 ${round(percentile(r.measured.ttftMs, 50))} ms, p99 ${round(percentile(r.measured.ttftMs, 99))} ms; cold mean ${round(mean(r.cold.ttftMs))} ms`,
-        );
+      for (const spec of chosen) {
+        const byVariant: Partial<Record<Variant["name"], VariantResult>> = {};
+        for (const v of VARIANTS) {
+          log(
+            `fleet '${spec.name}/${v.name}': routing ${v.routing}, durable reuse ${v.durableReuse ? "on" : "off"}`,
+          );
+          const r = await runVariant(spec, v, vocab, services, run, root, log);
+          byVariant[v.name] = r;
+          log(
+            `  ${spec.name}/${v.name}: TTFT mean ${round(mean(r.measured.ttftMs))} ms, p50 ${round(percentile(r.measured.ttftMs, 50))} ms, p99 ${round(percentile(r.measured.ttftMs, 99))} ms; cold mean ${round(mean(r.cold.ttftMs))} ms`,
+          );
+        }
+        results[spec.name] = byVariant as Record<Variant["name"], VariantResult>;
       }
     } finally {
       await services.stop();
@@ -435,79 +400,90 @@ const bench: Bench = {
       if (process.env.CONTINUUM_KEEP_BENCH_LOGS) log(`kept ${root}`);
       else await rm(root, { recursive: true, force: true });
     }
-    const figures: Record<string, number> = {};
-    for (const v of VARIANTS) {
-      const r = results[v.name]!;
-      const m = r.measured;
-      const f = (k: string, x: number) => {
-        figures[`${v.name}_${k}`] = round(x);
-      };
-      f("ttft_mean_ms", mean(m.ttftMs));
-      f("ttft_p50_ms", percentile(m.ttftMs, 50));
-      f("ttft_p99_ms", percentile(m.ttftMs, 99));
-      f("cold_ttft_mean_ms", mean(r.cold.ttftMs));
-      f("requests_per_s", (m.ttftMs.length / m.wallMs) * 1000);
-      f("prompt_tokens_per_s", (m.promptTokens / m.wallMs) * 1000);
-      f("no_worker_retries", m.retries + r.cold.retries);
-      f("hit_resident_tokens", r.work.residentHitTokens);
-      f("computed_prompt_tokens", r.work.computedTokens);
-      for (const k of ["ram", "ssd", "peer", "s3"] as const) {
-        f(`hit_${k}_chunks`, r.work.restoredChunks[k]);
-        f(`restored_${k}_bytes`, r.work.restoredBytes[k]);
-      }
-      // Over the whole run: each published chunk was written to its worker's RAM and SSD and uploaded to S3 once.
-      f("published_chunks", r.total.publishedChunks);
-      f("written_local_bytes", r.total.publishedBytes);
-      f("written_s3_bytes", r.total.publishedBytes);
-      for (const [k, n] of Object.entries(r.routedTokens)) f(`routed_${k}_tokens`, n);
-    }
+    const figures: Record<string, number | null> = {
+      ...(results.shared ? workloadFigures("", results.shared) : {}),
+      ...(results.zipf ? workloadFigures("zipf_", results.zipf) : {}),
+    };
     const ratio = (a: string, b: string) => {
       const x = figures[a];
       const y = figures[b];
-      return x !== undefined && y !== undefined && y > 0 ? round(x / y) : null;
+      return x !== undefined && x !== null && y !== undefined && y !== null && y > 0 ? round(x / y) : null;
     };
+    const ratios: Record<string, number | null> = {};
+    if (results.shared) {
+      ratios.ttft_mean_full_over_no_reuse = ratio("full_ttft_mean_ms", "no_reuse_ttft_mean_ms");
+      ratios.ttft_p50_full_over_no_reuse = ratio("full_ttft_p50_ms", "no_reuse_ttft_p50_ms");
+      ratios.ttft_p99_full_over_no_reuse = ratio("full_ttft_p99_ms", "no_reuse_ttft_p99_ms");
+      ratios.ttft_mean_full_over_round_robin = ratio("full_ttft_mean_ms", "round_robin_ttft_mean_ms");
+      ratios.ttft_p50_full_over_round_robin = ratio("full_ttft_p50_ms", "round_robin_ttft_p50_ms");
+      ratios.ttft_p99_full_over_round_robin = ratio("full_ttft_p99_ms", "round_robin_ttft_p99_ms");
+      ratios.throughput_full_over_no_reuse = ratio("full_requests_per_s", "no_reuse_requests_per_s");
+      ratios.throughput_full_over_round_robin = ratio("full_requests_per_s", "round_robin_requests_per_s");
+      ratios.computed_tokens_full_over_no_reuse = ratio(
+        "full_computed_prompt_tokens",
+        "no_reuse_computed_prompt_tokens",
+      );
+    }
+    if (results.zipf) {
+      const p = "zipf_";
+      ratios[`${p}ttft_mean_full_over_round_robin`] = ratio(
+        `${p}full_ttft_mean_ms`,
+        `${p}round_robin_ttft_mean_ms`,
+      );
+      ratios[`${p}ttft_p99_full_over_round_robin`] = ratio(
+        `${p}full_ttft_p99_ms`,
+        `${p}round_robin_ttft_p99_ms`,
+      );
+      ratios[`${p}ttft_mean_full_over_no_reuse`] = ratio(
+        `${p}full_ttft_mean_ms`,
+        `${p}no_reuse_ttft_mean_ms`,
+      );
+      ratios[`${p}ttft_p99_full_over_no_reuse`] = ratio(`${p}full_ttft_p99_ms`, `${p}no_reuse_ttft_p99_ms`);
+      ratios.first_request_ttft_over_steady = ratio(
+        `${p}full_first_request_ttft_ms`,
+        `${p}full_steady_cold_ttft_ms`,
+      );
+      // The headline figures the issue names: the zipf workload's full fleet.
+      figures.routed_to_holder_fraction = figures[`${p}full_routed_to_holder_fraction`] ?? null;
+      figures.prediction_error_p90 = figures[`${p}full_prediction_error_p90`] ?? null;
+      figures.prefetch_hits = figures[`${p}full_prefetch_hits`] ?? null;
+    }
     return {
       figures,
-      ratios: {
-        ttft_mean_full_over_no_reuse: ratio("full_ttft_mean_ms", "no_reuse_ttft_mean_ms"),
-        ttft_p50_full_over_no_reuse: ratio("full_ttft_p50_ms", "no_reuse_ttft_p50_ms"),
-        ttft_p99_full_over_no_reuse: ratio("full_ttft_p99_ms", "no_reuse_ttft_p99_ms"),
-        ttft_mean_full_over_round_robin: ratio("full_ttft_mean_ms", "round_robin_ttft_mean_ms"),
-        ttft_p50_full_over_round_robin: ratio("full_ttft_p50_ms", "round_robin_ttft_p50_ms"),
-        ttft_p99_full_over_round_robin: ratio("full_ttft_p99_ms", "round_robin_ttft_p99_ms"),
-        throughput_full_over_no_reuse: ratio("full_requests_per_s", "no_reuse_requests_per_s"),
-        throughput_full_over_round_robin: ratio("full_requests_per_s", "round_robin_requests_per_s"),
-        computed_tokens_full_over_no_reuse: ratio(
-          "full_computed_prompt_tokens",
-          "no_reuse_computed_prompt_tokens",
-        ),
-      },
+      ratios,
       env: {
         model: "small (12 layers, hidden 768, 4 kv heads of 64, ~88 M params, bf16 weights)",
         workers: WORKERS,
         worker_threads: 1,
-        clients: CLIENTS,
-        tenants: shape.tenants,
-        system_prompts: shape.prompts,
-        distinct_prefixes: shape.tenants * shape.prompts,
-        system_prompt_tokens: shape.promptTokens,
-        user_tokens: "16-32, unique per request",
         generated_tokens: GEN_TOKENS,
-        measured_requests: shape.requests,
-        physical_pages_per_worker: shape.physicalPages,
         page_tokens: PAGE_TOKENS,
         chunk_tokens: CHUNK_TOKENS,
-        prefix_pages: Math.ceil(shape.promptTokens / PAGE_TOKENS),
-        full: "controller.routing ttft; worker.durableReuse true (checkpoint to RAM/SSD/S3 + catalog, restore from RAM/SSD/peer/S3)",
+        workloads: Object.fromEntries(
+          chosen.map((s) => [
+            s.name,
+            {
+              ...s.shape,
+              clients: s.clients,
+              physical_pages_per_worker: s.physicalPages,
+              ram_tier_bytes: s.ramBytes || "default (1 GiB)",
+              peer_transfer: s.peers,
+              prefix_pages: Math.ceil(s.shape.promptTokens / PAGE_TOKENS),
+            },
+          ]),
+        ),
+        full: "controller.routing ttft; worker.durableReuse true (checkpoint to RAM/SSD/S3 + catalog, restore); placement and prefetch on",
         no_reuse:
-          "controller.routing ttft; worker.durableReuse false: no checkpoints and no restores — a request reuses only prefix pages still resident in its worker's page pool, everything else is recomputed",
+          "controller.routing ttft; worker.durableReuse false: no checkpoints, no restores, no prefetch — only prefix pages still resident are reused",
         round_robin:
           "controller.routing round_robin (workers in turn, blind to residency); worker.durableReuse true",
         phases:
-          "warm: each distinct prefix once (cold in every fleet, reported as cold_ttft); measured: the requests below from 2 closed-loop clients; TTFT, throughput, hits and restored bytes are the measured phase's, published/written bytes the whole run's",
-        hits: "hit_resident_tokens: prompt tokens from the worker's own resident pages; hit_<tier>_chunks: chunks restored into pages from that tier (peer = another worker's RAM/SSD)",
+          "warm: prefixes once each (cold in every fleet, reported as cold_ttft); measured: the requests from closed-loop clients; TTFT, throughput, hits, restored bytes, decisions and prefetch figures are the measured phase's, published/written bytes the whole run's",
+        decisions:
+          "from each fleet's catalog: routed_to_holder_fraction = requests whose prefix was published that went to a worker holding it (resident pages or its own RAM/SSD copy); prediction_error_p90 = p90 of |predicted − measured| / measured TTFT (controller: offer → first token); <term>_measured_over_predicted from the workers' split of their time",
+        warm_start:
+          "zipf full fleet: first_request_ttft = its first request (a cold prompt) right after cluster up reported every worker ready; steady_cold_ttft = the mean of three such requests after the measured phase, one at a time",
         services:
-          "one Kafka broker (KRaft) and one S3Proxy for the three fleets, each with its own topics and bucket",
+          "one Kafka broker (KRaft) and one S3Proxy for every fleet, each with its own topics and bucket",
       },
     };
   },

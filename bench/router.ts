@@ -90,6 +90,7 @@ export function decisionLatency(decisions: number): LatencyFigures {
       evictablePages: rng.int(0, 2000) as never,
       residentPrefixes,
       durableTiers: ["ram", "ssd", "s3"],
+      ready: true,
       queue: {
         queuedTokens: rng.int(0, 20000) as TokenCount,
         queuedRequests: rng.int(0, 8),

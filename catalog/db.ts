@@ -135,9 +135,12 @@ export class CatalogDb implements RulesDb {
 
   // ------------------------------------------------------------ resolve
 
-  /** Checks `p` against this db (catalog/rules.ts); changes nothing. */
-  resolve(p: Proposal): ResolveResult {
-    return resolveProposal(this, p);
+  /**
+   * Checks `p` against this db (catalog/rules.ts); changes nothing. `now` is
+   * the writer's clock (ms since the epoch): leases expire by it.
+   */
+  resolve(p: Proposal, now: number): ResolveResult {
+    return resolveProposal(this, p, now);
   }
 
   // ------------------------------------------------------------ apply

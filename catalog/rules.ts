@@ -48,6 +48,8 @@ export interface RulesDb {
 const NAME = /^[\x21-\x7e]{1,128}$/;
 const MAX_TEXT = 256;
 const MAX_CANDIDATES_TEXT = 64 * 1024;
+/** A lease lasts at most an hour without renewal. */
+export const MAX_LEASE_TTL_MS = 3_600_000;
 
 /** A rejection inside `resolve`; becomes `{ ok: false, reason }`. */
 class Reject extends Error {}
@@ -100,7 +102,12 @@ export type ResolveResult =
   | { readonly ok: true; readonly datoms: Datom[] }
   | { readonly ok: false; readonly reason: string; readonly duplicate?: boolean };
 
-export function resolveProposal(db: RulesDb, p: Proposal): ResolveResult {
+/**
+ * Validates a proposal against `db` and returns its datoms (nothing is
+ * applied). `now` is the writer's clock (ms since the epoch): leases expire
+ * by it, so the one writer is the only clock lease rules read.
+ */
+export function resolveProposal(db: RulesDb, p: Proposal, now: number): ResolveResult {
   if (db.hasProposal(p.id))
     return { ok: false, duplicate: true, reason: `proposal ${JSON.stringify(p.id)} was already applied` };
   try {
@@ -113,7 +120,7 @@ export function resolveProposal(db: RulesDb, p: Proposal): ResolveResult {
     if (err instanceof Reject) return { ok: false, reason: err.message };
     throw err;
   }
-  const draft = new Draft(db);
+  const draft = new Draft(db, now);
   for (let i = 0; i < p.ops.length; i++) {
     const op = p.ops[i]!;
     try {
@@ -147,7 +154,11 @@ class Draft {
   /** Entities from here up are created by this draft: the db holds nothing of them. */
   private readonly firstNew: number;
 
-  constructor(private readonly db: RulesDb) {
+  constructor(
+    private readonly db: RulesDb,
+    /** The writer's clock, ms since the epoch. */
+    private readonly now: number,
+  ) {
     this.nextEid = db.highestEid + 1;
     this.firstNew = this.nextEid;
   }
@@ -388,19 +399,33 @@ class Draft {
     this.set(e, "demand/count", op.count);
   }
 
+  /**
+   * Lease rules. A lease is held until `expires` (the writer's clock). An
+   * acquire is a renewal (the holder at its epoch: expiry moves on), a new
+   * key, a released or expired lease taken at a higher epoch, or the same
+   * holder at a higher epoch (a restarted holder fences its old self). Another
+   * holder's acquire of a lease held and unexpired is refused, whatever its
+   * epoch: takeover waits for the lapse.
+   */
   private leaseAcquire(op: LeaseAcquireOp): void {
     text("lease key", op.key);
     name("lease holder", op.holder);
     int("lease epoch", op.epoch, 1);
+    int("lease ttl", op.ttlMs, 1, MAX_LEASE_TTL_MS);
     const e = this.lookup("lease/key", op.key);
     if (e !== undefined) {
       const epoch = this.get(e, "lease/epoch") as number;
       const holder = this.get(e, "lease/holder");
-      const held = this.get(e, "lease/state") === "held";
+      const expires = (this.get(e, "lease/expires") as number | undefined) ?? 0;
+      const held = this.get(e, "lease/state") === "held" && this.now < expires;
       const renew = held && holder === op.holder && epoch === op.epoch;
       if (!renew && op.epoch <= epoch)
         throw new Reject(
-          `lease ${op.key} is ${held ? `held by ${String(holder)}` : "released"} at epoch ${epoch}; acquiring needs an epoch > ${epoch}, got ${op.epoch}`,
+          `lease ${op.key} is ${held ? `held by ${String(holder)}` : "free"} at epoch ${epoch}; acquiring needs an epoch > ${epoch}, got ${op.epoch}`,
+        );
+      if (!renew && held && holder !== op.holder)
+        throw new Reject(
+          `lease ${op.key} is held by ${String(holder)} at epoch ${epoch} for ${expires - this.now} ms more`,
         );
     }
     const id = e ?? this.create();
@@ -408,6 +433,7 @@ class Draft {
     this.set(id, "lease/holder", op.holder);
     this.set(id, "lease/epoch", op.epoch);
     this.set(id, "lease/state", "held");
+    this.set(id, "lease/expires", this.now + op.ttlMs);
   }
 
   private leaseRelease(op: LeaseReleaseOp): void {
@@ -434,6 +460,11 @@ class Draft {
     if (this.get(l, "lease/state") !== "held" || epoch !== op.epoch)
       throw new Reject(
         `fenced: lease ${op.lease} is ${String(this.get(l, "lease/state"))} at epoch ${String(epoch)}; the placement carries epoch ${op.epoch}`,
+      );
+    const expires = (this.get(l, "lease/expires") as number | undefined) ?? 0;
+    if (this.now >= expires)
+      throw new Reject(
+        `fenced: lease ${op.lease} at epoch ${String(epoch)} expired ${this.now - expires} ms ago`,
       );
     const c = this.chunk(op.node);
     const w = this.worker(op.worker);

@@ -68,7 +68,8 @@ const LEASE_BACKOFF: Backoff = { baseMs: 100, capMs: 5_000 };
 
 /** What the writer needs of a catalog db (catalog/db.ts CatalogDb satisfies it). */
 export interface WriterDb {
-  resolve(p: Proposal): ResolveResult;
+  /** `now`: the writer's clock, ms since the epoch (lease expiry). */
+  resolve(p: Proposal, now: number): ResolveResult;
   apply(tx: TxRecord): void;
   readonly lastTxNo: number;
 }
@@ -117,7 +118,7 @@ export function decideBatch(
       });
       return;
     }
-    const r = db.resolve(p);
+    const r = db.resolve(p, now);
     if (!r.ok) {
       reject({
         proposalId: p.id,

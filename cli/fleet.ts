@@ -6,6 +6,7 @@ import { type Config, defaultConfig } from "../schema/config.ts";
 import type { StoreTier, WorkerStatus } from "../schema/control.ts";
 import { WorkerId } from "../schema/ids.ts";
 import type { CheckpointStats } from "../worker/checkpoint/checkpointer.ts";
+import type { PrefetchStats } from "../worker/prefetch/prefetcher.ts";
 import type { RestoreStats } from "../worker/restore/restorer.ts";
 import type { RuntimeStats } from "../worker/runtime/runtime.ts";
 import { UsageError } from "./command.ts";
@@ -52,6 +53,8 @@ export function workerIdentity(config: Config): { id: WorkerId; peerPort: number
  * chunk files default to <dataDir>/workers/<id>/store, so workers sharing a
  * data dir (one machine, `continuum cluster up`) never share a local store.
  * An explicit store.dir.path is the operator's choice for this one worker.
+ * Its auth is what the peer port uses: no secret when worker.peerTransfer is
+ * false, so no peer chunk is served or read.
  */
 export function workerCacheConfig(
   config: Config,
@@ -60,7 +63,8 @@ export function workerCacheConfig(
   const dir = config.store.dir.path || join(config.store.dataDir, "workers", id, "store");
   return {
     pages: config.pages,
-    auth: config.auth,
+    // Peer chunks are served and read with the cluster secret; worker.peerTransfer false: with none (refused, never read).
+    auth: config.worker.peerTransfer ? config.auth : { ...config.auth, clusterSecret: "" },
     worker: { ...config.worker, id },
     store: { ...config.store, dir: { ...config.store.dir, path: dir } },
   };
@@ -122,6 +126,7 @@ export interface WorkerStatusSources {
   >;
   readonly restore: Pick<RestoreStats, "chunks" | "bytes" | "tokens">;
   readonly checkpoint: Pick<CheckpointStats, "chunksPublished">;
+  readonly prefetch?: Pick<PrefetchStats, "fetched" | "hits" | "skipped">;
   readonly catalogOffset: number;
   readonly logEnd: number;
   readonly chunkTokens: number;
@@ -154,5 +159,14 @@ export function workerStatus(s: WorkerStatusSources): WorkerStatus {
     publishedBytes: s.checkpoint.chunksPublished * s.chunkTokens * s.kvBytesPerToken,
     catalogOffset: s.catalogOffset,
     catalogLag: Math.max(0, s.logEnd - s.catalogOffset),
+    ...(s.prefetch
+      ? {
+          prefetch: {
+            chunks: s.prefetch.fetched.ram + s.prefetch.fetched.ssd,
+            hits: s.prefetch.hits,
+            skipped: Object.values(s.prefetch.skipped).reduce((a, b) => a + b, 0),
+          },
+        }
+      : {}),
   };
 }

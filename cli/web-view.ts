@@ -42,6 +42,7 @@ export function embeddedWorkerView(
   return {
     workerId: "embedded",
     live: true,
+    ready: true,
     heartbeatAgeMs: 0,
     freePages: stats.pagesAvailable,
     evictablePages: 0,

@@ -167,10 +167,10 @@ const NO_SOURCE = TIER_CLASSES.length;
  * Rank of the fastest tier `worker` can read chunk `c` from: own RAM/SSD,
  * else a peer, else S3, else NO_SOURCE. `worker` null: one holding nothing.
  */
-function bestRank(c: ChunkSources, worker: WorkerId | null, hasS3: boolean): number {
+function bestRank(c: ChunkSources, worker: WorkerId | null, hasS3: boolean, peers: boolean): number {
   const own = worker === null ? undefined : c.local.get(worker);
   if (own !== undefined) return TIER_RANK[own];
-  if (c.holders > 1 || (c.holders === 1 && c.firstHolder !== worker)) return TIER_RANK.peer;
+  if (peers && (c.holders > 1 || (c.holders === 1 && c.firstHolder !== worker))) return TIER_RANK.peer;
   if (c.s3 && hasS3) return TIER_RANK.s3;
   return NO_SOURCE;
 }
@@ -195,13 +195,14 @@ function durableClasses(
   kvBytesPerToken: number,
   hasS3: boolean,
   worker: WorkerId | null,
+  peers: boolean,
 ): DurableClass[] {
   const out: DurableClass[] = [];
   const bytes = { ram: 0, ssd: 0, peer: 0, s3: 0 };
   let prevLen = 0;
   let cls = 0;
   for (let len = 0; ; len++) {
-    const rank = len < sources.length ? bestRank(sources[len]!, worker, hasS3) : NO_SOURCE;
+    const rank = len < sources.length ? bestRank(sources[len]!, worker, hasS3, peers) : NO_SOURCE;
     // Every class faster than this chunk's source ends before it.
     for (; cls < rank && cls < TIER_CLASSES.length; cls++) {
       if (len > prevLen) {
@@ -225,6 +226,8 @@ export interface DeriveOptions {
    * worker in the catalog answer counts.
    */
   readonly liveHolders?: ReadonlySet<WorkerId>;
+  /** Whether workers read each other's RAM/SSD chunks (worker.peerTransfer); default true. */
+  readonly peers?: boolean;
 }
 
 /**
@@ -277,13 +280,14 @@ export function deriveCandidates(
     // other such worker (peers and S3): derive that once and share it.
     const hasS3 = hb.durableTiers.includes("s3");
     let classes: readonly DurableClass[];
+    const peers = options.peers ?? true;
     if (holders.has(w)) {
-      classes = durableClasses(sources, chain, hb.kvBytesPerToken, hasS3, w);
+      classes = durableClasses(sources, chain, hb.kvBytesPerToken, hasS3, w, peers);
     } else {
       const key = `${hasS3}|${hb.kvBytesPerToken}`;
       let shared = generic.get(key);
       if (!shared) {
-        shared = durableClasses(sources, chain, hb.kvBytesPerToken, hasS3, null);
+        shared = durableClasses(sources, chain, hb.kvBytesPerToken, hasS3, null, peers);
         generic.set(key, shared);
       }
       classes = shared;

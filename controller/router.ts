@@ -16,7 +16,11 @@ import { type HeartbeatView, liveWorkers } from "./heartbeat-view.ts";
  *   fetch    = Σ_tier bytes[tier] / MiB × restoreMsPerMiB[tier]
  *   upload   = Σ bytes / MiB × uploadMsPerMiB
  *   prefill  = (promptTokens − cachedTokens) × prefillPerTokenMs
- *   TTFT     = max(queue, fetch) + upload + prefill + firstTokenMs
+ *   TTFT     = max(wq·queue, wf·fetch) + wu·upload + wp·prefill + w1·firstTokenMs
+ *
+ * with the policy's weights w (all 1 by default: the cost model as measured;
+ * `continuum replay` shows which term the measured outcomes say is off, and
+ * what changed weights would have predicted under the recorded workload).
  *
  * (a fetch overlaps the wait in the worker's queue; the upload and the prefill
  * need the device). Hard constraints drop a candidate; the rest rank by TTFT,
@@ -52,9 +56,22 @@ export interface Outstanding {
   readonly running: number;
 }
 
+/** Multipliers of the TTFT terms (controller.ttftWeights); 1 each is the cost model as measured. */
+export interface TtftWeights {
+  readonly queue: number;
+  readonly fetch: number;
+  readonly upload: number;
+  readonly prefill: number;
+  readonly firstToken: number;
+}
+
+export const unitWeights: TtftWeights = { queue: 1, fetch: 1, upload: 1, prefill: 1, firstToken: 1 };
+
 export interface RouterPolicy {
   /** Name recorded in decision records. */
   readonly name: string;
+  /** Term weights of the predicted TTFT. */
+  readonly weights: TtftWeights;
   /**
    * "ttft": the best-ranked candidate of any worker. "round_robin": the live
    * workers in turn (RouteInput.turn), each request's candidate the best one on
@@ -70,15 +87,19 @@ export interface RouterPolicy {
   readonly loadFactor: number;
   /** Below this many in-flight requests (counting the new one) a worker is never overloaded. */
   readonly loadSlack: number;
+  /** Workers read each other's RAM/SSD chunks (worker.peerTransfer): peer candidates exist. */
+  readonly peers: boolean;
 }
 
 export const defaultRouterPolicy: RouterPolicy = {
   name: "ttft/v1",
+  weights: unitWeights,
   order: "ttft",
   heartbeatTtlMs: 3_000,
   residentFreshMs: 1_500,
   loadFactor: 1.25,
   loadSlack: 4,
+  peers: true,
 };
 
 /** Requests in flight on a worker: the larger of its heartbeat's and the controller's count. */
@@ -132,8 +153,13 @@ export function predictTerms(
   };
 }
 
-export function ttftOf(t: TtftTerms): number {
-  return Math.max(t.queueMs, t.fetchMs) + t.uploadMs + t.prefillMs + t.firstTokenMs;
+export function ttftOf(t: TtftTerms, w: TtftWeights = unitWeights): number {
+  return (
+    Math.max(w.queue * t.queueMs, w.fetch * t.fetchMs) +
+    w.upload * t.uploadMs +
+    w.prefill * t.prefillMs +
+    w.firstToken * t.firstTokenMs
+  );
 }
 
 const SOURCE_ORDER = { resident: 0, ram: 1, ssd: 2, peer: 3, s3: 4, recompute: 5 } as const;
@@ -191,6 +217,15 @@ export function route(input: RouteInput): DecisionRecord {
     dropped.push({ workerId: id, source: "recompute", reason: "offline", detail: "no live heartbeat" });
   }
   const eligible = live.filter((l) => {
+    if (!l.heartbeat.ready) {
+      dropped.push({
+        workerId: l.heartbeat.workerId,
+        source: "recompute",
+        reason: "warming",
+        detail: "the worker has not finished warming up",
+      });
+      return false;
+    }
     if (!input.exclude.has(l.heartbeat.workerId)) return true;
     dropped.push({
       workerId: l.heartbeat.workerId,
@@ -203,6 +238,7 @@ export function route(input: RouteInput): DecisionRecord {
   const derived = deriveCandidates(request, eligible, input.catalog, {
     residentFreshMs: policy.residentFreshMs,
     liveHolders: liveIds,
+    peers: policy.peers,
   });
   dropped.push(...derived.dropped);
 
@@ -239,7 +275,7 @@ export function route(input: RouteInput): DecisionRecord {
       cachedTokens: c.cachedTokens,
       boundary: c.boundary,
       terms,
-      predictedTtftMs: ttftOf(terms),
+      predictedTtftMs: ttftOf(terms, policy.weights),
     });
   }
   ranked.sort(compareCandidates);

@@ -516,7 +516,7 @@ export async function clusterStatus(state: ClusterState): Promise<ClusterStatus>
  */
 export function workerLines(fleet: readonly FleetWorkerView[]): string[] {
   return fleet.map((w) => {
-    const head = `${w.workerId.padEnd(10)} ${w.live ? "live" : "DOWN"}`;
+    const head = `${w.workerId.padEnd(10)} ${w.live ? (w.ready === false ? "warming" : "live") : "DOWN"}`;
     const s = w.status;
     if (s === null) return `${head}  pages free ${w.freePages ?? "?"} (no status reported)`;
     const c = s.restoredChunks;

@@ -78,6 +78,10 @@ export const ATTRIBUTES = {
   "lease/holder": { type: "string", doc: "who holds it" },
   "lease/epoch": { type: "number", doc: "fencing epoch: strictly increases on each new holder" },
   "lease/state": { type: "string", doc: "held | released" },
+  "lease/expires": {
+    type: "number",
+    doc: "ms since the epoch, by the writer's clock: the holder's claim ends here unless renewed",
+  },
 
   // placement: where a node is desired to be, issued under a lease
   "placement/chunk": { type: "ref", index: true, doc: "the chunk to place" },
@@ -172,12 +176,17 @@ export const DemandObserved = Schema.Struct({
   time: Num,
   count: Num,
 });
-/** Acquire: free/released key, same holder at the same epoch (renew), or a strictly higher epoch (takeover). */
+/**
+ * Acquire: a new or released key, a renewal (same holder at the same epoch),
+ * or a strictly higher epoch — by another holder only once the lease has
+ * expired. Either way it holds for `ttlMs` from the writer's clock.
+ */
 export const LeaseAcquire = Schema.Struct({
   op: Schema.Literal("lease.acquire"),
   key: Str,
   holder: Str,
   epoch: Num,
+  ttlMs: Num,
 });
 /** Release: only by the current holder at the current epoch. */
 export const LeaseRelease = Schema.Struct({
@@ -186,7 +195,7 @@ export const LeaseRelease = Schema.Struct({
   holder: Str,
   epoch: Num,
 });
-/** Placement, fenced: the lease must be held now at exactly `epoch`. */
+/** Placement, fenced: the lease must be held now (not expired, by the writer's clock) at exactly `epoch`. */
 export const PlacementSet = Schema.Struct({
   op: Schema.Literal("placement.set"),
   node: Str,

@@ -126,6 +126,42 @@ export interface Config {
      * live data and Datalog box sit behind auth.tokens like the API); false: no /ui.
      */
     ui: boolean;
+    /**
+     * Multipliers of the router's TTFT terms: predicted = max(queue·q, fetch·f)
+     * + upload·u + prefill·p + firstToken·t. 1 each is the calibrated cost
+     * model; `continuum replay` says which term the measured outcomes disagree
+     * with and predicts the recorded workload under other weights.
+     */
+    ttftWeights: { queue: number; fetch: number; upload: number; prefill: number; firstToken: number };
+    /** This controller's name in the catalog (proposals, the placement lease's holder, with a per-process suffix). */
+    id: string;
+    /**
+     * The placement authority (controller/placement/): under an epoch-fenced
+     * catalog lease, one controller of the fleet at a time turns demand into
+     * placement.set facts that workers prefetch.
+     */
+    placement: {
+      enabled: boolean;
+      /** One lease renewal and at most one plan per interval. */
+      intervalMs: number;
+      /** The lease lasts this long past each renewal (the writer's clock); a standby takes over after it lapses. */
+      leaseTtlMs: number;
+      /** Demand counts halve after this long. */
+      halfLifeMs: number;
+      /** Placed bytes per worker in RAM and in SSD (the plan's budget; workers bound their own prefetch too). */
+      ramBytesPerWorker: number;
+      ssdBytesPerWorker: number;
+      /** Copies of one chunk at most. */
+      maxReplicas: number;
+      /** Decayed requests below which a prefix is not placed. */
+      minDemand: number;
+      /** Replicas grow as 1 + ⌊demand share × workers × spread⌋. */
+      spread: number;
+      /** placement.set changes per plan at most. */
+      maxChanges: number;
+      /** Demand observations are summed over this window before they are proposed. */
+      demandWindowMs: number;
+    };
     /** The HTTP API's connection bounds (controller/api/connections.ts says what each does). */
     http: {
       /** A new connection's first request headers, and any later request's headers, must arrive within this. */
@@ -198,6 +234,33 @@ export interface Config {
     durableReuse: boolean;
     /** This worker's token for the controller's socket (controller.workerTokens); empty: auth.clusterSecret. */
     token: string;
+    /**
+     * Workers read each other's RAM/SSD chunks over the peer port; false: S3
+     * is the only tier they share (the worker neither serves nor reads peer
+     * chunks, and the controller, reading the same fleet config, derives no
+     * peer candidates).
+     */
+    peerTransfer: boolean;
+    /**
+     * Prefetch (worker/prefetch/): chunks the placement authority placed on
+     * this worker are pulled into its RAM/SSD ahead of demand, beside the
+     * runtime loop. Needs durableReuse.
+     */
+    prefetch: {
+      enabled: boolean;
+      /** Prefetches waiting at once; one more placement is skipped (and logged). */
+      maxQueued: number;
+      /** Placed bytes held pinned in RAM at most (clamped below store.ram.maxBytes by one chunk). */
+      ramBytes: number;
+      /** Placed bytes this worker fetches into its chunk files at most. */
+      ssdBytes: number;
+      /** Deadline of one fetch from one source (a peer, S3). */
+      fetchTimeoutMs: number;
+      /** A prefetch waits while prompts wait to prefill, at most this long. */
+      maxDeferMs: number;
+      /** Skipped or unreadable placements are tried again this often. */
+      retryMs: number;
+    };
   };
   auth: {
     /** Bearer token → tenant. Empty: no auth, every request is tenant "default". */
@@ -263,6 +326,21 @@ export const defaultConfig: Config = {
     routing: "ttft",
     workerTokens: {},
     ui: true,
+    ttftWeights: { queue: 1, fetch: 1, upload: 1, prefill: 1, firstToken: 1 },
+    id: "controller",
+    placement: {
+      enabled: true,
+      intervalMs: 2_000,
+      leaseTtlMs: 10_000,
+      halfLifeMs: 60_000,
+      ramBytesPerWorker: 256 << 20,
+      ssdBytesPerWorker: 1 << 30,
+      maxReplicas: 4,
+      minDemand: 2,
+      spread: 2,
+      maxChanges: 256,
+      demandWindowMs: 2_000,
+    },
     http: {
       headersTimeoutMs: 10_000,
       requestTimeoutMs: 60_000,
@@ -297,6 +375,16 @@ export const defaultConfig: Config = {
     backend: "auto",
     durableReuse: true,
     token: "",
+    peerTransfer: true,
+    prefetch: {
+      enabled: true,
+      maxQueued: 16,
+      ramBytes: 256 << 20,
+      ssdBytes: 1 << 30,
+      fetchTimeoutMs: 10_000,
+      maxDeferMs: 10_000,
+      retryMs: 5_000,
+    },
   },
   auth: { tokens: {}, clusterSecret: "", adminTenants: [], metricsToken: "" },
 };
@@ -373,6 +461,23 @@ const rules: Record<string, Rule> = {
   "controller.routing": { kind: "enum", values: ["ttft", "round_robin"] },
   "controller.workerTokens": { kind: "record" },
   "controller.ui": { kind: "bool" },
+  "controller.ttftWeights.queue": { kind: "number", min: 0, max: 100 },
+  "controller.ttftWeights.fetch": { kind: "number", min: 0, max: 100 },
+  "controller.ttftWeights.upload": { kind: "number", min: 0, max: 100 },
+  "controller.ttftWeights.prefill": { kind: "number", min: 0, max: 100 },
+  "controller.ttftWeights.firstToken": { kind: "number", min: 0, max: 100 },
+  "controller.id": str,
+  "controller.placement.enabled": { kind: "bool" },
+  "controller.placement.intervalMs": int(50, 600_000),
+  "controller.placement.leaseTtlMs": int(150, 3_600_000),
+  "controller.placement.halfLifeMs": int(1, 86_400_000),
+  "controller.placement.ramBytesPerWorker": int(0),
+  "controller.placement.ssdBytesPerWorker": int(0),
+  "controller.placement.maxReplicas": int(1, 1024),
+  "controller.placement.minDemand": { kind: "number", min: 0, max: 1e9 },
+  "controller.placement.spread": { kind: "number", min: 0, max: 1024 },
+  "controller.placement.maxChanges": int(0, 4096),
+  "controller.placement.demandWindowMs": int(10, 600_000),
   "controller.http.headersTimeoutMs": int(50, 3_600_000),
   "controller.http.requestTimeoutMs": int(50, 3_600_000),
   "controller.http.idleTimeoutMs": int(50, 3_600_000),
@@ -399,6 +504,14 @@ const rules: Record<string, Rule> = {
   "worker.backend": { kind: "enum", values: ["auto", "cpu", "cuda"] },
   "worker.durableReuse": { kind: "bool" },
   "worker.token": optStr,
+  "worker.peerTransfer": { kind: "bool" },
+  "worker.prefetch.enabled": { kind: "bool" },
+  "worker.prefetch.maxQueued": int(1, 4096),
+  "worker.prefetch.ramBytes": int(0),
+  "worker.prefetch.ssdBytes": int(0),
+  "worker.prefetch.fetchTimeoutMs": int(100, 600_000),
+  "worker.prefetch.maxDeferMs": int(0, 3_600_000),
+  "worker.prefetch.retryMs": int(100, 3_600_000),
   "auth.tokens": { kind: "record" },
   "auth.clusterSecret": optStr,
   "auth.adminTenants": { kind: "strings" },

@@ -100,6 +100,7 @@ export const DropReasons = [
   "stale_resident",
   "already_tried",
   "overloaded",
+  "warming",
 ] as const;
 export type DropReason = (typeof DropReasons)[number];
 
@@ -164,6 +165,12 @@ const WorkerStatus = Schema.Struct({
   /** The worker's catalog replica: transactions applied, and how many the log holds beyond them. */
   catalogOffset: Count,
   catalogLag: Count,
+  /**
+   * Prefetch of placed chunks (worker/prefetch/): chunks pulled ahead of
+   * demand, reads served from placed RAM copies, placements skipped (queue
+   * or store full, no source). Absent where prefetch is off.
+   */
+  prefetch: Schema.optional(Schema.Struct({ chunks: Count, hits: Count, skipped: Count })),
 });
 export type WorkerStatus = (typeof WorkerStatus)["Type"];
 
@@ -183,6 +190,13 @@ const HeartbeatBody = Schema.Struct({
   durableTiers: Schema.Array(Schema.Literals(StoreTiers)).check(Schema.isMaxLength(StoreTiers.length)),
   queue: QueueState,
   costs: CalibratedCosts,
+  /**
+   * The worker is warm: model loaded, prepared catalog queries run once, store
+   * tiers opened and probed, one warm-up step run through the engine, and its
+   * catalog registration applied. The router offers nothing to a worker
+   * that is not.
+   */
+  ready: Schema.Boolean,
   /** Absent from a worker that reports none (the field came later; routing never needs it). */
   status: Schema.optional(WorkerStatus),
 });
@@ -325,6 +339,13 @@ const ResultBody = Schema.Struct({
   tokensTotal: Count,
   /** Measured time to first token on the worker (from accept); null when no token was produced. */
   measuredTtftMs: Schema.NullOr(Ms),
+  /**
+   * That time by the router's terms, measured on the worker: queue (accept →
+   * admitted), fetch (the durable restore's load), prefill (the rest, to the
+   * first token). Absent when no token was produced, or from a worker that
+   * does not report it.
+   */
+  measuredTerms: Schema.optional(Schema.Struct({ queueMs: Ms, fetchMs: Ms, prefillMs: Ms })),
   /** Empty when completed. */
   reason: Schema.String,
 });

@@ -2,9 +2,11 @@ import { Effect } from "effect";
 import { Replica } from "../../catalog/replica.ts";
 import { defaultAssignmentLimits } from "../../controller/assignments.ts";
 import { DecisionRecorder } from "../../controller/fleet/decisions.ts";
+import { DemandWindow } from "../../controller/fleet/demand.ts";
 import { WorkerHub } from "../../controller/fleet/hub.ts";
 import { registerFleetMetrics } from "../../controller/fleet/metrics.ts";
 import { FleetService } from "../../controller/fleet/service.ts";
+import { PlacementAuthority } from "../../controller/placement/authority.ts";
 import { defaultRouterPolicy, roundRobinRouterPolicy } from "../../controller/router.ts";
 import { RecentDecisions } from "../../controller/ui/recent-decisions.ts";
 import { createLogger } from "../../schema/log.ts";
@@ -33,6 +35,8 @@ const usage = [
   "  controller.workerTokens       worker id → that worker's own token; a listed worker must",
   "                                present it (the shared secret then admits only the others)",
   "  auth.tokens                   API bearer tokens → tenants",
+  "  controller.placement.*        the placement authority (one controller at a time, under a",
+  "                                catalog lease): hot prefixes placed in workers' RAM/SSD",
   "",
   "The model (model.dir or the generated model.preset) must be the one the workers serve:",
   "the controller tokenizes and fingerprints it. Ctrl-C stops it cleanly.",
@@ -90,9 +94,10 @@ const command: Command = {
           (h) => h.close(),
         );
         const recorder = yield* resource(
-          () => new DecisionRecorder(catalogLog, { clientId: "controller", log }),
+          () => new DecisionRecorder(catalogLog, { clientId: c.id, log }),
           (r) => r.close(),
         );
+        const pl = c.placement;
         const recent = config.controller.ui ? new RecentDecisions() : undefined;
         const service = yield* resource(
           () =>
@@ -118,6 +123,8 @@ const command: Command = {
                 },
                 policy: {
                   ...(c.routing === "round_robin" ? roundRobinRouterPolicy : defaultRouterPolicy),
+                  weights: { ...c.ttftWeights },
+                  peers: config.worker.peerTransfer,
                   heartbeatTtlMs: c.heartbeatTtlMs,
                   residentFreshMs: c.residentFreshMs,
                 },
@@ -125,10 +132,45 @@ const command: Command = {
                 tickMs: 50,
                 log,
                 ...(recent ? { recent } : {}),
+                ...(pl.enabled
+                  ? {
+                      demand: {
+                        window: new DemandWindow(model.fingerprint, 4096),
+                        everyMs: pl.demandWindowMs,
+                      },
+                    }
+                  : {}),
               },
             ),
           (s) => s.close(),
         );
+        if (pl.enabled) {
+          yield* resource(
+            () => {
+              const a = new PlacementAuthority(replica, catalogLog, {
+                key: `placement/${model.fingerprint}`,
+                holder: c.id,
+                fingerprint: model.fingerprint,
+                intervalMs: pl.intervalMs,
+                leaseTtlMs: pl.leaseTtlMs,
+                halfLifeMs: pl.halfLifeMs,
+                maxDemandNodes: 65_536,
+                budgetBytes: { ram: pl.ramBytesPerWorker, ssd: pl.ssdBytesPerWorker },
+                policy: {
+                  minDemand: pl.minDemand,
+                  maxReplicas: pl.maxReplicas,
+                  spread: pl.spread,
+                  maxChanges: pl.maxChanges,
+                },
+                workers: () => service.placeableWorkers(),
+                log: log.child({ part: "placement" }),
+              });
+              a.start();
+              return a;
+            },
+            (a) => a.stop(),
+          );
+        }
         const frontDoor = openFrontDoor({
           config,
           service,

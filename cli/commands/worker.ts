@@ -3,10 +3,12 @@ import { createLogger } from "../../schema/log.ts";
 import { resource } from "../../schema/scope.ts";
 import { WorkerAgent } from "../../worker/agent/agent.ts";
 import { KvGeometry } from "../../worker/checkpoint/chunk-format.ts";
+import { Prefetcher } from "../../worker/prefetch/prefetcher.ts";
 import { DurableCache } from "../../worker/restore/durable-cache.ts";
 import { chooseEngine, loadEngine } from "../../worker/runtime/engine-load.ts";
 import { WorkerRuntime } from "../../worker/runtime/runtime.ts";
 import { ConstraintCompiler } from "../../worker/structured/constraint.ts";
+import { probeTiers, WarmStart, warmCatalog, warmEngine, warmStep } from "../../worker/warm/warm-start.ts";
 import type { Command } from "../command.ts";
 import { ensureModel } from "../embedded/model.ts";
 import { explainStartupError, lockDirs, requireFreeSpace } from "../embedded/startup.ts";
@@ -35,13 +37,16 @@ const usage = [
   "                        and the peer port (worker.peerPortBase + index)",
   "  worker.controllerUrl  ws://HOST:PORT of the controller's worker socket (controller.workerPort)",
   "  worker.peerHost       the address the peer port listens on and other workers reach it at",
-  "                        (default 127.0.0.1); GET /ready there answers 200 once connected",
+  "                        (default 127.0.0.1); GET /ready there answers 200 once warm and connected",
   "  auth.clusterSecret    the controller's shared secret (sent as a bearer token)",
   "  worker.token          this worker's own token (default: controller.workerTokens[id]),",
   "                        sent instead of the shared secret",
   "  catalog.log           must be kafka (catalog.brokers, catalog.topics)",
   "  store.dir.path        this worker's chunk files (default <store.dataDir>/workers/<id>/store)",
   "  worker.durableReuse   false: no checkpoints and no restores (only resident pages are reused)",
+  "  worker.peerTransfer   false: no chunks served to or read from other workers (S3 is shared)",
+  "  worker.prefetch.*     chunks placed on this worker (controller.placement) pulled into its",
+  "                        RAM/SSD ahead of demand, on a bounded queue beside the runtime",
   "  model.variant         auto (this engine's execution variant) or the variant it must compute:",
   "                        chunks are reused only between workers of one variant; the controller",
   "                        routes to the variant its own model.variant names",
@@ -60,6 +65,9 @@ const command: Command = {
     const log = createLogger({ fields: { role: "worker", workerId } });
     return runScoped(
       Effect.gen(function* () {
+        // Warm start (worker/warm/): every one-time cost paid before the worker says it is ready.
+        const warm = new WarmStart();
+        const loadStart = performance.now();
         const cacheConfig = workerCacheConfig(config, workerId);
         const explain = (err: unknown) => {
           throw explainStartupError(err, cacheConfig.store.dir.path);
@@ -94,11 +102,12 @@ const command: Command = {
             }),
           (e) => e.free(),
         );
+        warm.mark("model", performance.now() - loadStart);
         // This worker's durable prefixes: RAM and local files of its own (one
         // directory per worker id, so workers sharing a data dir never share a
         // store), S3 when store.s3.enabled, on the fleet's shared Kafka catalog.
-        // It registers the model and the worker (with its peer address) and
-        // is released after the runtime stops.
+        // It registers the model and the worker (with its peer address) once
+        // the worker is warm, and is released after the runtime stops.
         const catalogLog = yield* resource(
           () => openCatalogLog(config, workerId),
           (l) => l.close(),
@@ -124,6 +133,8 @@ const command: Command = {
               logger: log,
               peerPort,
               ...(snapshots ? { snapshots } : {}),
+              // Registered once warm, below: nobody plans on this worker before it is ready.
+              deferRegistration: true,
             }),
           (c) => c.close(),
         );
@@ -144,6 +155,35 @@ const command: Command = {
           (rt) => rt.stop(),
         );
         const kvBytesPerToken = KvGeometry.of(model.config.spec).tokenBytes;
+        // Prefetch of placed chunks: released before the durable cache (it uses its tiers and replica).
+        const pf = config.worker.prefetch;
+        const prefetcher =
+          reuse && pf.enabled
+            ? yield* resource(
+                () =>
+                  new Prefetcher({
+                    tiers: durable.tiers,
+                    catalog: durable.catalog,
+                    peerSecret: cacheConfig.auth.clusterSecret,
+                    maxQueued: pf.maxQueued,
+                    // Pinned bytes leave room for one more chunk of any other put (a checkpoint's).
+                    ramBytes: Math.max(
+                      0,
+                      Math.min(
+                        pf.ramBytes,
+                        cacheConfig.store.ram.maxBytes - 2 * config.pages.chunkTokens * kvBytesPerToken,
+                      ),
+                    ),
+                    ssdBytes: pf.ssdBytes,
+                    fetchTimeoutMs: pf.fetchTimeoutMs,
+                    maxDeferMs: pf.maxDeferMs,
+                    retryMs: pf.retryMs,
+                    busy: () => runtime.stats().waiting > 0,
+                    logger: log.child({ part: "prefetch" }),
+                  }),
+                (p) => p.stop(),
+              )
+            : null;
         const agent = yield* resource(
           () => {
             const a = new WorkerAgent(runtime, {
@@ -171,17 +211,31 @@ const command: Command = {
                   runtime: runtime.stats(),
                   restore: durable.restorer.stats(),
                   checkpoint: durable.checkpointer.stats(),
+                  ...(prefetcher ? { prefetch: prefetcher.stats() } : {}),
                   catalogOffset: durable.replica.offset(),
                   logEnd: logEnd.value,
                   chunkTokens: config.pages.chunkTokens,
                   kvBytesPerToken,
                 }),
             });
-            a.start();
             return a;
           },
           (a) => a.stop(),
         );
+        yield* Effect.tryPromise(async () => {
+          const probe = await warmStep(warm, "tiers", () => probeTiers(durable.tiers, workerId, log));
+          await warmStep(warm, "catalog", () =>
+            warmCatalog(durable, runtime, config.pages.pageTokens, 60_000),
+          );
+          await warmStep(warm, "engine", () =>
+            warmEngine(runtime, config.pages.pageTokens, model.config.spec.vocab),
+          );
+          await warmStep(warm, "registered", () => durable.register());
+          log.log("info", "worker.warm", { steps: warm.report(), probe });
+        });
+        // Warm: the first heartbeat says ready, so the controller may offer work from the first one on.
+        agent.markReady();
+        agent.start();
         log.log("info", "worker.ready", {
           model: modelId,
           fingerprint: model.fingerprint,
@@ -189,11 +243,13 @@ const command: Command = {
           engine: engine.backend,
           variant: choice.variant,
           threads: engine.threads,
+          warmMs: Math.round(Object.values(warm.report()).reduce((a, b) => a + (b ?? 0), 0)),
         });
         process.stderr.write(
           `continuum: worker ${workerId} serving '${modelId}', connecting to ${config.worker.controllerUrl} (Ctrl-C to stop)\n`,
         );
         yield* Effect.tryPromise(() => agent.connected);
+        // GET /ready on the peer port answers from the same state: warm and connected.
         durable.peer.markReady();
         log.log("info", "worker.connected", { controller: config.worker.controllerUrl });
         yield* Effect.never;

@@ -169,6 +169,8 @@ export interface FleetWorkerView {
   readonly workerId: string;
   /** A heartbeat within the TTL. */
   readonly live: boolean;
+  /** Its newest heartbeat says it is warm (offers go only to ready workers); null: none held. */
+  readonly ready: boolean | null;
   /** Milliseconds since its newest heartbeat (null: none held, the connection closed or expired). */
   readonly heartbeatAgeMs: number | null;
   readonly freePages: number | null;

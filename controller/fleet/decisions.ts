@@ -3,13 +3,15 @@ import { type CatalogOp, ProposalMsg } from "../../schema/catalog.ts";
 import type { DecisionRecord } from "../../schema/control.ts";
 import type { Logger } from "../../schema/log.ts";
 import { encodeMessage } from "../../schema/wire.ts";
+import { type DecisionContext, decisionText, type MeasuredOutcome } from "./decision-text.ts";
 
 /**
  * Routing decisions to the catalog, batched. Each attempt that was offered
  * to a worker becomes one `decision.recorded` op (its ranked and dropped
- * candidates as JSON, the choice, the predicted TTFT) and, when a first token
- * arrived, one `decision.measured` op with the TTFT measured on the
- * controller from the offer. Replaying them checks the cost model.
+ * candidates and the router's inputs as JSON, decision-text.ts; the choice;
+ * the predicted TTFT) and, when a first token arrived, one
+ * `decision.measured` op with the TTFT measured on the controller from the
+ * offer. `continuum replay` reads them back to check the cost model.
  *
  * Bounds: at most `maxBuffered` ops wait; beyond that the oldest are dropped
  * and counted (a decision record is an observation, not an acknowledged
@@ -28,31 +30,17 @@ export interface DecisionRecorderOptions {
   readonly log: Logger;
 }
 
-/** The writer refuses candidates text over 64 KiB; leave room for the envelope. */
-const MAX_CANDIDATES_CHARS = 60_000;
-
-/** The candidates field: ranked and dropped lists as JSON, cut (and marked) to fit. */
-export function candidatesJson(d: DecisionRecord): string {
-  let ranked = d.ranked.length;
-  let dropped = d.dropped.length;
-  for (;;) {
-    const text = JSON.stringify({
-      ranked: d.ranked.slice(0, ranked),
-      dropped: d.dropped.slice(0, dropped),
-      omitted: d.ranked.length - ranked + (d.dropped.length - dropped),
-    });
-    if (text.length <= MAX_CANDIDATES_CHARS || (ranked === 0 && dropped === 0)) return text;
-    if (dropped > 0) dropped = Math.floor(dropped / 2);
-    else ranked = Math.floor(ranked / 2);
-  }
-}
-
-/** The catalog ops of one offered attempt (null when nothing was chosen: nothing to record). */
+/**
+ * The catalog ops of one offered attempt (empty when nothing was chosen:
+ * nothing to record). `timeMs`: when it was routed; the candidates text
+ * carries the router's inputs and the measured outcome (decision-text.ts).
+ */
 export function decisionOps(
   d: DecisionRecord,
   tenant: string,
   timeMs: number,
-  measuredTtftMs: number | null,
+  measured: MeasuredOutcome | null,
+  context: DecisionContext | null = null,
 ): CatalogOp[] {
   if (d.choice === null) return [];
   const ops: CatalogOp[] = [
@@ -63,15 +51,20 @@ export function decisionOps(
       tenant,
       model: d.modelFingerprint,
       time: timeMs,
-      candidates: candidatesJson(d),
+      candidates: decisionText(d, context, measured),
       worker: d.choice.workerId,
       source: d.choice.source,
       cachedTokens: d.choice.cachedTokens,
       predictedTtftMs: d.choice.predictedTtftMs,
     },
   ];
-  if (measuredTtftMs !== null) {
-    ops.push({ op: "decision.measured", request: d.requestId, attempt: d.attempt, measuredTtftMs });
+  if (measured !== null) {
+    ops.push({
+      op: "decision.measured",
+      request: d.requestId,
+      attempt: d.attempt,
+      measuredTtftMs: measured.ttftMs,
+    });
   }
   return ops;
 }

@@ -30,7 +30,9 @@ import { catalogAnswer } from "../catalog-answer.ts";
 import { liveWorkers } from "../heartbeat-view.ts";
 import { type RouterPolicy, route } from "../router.ts";
 import type { RecentDecisions } from "../ui/recent-decisions.ts";
+import { type DecisionContext, decisionContext, type MeasuredOutcome } from "./decision-text.ts";
 import { type DecisionRecorder, decisionOps } from "./decisions.ts";
+import type { DemandWindow } from "./demand.ts";
 import type { AssignmentMessage, WorkerHub } from "./hub.ts";
 
 /**
@@ -77,6 +79,8 @@ export interface FleetOptions {
   readonly log: Logger;
   /** The web view's ring of recent decisions (absent: no web view). */
   readonly recent?: Pick<RecentDecisions, "routed" | "measured">;
+  /** Demand observations for placement, proposed through the recorder every `everyMs` (absent: none). */
+  readonly demand?: { readonly window: DemandWindow; readonly everyMs: number };
 }
 
 interface Flight {
@@ -85,8 +89,11 @@ interface Flight {
   readonly routeRequest: RouteRequest;
   readonly stream: StreamQueue<GenerationEvent>;
   state: AssignmentState;
-  /** The decision of the current attempt, until it ends. */
+  /** The decision of the current attempt, until it ends, with the inputs it was made from. */
   decision: DecisionRecord | null;
+  context: DecisionContext | null;
+  /** The worker's split of its time to first token, from its result (current attempt). */
+  measuredTerms: MeasuredOutcome["terms"] | null;
   offeredAtMs: number;
   firstTokenAtMs: number | null;
 }
@@ -109,6 +116,7 @@ export class FleetService implements InferenceService {
   private turn = 0;
   private readonly info: ModelInfo;
   private readonly timer: NodeJS.Timeout;
+  private readonly demandTimer: NodeJS.Timeout | null;
   private readonly cacheTokens: Record<string, number> = {
     resident: 0,
     ram: 0,
@@ -146,6 +154,11 @@ export class FleetService implements InferenceService {
       onWorkerLost: (id, reason) => this.onWorkerLost(id, reason),
     });
     this.timer = setInterval(() => this.tick(), opts.tickMs);
+    const demand = opts.demand;
+    this.demandTimer =
+      demand && recorder
+        ? setInterval(() => recorder.add(demand.window.drain(Date.now())), demand.everyMs)
+        : null;
   }
 
   models(): readonly ModelInfo[] {
@@ -155,6 +168,9 @@ export class FleetService implements InferenceService {
   /** Fails every open request and stops the tick (the hub and recorder are closed by their owners). */
   close(): void {
     clearInterval(this.timer);
+    if (this.demandTimer) clearInterval(this.demandTimer);
+    const demand = this.opts.demand;
+    if (demand && this.recorder) this.recorder.add(demand.window.drain(Date.now()));
     for (const f of [...this.active.values()])
       this.apply(f, { type: "cancel", reason: "the controller is stopping" });
   }
@@ -166,9 +182,12 @@ export class FleetService implements InferenceService {
     if (this.active.size >= this.opts.maxActive)
       throw new ApiError(429, `the controller has ${this.opts.maxActive} requests in flight`);
     const now = this.hub.nowMs();
-    if (liveWorkers(this.hub.view, now, this.opts.policy.heartbeatTtlMs).length === 0) {
+    const live = liveWorkers(this.hub.view, now, this.opts.policy.heartbeatTtlMs);
+    if (!live.some((l) => l.heartbeat.ready)) {
       this.counters.refusedNoWorker++;
-      throw unavailable("no live worker is connected to the controller", 1, "no_live_worker");
+      throw live.length === 0
+        ? unavailable("no live worker is connected to the controller", 1, "no_live_worker")
+        : unavailable(`no worker is ready: ${live.length} connected, still warming up`, 1, "no_ready_worker");
     }
     const salt = prefixSalt(req.tenant, req.cacheSalt) ?? "";
     const chain: ChainBoundary[] = planChain(
@@ -193,6 +212,8 @@ export class FleetService implements InferenceService {
       stream,
       state: started.state,
       decision: null,
+      context: null,
+      measuredTerms: null,
       offeredAtMs: now,
       firstTokenAtMs: null,
     };
@@ -240,6 +261,7 @@ export class FleetService implements InferenceService {
         return {
           workerId,
           live: live.has(workerId),
+          ready: hb?.ready ?? null,
           heartbeatAgeMs: hb ? Math.max(0, now - e.receivedAtMs) : null,
           freePages: hb?.freePages ?? null,
           evictablePages: hb?.evictablePages ?? null,
@@ -248,6 +270,13 @@ export class FleetService implements InferenceService {
           status: hb?.status ?? null,
         };
       });
+  }
+
+  /** Workers placement may put copies on: live and ready now. */
+  placeableWorkers(): WorkerId[] {
+    return liveWorkers(this.hub.view, this.hub.nowMs(), this.opts.policy.heartbeatTtlMs)
+      .filter((l) => l.heartbeat.ready)
+      .map((l) => l.heartbeat.workerId);
   }
 
   /** Requests routed or running now. */
@@ -323,18 +352,37 @@ export class FleetService implements InferenceService {
 
   private routeNext(f: Flight, attempt: number, exclude: readonly WorkerId[]): void {
     const now = this.hub.nowMs();
+    const answer = this.catalog ? catalogAnswer(this.catalog.db(), f.routeRequest.chain) : noCatalogAnswer;
+    // Demand, once per request: the deepest chunk of its chain published now.
+    const published = answer.replicas.length;
+    if (attempt === 1 && published > 0)
+      this.opts.demand?.window.observe(f.routeRequest.chain[published - 1]!.nodeId, f.req.tenant);
+    const outstanding = outstandingByWorker(
+      [...this.active.values()].filter((x) => x !== f).map((x) => x.state),
+    );
+    const turn = attempt === 1 ? this.turn++ : this.turn - 1;
     const decision = route({
       request: f.routeRequest,
       attempt,
       view: this.hub.view,
       nowMs: now,
-      catalog: this.catalog ? catalogAnswer(this.catalog.db(), f.routeRequest.chain) : noCatalogAnswer,
-      outstanding: outstandingByWorker([...this.active.values()].filter((x) => x !== f).map((x) => x.state)),
+      catalog: answer,
+      outstanding,
       exclude: new Set(exclude),
       policy: this.opts.policy,
-      turn: attempt === 1 ? this.turn++ : this.turn - 1,
+      turn,
     });
     f.decision = decision;
+    f.measuredTerms = null;
+    f.context = decisionContext({
+      routedAtMs: Date.now(),
+      turn,
+      weights: this.opts.policy.weights,
+      chain: f.routeRequest.chain,
+      published,
+      live: liveWorkers(this.hub.view, now, this.opts.policy.heartbeatTtlMs),
+      outstanding,
+    });
     this.opts.recent?.routed(decision, Date.now());
     this.opts.log.log("info", "assignment.routed", {
       requestId: f.req.requestId,
@@ -384,8 +432,12 @@ export class FleetService implements InferenceService {
     if (d === null) return;
     f.decision = null;
     const streamed = f.state.streamAttempt === d.attempt && f.firstTokenAtMs !== null;
-    const measured = streamed ? f.firstTokenAtMs! - f.offeredAtMs : null;
-    this.recorder?.add(decisionOps(d, f.req.tenant, Date.now(), measured));
+    const measured: MeasuredOutcome | null = streamed
+      ? { ttftMs: f.firstTokenAtMs! - f.offeredAtMs, ...(f.measuredTerms ? { terms: f.measuredTerms } : {}) }
+      : null;
+    const ctx = f.context;
+    f.context = null;
+    this.recorder?.add(decisionOps(d, f.req.tenant, ctx?.routedAtMs ?? Date.now(), measured, ctx));
   }
 
   private finish(f: Flight, cmd: Extract<AssignmentCommand, { type: "finish" }>): void {
@@ -430,6 +482,8 @@ export class FleetService implements InferenceService {
         detail: m.msg.detail,
       });
     }
+    if (m.type === "result" && f?.decision?.attempt === m.msg.attempt && m.msg.measuredTerms)
+      f.measuredTerms = m.msg.measuredTerms;
     if (f === undefined || isTerminal(f.state)) {
       // A message for a request that already ended: late. An accept or tokens
       // means the worker is spending pages on it, so it is told to stop.

@@ -15,15 +15,9 @@ import { disconnect, emptyView, expire, type HeartbeatView, observe } from "../h
 import { defaultRouterPolicy, type RouterPolicy, route } from "../router.ts";
 import { Agenda } from "./heap.ts";
 import { Prng } from "./prng.ts";
-import {
-  SimCatalog,
-  type SimCosts,
-  type SimOffer,
-  SimWorker,
-  type WorkerMessage,
-  type WorkerTimer,
-} from "./worker.ts";
+import { SimCatalog, type SimOffer, type WorkerMessage, type WorkerTimer } from "./worker.ts";
 import { makeWorkload, type SimRequest, type WorkloadShape } from "./workload.ts";
+import { makeWorkers, type SimWorld } from "./world.ts";
 
 /**
  * The deterministic failure simulator: the real router, assignment machine
@@ -67,6 +61,12 @@ export interface SimOptions {
   readonly ramBytes: number;
   /** Whether workers have a local SSD tier below RAM. */
   readonly ssdTier: boolean;
+  /**
+   * A recorded world instead of the generated one (continuum replay): its
+   * workload and its workers (then `workers`, `requests`, `workload`,
+   * `totalPages`, `ramBytes` and `ssdTier` are not read).
+   */
+  readonly world?: SimWorld;
 }
 
 /** Defaults sized so the workload keeps a fleet busy but not saturated. */
@@ -94,6 +94,8 @@ export function defaultSimOptions(seed: number, workers: number, requests: numbe
     ssdTier: true,
   };
 }
+
+export type { SimWorld, SimWorldWorker } from "./world.ts";
 
 export class InvariantViolation extends Error {
   override readonly name = "InvariantViolation";
@@ -148,9 +150,6 @@ type SimEvent =
   | { readonly k: "restart"; readonly w: number }
   | { readonly k: "closed"; readonly w: number }
   | { readonly k: "partition"; readonly w: number; readonly on: boolean };
-
-/** Attention state per token of a Llama-3-8B-shaped model: 32 layers × 8 KV heads × 128 × (K, V) × 2 bytes. */
-const KV_BYTES_PER_TOKEN = 128 * 1024;
 
 /** Bound on agenda events (a runaway schedule is a bug, not a long run). */
 const MAX_AGENDA = 1 << 20;
@@ -208,18 +207,6 @@ interface RequestRecord {
   source: CandidateSource | null;
 }
 
-function makeCosts(rng: Prng): SimCosts {
-  // Heterogeneous hardware: each worker's costs scaled by a factor in [0.8, 1.25].
-  const f = 0.8 + rng.float() * 0.45;
-  return {
-    prefillPerTokenMs: 0.15 * f,
-    firstTokenMs: 20 * f,
-    decodeMsPerToken: 12 * f,
-    uploadMsPerMiB: 0.04 * f,
-    restoreMsPerMiB: { ram: 0.05, ssd: 0.3, peer: 0.8, s3: 2.5 },
-  };
-}
-
 /** Runs one simulation to quiescence; throws InvariantViolation on the first broken invariant. */
 export function simulate(opts: SimOptions): SimSummary {
   if (!Number.isSafeInteger(opts.workers) || opts.workers < 1 || opts.workers > 1024) {
@@ -233,31 +220,11 @@ export function simulate(opts: SimOptions): SimSummary {
   const netRng = root.fork();
   const faultRng = root.fork();
   const costRng = root.fork();
-  const workload = makeWorkload(workloadRng, opts.seed, opts.requests, opts.workload);
+  const workload = opts.world?.workload ?? makeWorkload(workloadRng, opts.seed, opts.requests, opts.workload);
   const catalog = new SimCatalog();
-  const workers: SimWorker[] = [];
-  for (let i = 0; i < opts.workers; i++) {
-    workers.push(
-      new SimWorker(
-        `w${String(i).padStart(3, "0")}` as WorkerId,
-        makeCosts(costRng),
-        {
-          fingerprint: workload.fingerprint,
-          totalPages: opts.totalPages,
-          pageTokens: 16,
-          kvBytesPerToken: KV_BYTES_PER_TOKEN,
-          maxContext: 8192,
-          frameTokens: 8,
-          maxQueuedJobs: 256,
-          ssdTier: opts.ssdTier,
-          ramChunks: Math.floor(opts.ramBytes / (opts.workload.chunkTokens * KV_BYTES_PER_TOKEN)),
-        },
-        workload.tenantChains,
-      ),
-    );
-  }
+  const workers = makeWorkers(opts, workload, costRng);
   const indexOf = new Map<WorkerId, number>(workers.map((w, i) => [w.id, i]));
-  const net = new Network(netRng, opts.faults, opts.workers);
+  const net = new Network(netRng, opts.faults, workers.length);
   const agenda = new Agenda<SimEvent>(MAX_AGENDA);
   const trace: Hash = createHash("sha256");
   const records = new Map<RequestId, RequestRecord>();
@@ -437,18 +404,18 @@ export function simulate(opts: SimOptions): SimSummary {
   agenda.push(opts.tickMs, { k: "tick" });
   const horizon = (workload.requests.at(-1)?.arrivalMs ?? 0) + warmupMs;
   if (opts.faults.has("crash")) {
-    const n = faultRng.int(1, Math.max(1, Math.floor(opts.workers / 2)));
+    const n = faultRng.int(1, Math.max(1, Math.floor(workers.length / 2)));
     for (let i = 0; i < n; i++) {
-      const w = faultRng.int(0, opts.workers - 1);
+      const w = faultRng.int(0, workers.length - 1);
       const at = faultRng.float() * horizon;
       agenda.push(at, { k: "crash", w });
       if (opts.faults.has("restart")) agenda.push(at + 200 + faultRng.float() * 2_000, { k: "restart", w });
     }
   }
   if (opts.faults.has("partition")) {
-    const n = faultRng.int(1, Math.max(1, opts.workers));
+    const n = faultRng.int(1, Math.max(1, workers.length));
     for (let i = 0; i < n; i++) {
-      const w = faultRng.int(0, opts.workers - 1);
+      const w = faultRng.int(0, workers.length - 1);
       const at = faultRng.float() * horizon;
       agenda.push(at, { k: "partition", w, on: true });
       agenda.push(at + 100 + faultRng.exponential(800), { k: "partition", w, on: false });

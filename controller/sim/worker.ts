@@ -30,8 +30,10 @@ import { predictTerms } from "../router.ts";
  * A simulated worker: the real worker admission machine over a modelled page
  * pool (reservations + a resident prefix cache with refcounts and LRU
  * eviction), one prefill engine serving jobs in FIFO order, and batched
- * decode emitting tokens frames. Costs are the worker's true costs; its
- * heartbeat reports them (perfect calibration) with its real pages and queue.
+ * decode emitting tokens frames. Its work takes its true `costs`; its
+ * heartbeat reports `reported` costs (default: the true ones, perfect
+ * calibration) with its real pages and queue, and it plans each job's source
+ * by what it reports, as a real worker plans by its calibration.
  */
 
 export interface SimCosts {
@@ -170,6 +172,7 @@ export class SimWorker {
     readonly costs: SimCosts,
     private readonly shape: SimWorkerShape,
     private readonly tenantChains: readonly (readonly ChainBoundary[])[],
+    readonly reported: SimCosts = costs,
   ) {
     this.limits = {
       workerId: id,
@@ -223,16 +226,17 @@ export class SimWorker {
       evictablePages: evictable as never,
       residentPrefixes,
       durableTiers: this.shape.ssdTier ? ["ram", "ssd", "s3"] : ["ram", "s3"],
+      ready: true,
       queue: {
         queuedTokens: queuedTokens as TokenCount,
         queuedRequests,
         runningRequests: this.jobs.size - queuedRequests,
       },
       costs: {
-        prefillPerTokenMs: this.costs.prefillPerTokenMs,
-        firstTokenMs: this.costs.firstTokenMs,
-        uploadMsPerMiB: this.costs.uploadMsPerMiB,
-        restoreMsPerMiB: this.costs.restoreMsPerMiB,
+        prefillPerTokenMs: this.reported.prefillPerTokenMs,
+        firstTokenMs: this.reported.firstTokenMs,
+        uploadMsPerMiB: this.reported.uploadMsPerMiB,
+        restoreMsPerMiB: this.reported.restoreMsPerMiB,
         samples: this.samples,
       },
     };
@@ -300,12 +304,22 @@ export class SimWorker {
       io.catalog.answer(offer.chain),
       { residentFreshMs: Number.POSITIVE_INFINITY },
     );
+    // Chosen by the reported costs, timed by the true ones.
+    const truth: Heartbeat =
+      this.costs === this.reported ? hb : { ...hb, costs: { ...hb.costs, ...this.costs } };
     let best = { fetchMs: 0, serviceMs: Number.POSITIVE_INFINITY, missing: offer.promptTokens };
+    let bestPlanned = Number.POSITIVE_INFINITY;
     for (const c of candidates) {
-      const t = predictTerms(hb, c, offer.promptTokens, undefined);
-      const serviceMs = t.uploadMs + t.prefillMs + t.firstTokenMs;
-      if (t.fetchMs + serviceMs < best.fetchMs + best.serviceMs) {
-        best = { fetchMs: t.fetchMs, serviceMs, missing: offer.promptTokens - c.cachedTokens };
+      const p = predictTerms(hb, c, offer.promptTokens, undefined);
+      const planned = p.fetchMs + p.uploadMs + p.prefillMs + p.firstTokenMs;
+      if (planned < bestPlanned) {
+        bestPlanned = planned;
+        const t = truth === hb ? p : predictTerms(truth, c, offer.promptTokens, undefined);
+        best = {
+          fetchMs: t.fetchMs,
+          serviceMs: t.uploadMs + t.prefillMs + t.firstTokenMs,
+          missing: offer.promptTokens - c.cachedTokens,
+        };
       }
     }
     const job: Job = {

@@ -75,7 +75,7 @@ describe("CatalogDb.apply", () => {
     expect(viewDatoms()).toEqual(storeDatoms()); // first call: bulk rebuild
     for (let i = 0; i < 40; i++) {
       const p = gen.next();
-      const r = db.resolve(p);
+      const r = db.resolve(p, 1);
       if (r.ok)
         db.apply({ txNo: db.nextTxNo, proposalId: p.id, clientId: p.clientId, time: 1, datoms: r.datoms });
     }

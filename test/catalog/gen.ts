@@ -214,7 +214,9 @@ export class CatalogGen {
       const epoch = y < 0.1 ? Math.max(1, this.leaseEpoch - 1) : Math.max(1, this.leaseEpoch);
       const holder = `ctl-${epoch % 3}`;
       if (y > 0.85) return this.proposal([{ op: "lease.release", key: "placement", holder, epoch }]);
-      return this.proposal([{ op: "lease.acquire", key: "placement", holder, epoch }]);
+      return this.proposal([
+        { op: "lease.acquire", key: "placement", holder, epoch, ttlMs: 1 + this.int(10_000) },
+      ]);
     }
     if (x < 0.93) {
       const epoch = Math.max(1, this.leaseEpoch - (this.r() < 0.2 ? 1 : 0));
@@ -258,7 +260,7 @@ export class CatalogGen {
 export function applyAll(db: CatalogDb, proposals: readonly Proposal[], time = 1): number {
   let accepted = 0;
   for (const p of proposals) {
-    const r = db.resolve(p);
+    const r = db.resolve(p, time);
     if (!r.ok) continue;
     db.apply({ txNo: db.nextTxNo, proposalId: p.id, clientId: p.clientId, time, datoms: r.datoms });
     accepted++;

@@ -58,7 +58,11 @@ export const text = (b: Uint8Array): string => new TextDecoder().decode(b);
 
 /** A valid proposal: acquire lease `key` for `holder` at epoch 1. */
 export function leaseProposal(id: string, key: string, holder = "h1"): Proposal {
-  return { id, clientId: "test-client", ops: [{ op: "lease.acquire", key, holder, epoch: 1 }] };
+  return {
+    id,
+    clientId: "test-client",
+    ops: [{ op: "lease.acquire", key, holder, epoch: 1, ttlMs: 60_000 }],
+  };
 }
 
 /** A catalog writer running on `log`; `stop` ends it and waits for its loop. */

@@ -77,7 +77,7 @@ describe("prepared queries agree with Datalog", () => {
     const proposals: Proposal[] = [gen.setup()];
     for (let i = 0; i < 4_000; i++) proposals.push(gen.next());
     for (const p of proposals) {
-      const r = db.resolve(p);
+      const r = db.resolve(p, 1);
       if (!r.ok) continue;
       const tx = { txNo: db.nextTxNo, proposalId: p.id, clientId: p.clientId, time: 1, datoms: r.datoms };
       db.apply(tx);

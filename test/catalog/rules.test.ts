@@ -12,6 +12,7 @@ describe("proposal rules (CatalogDb.resolve)", () => {
     const db = world();
     const r = db.resolve(
       prop(publish(0), { op: "replica.ready", node: node(0), worker: "w0", tier: "ram", verifiedAt: 5 }),
+      1,
     );
     expect(r.ok).toBe(true);
     if (!r.ok) return;
@@ -89,7 +90,7 @@ describe("proposal rules (CatalogDb.resolve)", () => {
     const db = world();
     commit(db, prop(publish(0)));
     // The same chunk again is a no-op (immutable facts, a second publisher).
-    const again = db.resolve(prop(publish(0)));
+    const again = db.resolve(prop(publish(0)), 1);
     expect(again).toEqual({ ok: true, datoms: [] });
     expect(rejected(db, prop(publish(0, { content: "d".repeat(64) })))).toMatch(
       /is published with content cccccccccccc…, not dddddddddddd…/,
@@ -127,7 +128,7 @@ describe("proposal rules (CatalogDb.resolve)", () => {
     const db = world();
     const p = prop(publish(0));
     commit(db, p);
-    const r = db.resolve(p);
+    const r = db.resolve(p, 1);
     expect(r).toMatchObject({ ok: false, duplicate: true });
   });
 
@@ -176,28 +177,56 @@ describe("proposal rules (CatalogDb.resolve)", () => {
     ).toMatch(/candidates must be JSON text/);
   });
 
-  it("fences leases by epoch", () => {
+  it("fences leases by epoch, and another holder takes over only once the lease expired", () => {
     const db = world();
-    commit(db, prop({ op: "lease.acquire", key: "placement", holder: "ctl-a", epoch: 1 }));
-    // Renewal by the holder at its epoch is accepted and changes nothing.
-    expect(db.resolve(prop({ op: "lease.acquire", key: "placement", holder: "ctl-a", epoch: 1 }))).toEqual({
-      ok: true,
-      datoms: [],
+    const acquire = (holder: string, epoch: number, ttlMs = 1_000): CatalogOp => ({
+      op: "lease.acquire",
+      key: "placement",
+      holder,
+      epoch,
+      ttlMs,
     });
-    expect(rejected(db, prop({ op: "lease.acquire", key: "placement", holder: "ctl-b", epoch: 1 }))).toMatch(
+    const expires = () => db.get(db.eidOf("lease/key", "placement")!, "lease/expires");
+    commit(db, prop(acquire("ctl-a", 1)), 100);
+    expect(expires()).toBe(1_100);
+    // Renewal by the holder at its epoch moves the expiry on (and is visible to every replica).
+    const renewal = db.resolve(prop(acquire("ctl-a", 1)), 600);
+    expect(renewal).toEqual({
+      ok: true,
+      datoms: [
+        [db.eidOf("lease/key", "placement"), "lease/expires", 1_100, false],
+        [db.eidOf("lease/key", "placement"), "lease/expires", 1_600, true],
+      ],
+    });
+    commit(db, prop(acquire("ctl-a", 1)), 600);
+    expect(rejected(db, prop(acquire("ctl-b", 1)), 700)).toMatch(
       /lease placement is held by ctl-a at epoch 1; acquiring needs an epoch > 1, got 1/,
     );
-    commit(db, prop({ op: "lease.acquire", key: "placement", holder: "ctl-b", epoch: 2 }));
+    // A higher epoch does not steal a lease that is held and unexpired.
+    expect(rejected(db, prop(acquire("ctl-b", 2)), 1_599)).toMatch(
+      /lease placement is held by ctl-a at epoch 1 for 1 ms more/,
+    );
+    // Lapsed: the holder itself can no longer renew at its old epoch...
+    expect(rejected(db, prop(acquire("ctl-a", 1)), 1_600)).toMatch(
+      /free at epoch 1; acquiring needs an epoch > 1/,
+    );
+    // ...and another holder takes over at a higher epoch.
+    commit(db, prop(acquire("ctl-b", 2)), 1_600);
     expect(rejected(db, prop({ op: "lease.release", key: "placement", holder: "ctl-a", epoch: 1 }))).toMatch(
       /fenced: lease placement is held by ctl-b at epoch 2; release came from ctl-a at epoch 1/,
     );
-    commit(db, prop({ op: "lease.release", key: "placement", holder: "ctl-b", epoch: 2 }));
-    expect(rejected(db, prop({ op: "lease.acquire", key: "placement", holder: "ctl-b", epoch: 2 }))).toMatch(
-      /released at epoch 2/,
+    // The same holder at a higher epoch (a restarted process) fences its old self at once.
+    commit(db, prop(acquire("ctl-b", 3)), 1_700);
+    commit(db, prop({ op: "lease.release", key: "placement", holder: "ctl-b", epoch: 3 }), 1_800);
+    expect(rejected(db, prop(acquire("ctl-b", 3)), 1_900)).toMatch(/free at epoch 3/);
+    // Released: anyone takes it at a higher epoch before the old expiry.
+    commit(db, prop(acquire("ctl-a", 4)), 1_900);
+    expect(rejected(db, prop(acquire("ctl-a", 5, 0)), 2_000)).toMatch(
+      /lease ttl must be an integer in \[1, 3600000\]/,
     );
   });
 
-  it("fences placements by the lease epoch", () => {
+  it("fences placements by the lease epoch and its expiry", () => {
     const db = world();
     commit(db, prop(publish(0)));
     const place = (epoch: number): CatalogOp => ({
@@ -209,14 +238,25 @@ describe("proposal rules (CatalogDb.resolve)", () => {
       lease: "placement",
       epoch,
     });
+    const acquire = (holder: string, epoch: number): CatalogOp => ({
+      op: "lease.acquire",
+      key: "placement",
+      holder,
+      epoch,
+      ttlMs: 1_000,
+    });
     expect(rejected(db, prop(place(1)))).toMatch(/fenced: lease placement does not exist/);
-    commit(db, prop({ op: "lease.acquire", key: "placement", holder: "ctl-a", epoch: 1 }));
-    commit(db, prop(place(1)));
-    commit(db, prop({ op: "lease.acquire", key: "placement", holder: "ctl-b", epoch: 2 }));
-    expect(rejected(db, prop(place(1)))).toMatch(
+    commit(db, prop(acquire("ctl-a", 1)), 0);
+    commit(db, prop(place(1)), 999);
+    // Nobody took over, but the holder stopped renewing: its late placements are refused.
+    expect(rejected(db, prop(place(1)), 1_000)).toMatch(
+      /fenced: lease placement at epoch 1 expired 0 ms ago/,
+    );
+    commit(db, prop(acquire("ctl-b", 2)), 1_500);
+    expect(rejected(db, prop(place(1)), 1_600)).toMatch(
       /fenced: lease placement is held at epoch 2; the placement carries epoch 1/,
     );
-    commit(db, prop(place(2)));
+    commit(db, prop(place(2)), 1_600);
     const e = db.eidOf("chunk/node", node(0))!;
     const placements = [...db.entities()].filter(([, ent]) => ent.get("placement/chunk") === e);
     expect(placements).toHaveLength(1);
@@ -231,6 +271,7 @@ describe("proposal rules (CatalogDb.resolve)", () => {
     );
     const r = db.resolve(
       prop({ op: "replica.removed", node: node(0), worker: "w0", tier: "ram", verifiedAt: 2 }),
+      1,
     );
     if (!r.ok) throw new Error(r.reason);
     expect(r.datoms.map(([, a, v, added]) => [a, v, added])).toEqual([

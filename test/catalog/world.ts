@@ -38,17 +38,17 @@ export function publish(
   };
 }
 
-/** Applies an accepted proposal; fails the test on a rejection. */
-export function commit(db: CatalogDb, p: Proposal): void {
-  const r = db.resolve(p);
+/** Applies an accepted proposal at the writer's clock `now`; fails the test on a rejection. */
+export function commit(db: CatalogDb, p: Proposal, now = 1): void {
+  const r = db.resolve(p, now);
   if (!r.ok) throw new Error(`unexpected rejection: ${r.reason}`);
-  db.apply({ txNo: db.nextTxNo, proposalId: p.id, clientId: p.clientId, time: 1, datoms: r.datoms });
+  db.apply({ txNo: db.nextTxNo, proposalId: p.id, clientId: p.clientId, time: now, datoms: r.datoms });
 }
 
 /** The rejection reason; fails the test if accepted. Checks that resolve changed nothing. */
-export function rejected(db: CatalogDb, p: Proposal): string {
+export function rejected(db: CatalogDb, p: Proposal, now = 1): string {
   const before = db.dbHash();
-  const r = db.resolve(p);
+  const r = db.resolve(p, now);
   expect(db.dbHash()).toBe(before);
   if (r.ok) throw new Error("expected a rejection");
   return r.reason;

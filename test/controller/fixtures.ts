@@ -40,6 +40,7 @@ export function heartbeat(workerId: string, over: Partial<Heartbeat> = {}): Hear
     evictablePages: 0 as never,
     residentPrefixes: [],
     durableTiers: ["ram", "s3"],
+    ready: true,
     queue: { queuedTokens: 0 as TokenCount, queuedRequests: 0, runningRequests: 0 },
     costs: {
       prefillPerTokenMs: 0.15,

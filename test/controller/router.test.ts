@@ -64,6 +64,30 @@ describe("candidate derivation", () => {
     expect(bySource.recompute!.cachedTokens).toBe(0);
   });
 
+  it("with peer transfer off another worker's RAM is no source: S3 is the only shared tier", () => {
+    const a = heartbeat("a", { residentPrefixes: resident(2) });
+    const catalog = {
+      replicas: c8.map((_, i) => [
+        { tier: "s3" as const, workerId: null },
+        ...(i < 4 ? [{ tier: "ram" as const, workerId: wid("a") }] : []),
+        ...(i < 6 ? [{ tier: "ram" as const, workerId: wid("b") }] : []),
+      ]),
+    };
+    const { candidates } = deriveCandidates(request(c8, 2200), [{ heartbeat: a, ageMs: 0 }], catalog, {
+      residentFreshMs: 500,
+      peers: false,
+    });
+    const bySource = Object.fromEntries(candidates.map((c) => [c.source, c]));
+    expect(Object.keys(bySource)).toEqual(["resident", "ram", "s3", "recompute"]);
+    // Its own RAM chunks, then S3 for the rest: b's copies are not read.
+    expect(bySource.s3!.bytesByTier).toEqual({
+      ram: 1024 * 128 * 1024,
+      ssd: 0,
+      peer: 0,
+      s3: 1024 * 128 * 1024,
+    });
+  });
+
   it("a replica on a worker that is not live is no peer source", () => {
     const a = heartbeat("a");
     const catalog = {

@@ -111,15 +111,24 @@ describe("continuum cluster", () => {
       catalogOffset: 90,
       catalogLag: 10,
     });
-    const view = { live: true, heartbeatAgeMs: 10, evictablePages: 0, queuedRequests: 0, runningRequests: 0 };
+    const view = {
+      live: true,
+      ready: true,
+      heartbeatAgeMs: 10,
+      evictablePages: 0,
+      queuedRequests: 0,
+      runningRequests: 0,
+    };
     expect(
       workerLines([
         { ...view, workerId: "worker-0", freePages: 40, status },
-        { ...view, workerId: "worker-1", live: false, freePages: null, status: null },
+        { ...view, workerId: "worker-1", live: false, ready: null, freePages: null, status: null },
+        { ...view, workerId: "worker-2", ready: false, freePages: 7, status: null },
       ]),
     ).toEqual([
       "worker-0   live  pages free 40 resident 100/140  hits: resident 1316 tok, restored chunks ram 1 ssd 0 peer 2 s3 3  computed 700 tok, published 5 chunks  catalog offset 90 lag 10",
       "worker-1   DOWN  pages free ? (no status reported)",
+      "worker-2   warming  pages free 7 (no status reported)",
     ]);
   });
 

@@ -76,6 +76,8 @@ beforeAll(async () => {
     maxQueuedBytes: 1 << 20,
     log: silentLogger,
   });
+  // Engine loaded: warm (heartbeats say ready, or the router drops it as warming).
+  agent.markReady();
   agent.start();
   await agent.connected;
   const deadline = Date.now() + 30_000;

@@ -202,6 +202,8 @@ beforeAll(async () => {
       maxQueuedBytes: 1 << 20,
       log: silentLogger,
     });
+    // Engines loaded and caches open: warm (heartbeats say ready, or the router drops them as warming).
+    agent.markReady();
     agent.start();
     agents.push(agent);
     await agent.connected;

@@ -62,14 +62,14 @@ describe("proposal decoding: the fast guard agrees with the Effect schema", () =
       ProposalMsg.decodeBody({
         id: "p",
         clientId: "c",
-        ops: [{ op: "lease.acquire", key: "k", holder: 7, epoch: 1 }],
+        ops: [{ op: "lease.acquire", key: "k", holder: 7, epoch: 1, ttlMs: 1 }],
       }),
     ).toThrow(WireError);
     expect(() =>
       ProposalMsg.decodeBody({
         id: "p",
         clientId: "c",
-        ops: [{ op: "lease.acquire", key: "k", holder: 7, epoch: 1 }],
+        ops: [{ op: "lease.acquire", key: "k", holder: 7, epoch: 1, ttlMs: 1 }],
       }),
     ).toThrow(/holder/);
   });

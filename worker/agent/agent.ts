@@ -39,7 +39,12 @@ import { backoffMs } from "../../schema/retry.ts";
 import { encodeMessage, MAX_MESSAGE_BYTES, type MessageKind, WireError } from "../../schema/wire.ts";
 import { logitsRules, type TokenLogprob } from "../model/logits.ts";
 import { PageHashChain } from "../pages/page-hashes.ts";
-import { type RuntimeGeneration, SubmitError, type WorkerRuntime } from "../runtime/runtime.ts";
+import {
+  type RequestTiming,
+  type RuntimeGeneration,
+  SubmitError,
+  type WorkerRuntime,
+} from "../runtime/runtime.ts";
 import type { ConstraintCompiler } from "../structured/constraint.ts";
 import { ResidentLedger } from "./resident-ledger.ts";
 
@@ -101,7 +106,7 @@ interface RunningAttempt {
   readonly generation: RuntimeGeneration;
   readonly prompt: readonly number[];
   readonly salt: string | undefined;
-  /** Prompt tokens still to prefill (for the heartbeat's queue). */
+  /** Prompt tokens still to prefill (for the heartbeat's queue): not those resident or planned to be restored. */
   readonly queuedTokens: number;
   readonly acceptedAt: number;
   /** Set by a cancel or a lost connection: nothing more of this attempt is sent. */
@@ -129,6 +134,16 @@ export interface AgentCounters {
   badFrames: number;
 }
 
+/** A measured TTFT split by the router's terms; prefill is the rest (never below 0). */
+export function measuredTerms(
+  ttftMs: number,
+  t: RequestTiming,
+): { queueMs: number; fetchMs: number; prefillMs: number } {
+  const queueMs = Math.max(0, Math.min(ttftMs, t.queueMs ?? 0));
+  const fetchMs = Math.max(0, Math.min(ttftMs - queueMs, t.fetchMs));
+  return { queueMs, fetchMs, prefillMs: Math.max(0, ttftMs - queueMs - fetchMs) };
+}
+
 /** The runtime's id for one attempt: attempts of one request never share a runtime slot. */
 function runtimeId(requestId: RequestId, attempt: number): RequestId {
   return RequestId(`${requestId}#${attempt}`);
@@ -147,6 +162,8 @@ export class WorkerAgent {
   private readonly running = new Map<RequestId, RunningAttempt>();
   private readonly ledger: ResidentLedger;
   private connectedOnce: (() => void) | null = null;
+  /** Heartbeats say `ready` from markReady() on (warm start: cli/commands/worker.ts). */
+  private ready = false;
   readonly connected: Promise<void>;
   readonly counters: AgentCounters = {
     connects: 0,
@@ -188,6 +205,21 @@ export class WorkerAgent {
 
   start(): void {
     this.connect();
+  }
+
+  /**
+   * The worker is warm: heartbeats say `ready` from now on (one goes at once),
+   * and the controller starts offering it work. Before this the worker is
+   * connected and visible, but receives no offer.
+   */
+  markReady(): void {
+    if (this.ready) return;
+    this.ready = true;
+    this.sendHeartbeat();
+  }
+
+  get isReady(): boolean {
+    return this.ready;
   }
 
   /** Stops reconnecting, cancels every running attempt and closes the socket. */
@@ -329,6 +361,7 @@ export class WorkerAgent {
       evictablePages: PageCount(pool.evictablePages),
       residentPrefixes: this.ledger.resident((hash) => pages.holdsPrefix(hash), MAX_RESIDENT_PREFIXES),
       durableTiers: [...this.opts.durableTiers],
+      ready: this.ready,
       queue: {
         queuedTokens: TokenCount(queuedTokens),
         queuedRequests: stats.waiting,
@@ -440,7 +473,11 @@ export class WorkerAgent {
       generation,
       prompt: offer.prompt,
       salt,
-      queuedTokens: Math.max(0, offer.prompt.length - pool.sharedPages * this.opts.pageTokens),
+      // To prefill: the prompt less what is resident here or, by the router's plan, restored.
+      queuedTokens: Math.max(
+        0,
+        offer.prompt.length - Math.max(pool.sharedPages * this.opts.pageTokens, offer.plan.cachedTokens),
+      ),
       acceptedAt: performance.now(),
       fenced: false,
       firstTokenAt: null,
@@ -531,6 +568,7 @@ export class WorkerAgent {
     if (outcome === "completed") this.counters.completed++;
     else this.counters.failed++;
     if (run.fenced) return;
+    const ttft = run.firstTokenAt === null ? null : run.firstTokenAt - run.acceptedAt;
     this.send(ResultMessage, {
       requestId: run.requestId,
       attempt: run.attempt,
@@ -538,7 +576,8 @@ export class WorkerAgent {
       outcome,
       finishReason: finish,
       tokensTotal: run.sent,
-      measuredTtftMs: run.firstTokenAt === null ? null : run.firstTokenAt - run.acceptedAt,
+      measuredTtftMs: ttft,
+      ...(ttft === null ? {} : { measuredTerms: measuredTerms(ttft, run.generation.timing()) }),
       reason,
     });
     this.opts.log.log("info", "agent.result", {

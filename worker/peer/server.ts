@@ -19,7 +19,7 @@ import { encodeHeader, type VerifiedChunk } from "../store/chunk.ts";
  * range. Bytes are read from a verifying tier read, so a corrupt local copy is
  * never served (it answers 404 and the reader falls back).
  *
- *   GET /ready              200 once the worker said it is ready (markReady), 503 before:
+ *   GET /ready              200 once the worker said it is warm and connected (markReady), 503 before:
  *                           an orchestrator's readiness probe; no secret, no data.
  *
  * Bounded: at most `maxConcurrent` reads in flight; more are answered 503.
@@ -74,7 +74,7 @@ export class PeerServer {
     return `${a.address}:${a.port}`;
   }
 
-  /** The worker is warm (model loaded, connected to its controller): GET /ready answers 200 from now on. */
+  /** The worker is warm (worker/warm/: model, tiers, catalog, engine step, registration) and connected: GET /ready answers 200 from now on. */
   markReady(): void {
     this.ready = true;
   }

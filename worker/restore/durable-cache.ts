@@ -40,6 +40,12 @@ export interface DurableCacheOptions {
   readonly storeReport?: StoreReporter;
   /** Catalog snapshots to start the replica from (read only: the fleet's controller writes them). */
   readonly snapshots?: SnapshotStore;
+  /**
+   * Register the model and worker (and withdraw RAM replicas of an earlier
+   * life) in open() (default), or leave it to register() once the worker is
+   * warm (worker/warm/: nobody plans on a worker before it is ready).
+   */
+  readonly deferRegistration?: boolean;
   /** Aborted when start-up has failed elsewhere (the embedded writer cannot commit): open stops waiting and throws its reason. */
   readonly signal?: AbortSignal;
 }
@@ -60,6 +66,8 @@ const STARTUP_CATALOG_MS = 30_000;
  * stops, then the store drains its write-behind and closes.
  */
 export class DurableCache {
+  private registered = false;
+
   private constructor(
     readonly tiers: ChunkTiers,
     readonly replica: Replica,
@@ -116,17 +124,12 @@ export class DurableCache {
           layout: o.layout,
           chunkTokens: config.pages.chunkTokens,
         });
-        // Withdraw the last life's RAM replicas before registering: a worker
-        // restarted with another model may only withdraw them while the catalog
-        // still lists it under theirs.
-        yield* Effect.tryPromise({
-          try: async () => {
-            await abortable(replica.catchUp(STARTUP_CATALOG_MS), o.signal);
-            await catalog.forgetRamApplied(STARTUP_CATALOG_MS, o.signal);
-            await catalog.register(peer.address, STARTUP_CATALOG_MS, o.signal);
-          },
-          catch: (e) => e,
-        });
+        // Deferred: register() once the worker is warm (worker/warm/).
+        if (!o.deferRegistration)
+          yield* Effect.tryPromise({
+            try: () => registerWorker(replica, catalog, peer.address, o.signal),
+            catch: (e) => e,
+          });
         // What the restorer and the checkpointer both work on.
         const pages = {
           engine,
@@ -164,7 +167,16 @@ export class DurableCache {
       }),
     );
     const p = opened.value;
-    return new DurableCache(p.tiers, p.replica, p.catalog, p.peer, p.checkpointer, p.restorer, opened);
+    const cache = new DurableCache(p.tiers, p.replica, p.catalog, p.peer, p.checkpointer, p.restorer, opened);
+    cache.registered = !o.deferRegistration;
+    return cache;
+  }
+
+  /** Registers a cache opened with deferRegistration (registerWorker); once per cache. */
+  async register(signal?: AbortSignal): Promise<void> {
+    if (this.registered) return;
+    await registerWorker(this.replica, this.catalog, this.peer.address, signal);
+    this.registered = true;
   }
 
   /** Every capture queued so far stored, proposed and applied here (or given up); every restore settled. */
@@ -176,4 +188,22 @@ export class DurableCache {
   close(): Promise<void> {
     return this.scope.close();
   }
+}
+
+/**
+ * Withdraws this worker's RAM replicas of an earlier life, then registers the
+ * model and this worker (with its peer address), waiting until the replica
+ * shows each (bounded: STARTUP_CATALOG_MS each; `signal` stops the wait).
+ * Withdrawal comes first: a worker restarted with another model may only
+ * withdraw them while the catalog still lists it under theirs.
+ */
+async function registerWorker(
+  replica: Replica,
+  catalog: CatalogLink,
+  address: string,
+  signal: AbortSignal | undefined,
+): Promise<void> {
+  await abortable(replica.catchUp(STARTUP_CATALOG_MS), signal);
+  await catalog.forgetRamApplied(STARTUP_CATALOG_MS, signal);
+  await catalog.register(address, STARTUP_CATALOG_MS, signal);
 }

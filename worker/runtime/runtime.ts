@@ -68,6 +68,8 @@ export interface SubmitRequest {
   readonly stopTokenIds: readonly number[];
   /** Larger is more important; preemption takes the lowest first. Default 0. */
   readonly priority?: number;
+  /** Its pages are freed when it ends, neither cached nor offered for checkpoint (the warm-up request). Default false. */
+  readonly ephemeral?: boolean;
   /** Keep tokens at least this fraction as likely as the most likely; default 0 (off). */
   readonly minP?: number;
   /** Penalties, logit bias, min_tokens, allowed ids; default none. */
@@ -88,6 +90,19 @@ export interface RuntimeGeneration {
   readonly events: AsyncIterable<RuntimeEvent>;
   /** Fences the request at once: no token is emitted after this call. */
   cancel(): void;
+  /** Where the request's time went so far (the router's terms, measured). */
+  timing(): RequestTiming;
+}
+
+/**
+ * Measured counterparts of the router's TTFT terms (controller/router.ts):
+ * queue = submission → first admission (null until admitted); fetch = the
+ * durable restore's load, begin → settled (0 without one). The rest of the
+ * time to the first token is prefill and the first token's step.
+ */
+export interface RequestTiming {
+  readonly queueMs: number | null;
+  readonly fetchMs: number;
 }
 
 /** Refused at submission; nothing was queued. `status` is the HTTP status that fits. */
@@ -286,6 +301,7 @@ export class WorkerRuntime {
       performance.now(),
       promptLogprobs,
     );
+    seq.ephemeral = req.ephemeral ?? false;
     this.seqs.set(seq.id, seq);
     this.opts.logger.log("debug", "request.queued", {
       requestId: seq.id,
@@ -300,6 +316,10 @@ export class WorkerRuntime {
         seq.cancelled = true;
         this.signal();
       },
+      timing: () => ({
+        queueMs: seq.cachedTokens < 0 ? null : seq.admittedAt - seq.submittedAt,
+        fetchMs: seq.fetchMs,
+      }),
     };
   }
 

@@ -142,9 +142,13 @@ export class SequencePages {
     return true;
   }
 
-  /** Offers the route's full pages to the checkpoint, then releases the route keeping them cached. */
+  /** Offers the route's full pages to the checkpoint, then releases the route keeping them cached (an ephemeral one: freed). */
   retire(seq: Sequence): void {
     if (!this.pages.hasRoute(seq.route)) return;
+    if (seq.ephemeral) {
+      this.pages.releaseRoute(seq.route);
+      return;
+    }
     const P = this.opts.pageTokens;
     const hashes = seq.chain.extend(seq.tokens, seq.processed);
     const shareable = hashes.slice(0, this.pages.matchPrefix(hashes));
@@ -225,8 +229,10 @@ export class SequencePages {
     });
     if (!ticket) return;
     this.restoring.add(seq.id);
+    const began = performance.now();
     void ticket.done.then((ok) => {
       this.restoring.delete(seq.id);
+      seq.fetchMs = performance.now() - began;
       if (ok && this.opts.live(seq)) {
         this.counters.cachedPromptTokens += ticket.restoreTo - seq.processed;
         seq.processed = ticket.restoreTo;

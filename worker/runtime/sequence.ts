@@ -47,6 +47,10 @@ export class Sequence {
   /** performance.now() at submission and at first admission (queue delay = the difference). */
   readonly submittedAt: number;
   admittedAt = 0;
+  /** Its pages are freed at the end, not kept cached or offered for checkpoint (SubmitRequest.ephemeral). */
+  ephemeral = false;
+  /** The durable restore's load, begin → settled, in ms (0 without one; RequestTiming.fetchMs). */
+  fetchMs = 0;
   /** Log-probabilities of prompt positions 1 .. 1 + length, held until the first token carries them. */
   readonly promptEntries: TokenLogprob[] = [];
 

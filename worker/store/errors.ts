@@ -103,3 +103,16 @@ export function describe(err: unknown): string {
   }
   return String(err);
 }
+
+/** The RAM tier cannot make room: pinned entries hold too much of it. Nothing was stored. */
+export class RamFullError extends StoreError {
+  override readonly name = "RamFullError";
+  readonly code = "ram-full";
+  constructor(
+    readonly bytes: number,
+    readonly pinnedBytes: number,
+    readonly limit: number,
+  ) {
+    super(`ram: no room for ${bytes} bytes: ${pinnedBytes} of ${limit} bytes are pinned`);
+  }
+}

@@ -11,7 +11,7 @@ import {
   type TierStats,
   VerifiedChunk,
 } from "./chunk.ts";
-import { CorruptChunkError, ObjectTooLargeError, StoreClosedError } from "./errors.ts";
+import { CorruptChunkError, ObjectTooLargeError, RamFullError, StoreClosedError } from "./errors.ts";
 
 export interface RamTierOptions {
   /** LRU bound on payload bytes held. */
@@ -37,6 +37,11 @@ export class RamTier implements ChunkTier {
   /** Map iteration order is the LRU order: first = least recently used. */
   private readonly entries = new Map<ContentId, VerifiedChunk>();
   private bytesHeld = 0;
+  /** Held entries eviction passes over (placed chunks: worker/prefetch/), and their bytes. */
+  private readonly pinned = new Set<ContentId>();
+  private pinnedBytes = 0;
+  /** Gets served from a pinned entry. */
+  private pinnedHits = 0;
   private readonly counters = new TierCounters();
   private closed = false;
 
@@ -63,16 +68,28 @@ export class RamTier implements ChunkTier {
     this.open();
     const size = chunk.bytes.byteLength;
     if (size > this.maxObjectBytes) throw new ObjectTooLargeError("ram", size, this.maxObjectBytes);
+    const wasPinned = this.pinned.has(chunk.id);
+    if (
+      this.pinnedBytes - (wasPinned ? this.entries.get(chunk.id)!.bytes.byteLength : 0) + size >
+      this.maxBytes
+    )
+      throw new RamFullError(size, this.pinnedBytes, this.maxBytes);
     this.remove(chunk.id);
-    // Evict least recently used until the new object fits: bytesHeld + size ≤ maxBytes.
+    // Evict least recently used unpinned entries until the new object fits:
+    // bytesHeld + size ≤ maxBytes (reachable: pinned bytes + size ≤ maxBytes, checked above).
     for (const [victim, held] of this.entries) {
       if (this.bytesHeld + size <= this.maxBytes) break;
+      if (this.pinned.has(victim)) continue;
       this.entries.delete(victim);
       this.bytesHeld -= held.bytes.byteLength;
       this.counters.evictions++;
     }
     this.entries.set(chunk.id, chunk.withBytes(Uint8Array.prototype.slice.call(chunk.bytes)));
     this.bytesHeld += size;
+    if (wasPinned) {
+      this.pinned.add(chunk.id);
+      this.pinnedBytes += size;
+    }
     this.counters.puts++;
     if (this.bytesHeld > this.maxBytes)
       throw new Error(`ram tier invariant: ${this.bytesHeld} > ${this.maxBytes}`);
@@ -100,6 +117,7 @@ export class RamTier implements ChunkTier {
     this.entries.delete(cid);
     this.entries.set(cid, held);
     this.counters.hits++;
+    if (this.pinned.has(cid)) this.pinnedHits++;
     return held.withBytes(Uint8Array.prototype.slice.call(held.bytes));
   }
 
@@ -118,6 +136,41 @@ export class RamTier implements ChunkTier {
     for (const [id, held] of [...this.entries]) yield { id, storedBytes: held.bytes.byteLength };
   }
 
+  /**
+   * Keeps a held entry out of LRU eviction until unpinned (or deleted); false
+   * when it is not held. Pinned bytes never exceed maxBytes: a put that would
+   * need a pinned entry's room fails with RamFullError instead.
+   */
+  pin(id: ContentId): boolean {
+    const held = this.entries.get(id);
+    if (held === undefined) return false;
+    if (!this.pinned.has(id)) {
+      this.pinned.add(id);
+      this.pinnedBytes += held.bytes.byteLength;
+    }
+    return true;
+  }
+
+  /** Lets a pinned entry be evicted again (least recently used first, as any other). */
+  unpin(id: ContentId): void {
+    if (!this.pinned.delete(id)) return;
+    this.pinnedBytes -= this.entries.get(id)!.bytes.byteLength;
+  }
+
+  /** Whether the tier holds `id` now (no verification, no LRU touch). */
+  isHeld(id: ContentId): boolean {
+    return this.entries.has(id);
+  }
+
+  isPinned(id: ContentId): boolean {
+    return this.pinned.has(id);
+  }
+
+  /** Pinned entries: their count, bytes, and the gets they served. */
+  pinStats(): { readonly entries: number; readonly bytes: number; readonly hits: number } {
+    return { entries: this.pinned.size, bytes: this.pinnedBytes, hits: this.pinnedHits };
+  }
+
   stats(): TierStats {
     return {
       tier: "ram",
@@ -132,6 +185,8 @@ export class RamTier implements ChunkTier {
     this.closed = true;
     this.entries.clear();
     this.bytesHeld = 0;
+    this.pinned.clear();
+    this.pinnedBytes = 0;
   }
 
   /**
@@ -147,6 +202,7 @@ export class RamTier implements ChunkTier {
     if (held === undefined) return false;
     this.entries.delete(id);
     this.bytesHeld -= held.bytes.byteLength;
+    if (this.pinned.delete(id)) this.pinnedBytes -= held.bytes.byteLength;
     return true;
   }
 

@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
 import type { ProposalSink } from "../../../catalog/log.ts";
-import { candidatesJson, DecisionRecorder, decisionOps } from "../../../controller/fleet/decisions.ts";
+import { decisionText, parseDecisionText } from "../../../controller/fleet/decision-text.ts";
+import { DecisionRecorder, decisionOps } from "../../../controller/fleet/decisions.ts";
 import { type Proposal, ProposalMsg } from "../../../schema/catalog.ts";
 import type { CandidateRecord, DecisionRecord } from "../../../schema/control.ts";
 import { silentLogger } from "../../../schema/log.ts";
@@ -62,7 +63,7 @@ async function until(what: string, ok: () => boolean): Promise<void> {
 describe("decision records", () => {
   it("become a decision.recorded op, plus decision.measured when a first token was measured", () => {
     expect(decisionOps(decision("r", { choice: null }), "t", 5, null)).toEqual([]);
-    const ops = decisionOps(decision("r"), "tenant-a", 1234, 42.5);
+    const ops = decisionOps(decision("r"), "tenant-a", 1234, { ttftMs: 42.5 });
     expect(ops).toEqual([
       expect.objectContaining({
         op: "decision.recorded",
@@ -88,12 +89,65 @@ describe("decision records", () => {
       reason: "pages_short" as const,
       detail: "x".repeat(100),
     }));
-    const text = candidatesJson(decision("r", { dropped: many }));
+    const text = decisionText(decision("r", { dropped: many }), null, null);
     expect(text.length).toBeLessThanOrEqual(60_000);
     const parsed = JSON.parse(text) as { ranked: unknown[]; dropped: unknown[]; omitted: number };
     expect(parsed.ranked).toHaveLength(2);
     expect(parsed.dropped.length + parsed.omitted).toBe(1000);
     expect(parsed.omitted).toBeGreaterThan(0);
+  });
+});
+
+describe("decision text", () => {
+  const snapshot = (i: number) => ({
+    id: wid(`w${i}`),
+    ageMs: 5,
+    costs: {
+      prefillPerTokenMs: 0.5,
+      firstTokenMs: 3,
+      uploadMsPerMiB: 0,
+      restoreMsPerMiB: { ram: 0.1, ssd: 1, peer: 2, s3: 4 },
+      samples: 9,
+    },
+    queue: { queuedTokens: 0 as never, queuedRequests: 0, runningRequests: 1 },
+    freePages: 10,
+    evictablePages: 2,
+    pageTokens: 16,
+    kvBytesPerToken: 1024,
+    maxContext: 4096,
+    durableTiers: ["ram", "ssd", "s3"],
+    residentTokens: 128,
+    outstanding: { requests: 1, tokens: 20, running: 0 },
+  });
+  const context = (workers: number) => ({
+    routedAtMs: 1_000,
+    turn: 3,
+    weights: { queue: 1, fetch: 1, upload: 1, prefill: 1.5, firstToken: 1 },
+    chain: [["a".repeat(64), 128] as const, ["b".repeat(64), 256] as const] as never,
+    published: 1,
+    workers: Array.from({ length: workers }, (_, i) => snapshot(i)),
+  });
+
+  it("carries the router's inputs and the measured split, and reads back as it was written", () => {
+    const text = decisionText(decision("r"), context(2), {
+      ttftMs: 40,
+      terms: { queueMs: 1, fetchMs: 10, prefillMs: 25 },
+    });
+    const back = parseDecisionText(text)!;
+    expect(back.context).toEqual({ ...context(2), chainOmitted: 0 });
+    expect(back.measured).toEqual({ ttftMs: 40, terms: { queueMs: 1, fetchMs: 10, prefillMs: 25 } });
+    expect(back.promptTokens).toBe(10);
+    expect(back.ranked).toHaveLength(2);
+    // Version 1 text (before the inputs were recorded) is told apart, not misread.
+    expect(parseDecisionText(JSON.stringify({ ranked: [], dropped: [], omitted: 0 }))).toBeNull();
+  });
+
+  it("cuts workers after candidates to stay within the bound", () => {
+    const text = decisionText(decision("r"), context(400), null);
+    expect(text.length).toBeLessThanOrEqual(60_000);
+    const back = parseDecisionText(text)!;
+    expect(back.context!.workers.length).toBeLessThan(400);
+    expect(back.context!.chain).toHaveLength(2);
   });
 });
 

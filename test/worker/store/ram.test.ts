@@ -3,6 +3,7 @@ import {
   CorruptChunkError,
   InvalidChunkError,
   ObjectTooLargeError,
+  RamFullError,
   StoreClosedError,
 } from "../../../worker/store/errors.ts";
 import { RamTier } from "../../../worker/store/ram.ts";
@@ -45,6 +46,32 @@ describe("RAM tier", () => {
     expect(s.objects).toBe(3);
     expect(s.evictions).toBe(1);
     expect((await collect(ram.list())).map((i) => i.id).sort()).toEqual([a!.id, c!.id, d!.id].sort());
+  });
+
+  it("never evicts a pinned entry; a put that would need its room fails, and unpinning lets it go", async () => {
+    const ram = new RamTier({ maxBytes: 3000 });
+    const [a, b, c, d] = ["a", "b", "c", "d"].map((s) => chunkOf(1000, s));
+    for (const x of [a!, b!]) await ram.put(x.id, x.bytes, x.meta);
+    expect(ram.pin(a!.id)).toBe(true);
+    expect(ram.pin(chunkOf(1, "absent").id)).toBe(false);
+    await ram.put(c!.id, c!.bytes, c!.meta);
+    await ram.put(d!.id, d!.bytes, d!.meta); // evicts b, the least recent unpinned; a stays
+    expect(await ram.has(a!.id)).toBe(true);
+    expect(await ram.has(b!.id)).toBe(false);
+    ram.pin(c!.id);
+    ram.pin(d!.id);
+    const e = chunkOf(1000, "e");
+    await expect(ram.put(e.id, e.bytes, e.meta)).rejects.toThrow(RamFullError);
+    expect(ram.stats().bytes).toBe(3000);
+    await ram.get(a!.id);
+    expect(ram.pinStats()).toEqual({ entries: 3, bytes: 3000, hits: 1 });
+    ram.unpin(a!.id);
+    await ram.put(e.id, e.bytes, e.meta);
+    expect(await ram.has(a!.id)).toBe(false);
+    expect(ram.pinStats().bytes).toBe(2000);
+    // Deleting a pinned entry releases its pin.
+    await ram.delete(c!.id);
+    expect(ram.pinStats()).toMatchObject({ entries: 1, bytes: 1000 });
   });
 
   it("refuses an object larger than the tier, leaving it unchanged", async () => {

@@ -1,0 +1,172 @@
+import { randomBytes } from "node:crypto";
+import { longestPublishedPrefixOfChain, readyReplicas } from "../../catalog/queries.ts";
+import { catalogNodeId, contentId, prefixChain } from "../../schema/identity.ts";
+import { RequestId } from "../../schema/ids.ts";
+import type { Logger } from "../../schema/log.ts";
+import type { DurableCache } from "../restore/durable-cache.ts";
+import type { WorkerRuntime } from "../runtime/runtime.ts";
+import { VerifiedChunk } from "../store/chunk.ts";
+import type { ChunkTiers } from "../store/chunk-tiers.ts";
+
+/**
+ * Warm start: a worker says it is ready (heartbeat `ready`, its catalog
+ * registration, GET /ready on its peer port) only after every one-time cost
+ * a first request would otherwise pay has been paid, in this order:
+ *
+ *   model     weights loaded into the engine (the caller's first step);
+ *   tiers     each store tier opened and probed: a small probe object
+ *             written, read back verified and deleted (RAM, SSD, S3);
+ *   catalog   the replica caught up with the log, and the prepared queries
+ *             the restorer and router read run once (first-call costs);
+ *   engine    one warm-up request through the runtime (a prefill step and a
+ *             decode step: the native path's first touch of its pages and
+ *             scratch, the sampler, the loop), under its own cache salt so
+ *             no client prompt ever shares its pages;
+ *   registered  the model and worker registered in the catalog (others
+ *             plan on it, and fetch from its peer port, from now on).
+ *
+ * `WarmStart` records each step's time; `ready` holds once all are done.
+ */
+
+export const WARM_STEPS = ["model", "tiers", "catalog", "engine", "registered"] as const;
+export type WarmStep = (typeof WARM_STEPS)[number];
+
+export class WarmStart {
+  private readonly done = new Map<WarmStep, number>();
+
+  /** Marks `step` done after `ms`; steps complete in WARM_STEPS order. */
+  mark(step: WarmStep, ms: number): void {
+    const i = WARM_STEPS.indexOf(step);
+    const missing = WARM_STEPS.slice(0, i).filter((s) => !this.done.has(s));
+    if (missing.length > 0) throw new Error(`warm start: ${step} before ${missing.join(", ")}`);
+    this.done.set(step, ms);
+  }
+
+  get ready(): boolean {
+    return this.done.size === WARM_STEPS.length;
+  }
+
+  /** Steps not done yet, in order. */
+  missing(): WarmStep[] {
+    return WARM_STEPS.filter((s) => !this.done.has(s));
+  }
+
+  /** Each done step's duration in ms. */
+  report(): Partial<Record<WarmStep, number>> {
+    return Object.fromEntries(this.done);
+  }
+}
+
+/** Times `fn` and marks `step` with its duration. */
+export async function warmStep<T>(warm: WarmStart, step: WarmStep, fn: () => Promise<T>): Promise<T> {
+  const t0 = performance.now();
+  const out = await fn();
+  warm.mark(step, performance.now() - t0);
+  return out;
+}
+
+export interface TierProbe {
+  readonly ram: number | null;
+  readonly ssd: number;
+  /** null: no S3 tier; "failed": it did not answer (logged; the worker serves from its local tiers). */
+  readonly s3: number | null | "failed";
+}
+
+/**
+ * Writes, reads back (verified) and deletes one small probe object per tier.
+ * RAM and SSD must work or start-up stops; S3 failing is logged and the
+ * worker goes on (its write-behind retries; restores fall back to other
+ * sources).
+ */
+export async function probeTiers(tiers: ChunkTiers, who: string, log: Logger): Promise<TierProbe> {
+  const bytes = new Uint8Array(randomBytes(256));
+  const meta = { format: "continuum.probe/1", worker: who, at: Date.now() };
+  const id = contentId(bytes, meta);
+  const probe = async (tier: {
+    readonly tier: "ram" | "file" | "s3";
+    readonly maxObjectBytes: number;
+    putVerified(c: VerifiedChunk): Promise<void>;
+    get(id: unknown): Promise<VerifiedChunk | undefined>;
+    delete(id: unknown): Promise<boolean>;
+  }): Promise<number> => {
+    const t0 = performance.now();
+    await tier.putVerified(VerifiedChunk.check(id, bytes, meta, tier));
+    const back = await tier.get(id);
+    if (back === undefined || Buffer.compare(Buffer.from(back.bytes), Buffer.from(bytes)) !== 0)
+      throw new Error(`warm start: the ${tier.tier} tier did not give its probe object back`);
+    await tier.delete(id);
+    return performance.now() - t0;
+  };
+  const ram = tiers.ram ? await probe(tiers.ram) : null;
+  const ssd = await probe(tiers.file);
+  let s3: TierProbe["s3"] = null;
+  if (tiers.s3) {
+    try {
+      s3 = await probe(tiers.s3);
+    } catch (err) {
+      s3 = "failed";
+      log.log("warn", "warm.s3_probe_failed", { message: (err as Error).message });
+    }
+  }
+  return { ram, ssd, s3 };
+}
+
+/**
+ * The replica caught up, then the hot-path catalog queries run once on a
+ * probe chain (an absent prefix: the full walk of a miss) and the restorer
+ * plans it with the runtime's calibration, as the first request would.
+ */
+export async function warmCatalog(
+  cache: DurableCache,
+  runtime: WorkerRuntime,
+  pageTokens: number,
+  timeoutMs: number,
+): Promise<void> {
+  await cache.replica.catchUp(timeoutMs);
+  const tokens = Array.from({ length: 4 * pageTokens }, (_, i) => (i * 7919) % 1000);
+  const { fingerprint, chunkTokens } = cache.catalog.id;
+  const chain = prefixChain(tokens, chunkTokens, WARM_SALT);
+  longestPublishedPrefixOfChain(cache.catalog.db, fingerprint, chain);
+  readyReplicas(
+    cache.catalog.db,
+    chain.map((n) => catalogNodeId(fingerprint, n.hash)),
+  );
+  cache.restorer.plan({
+    tokens,
+    salt: WARM_SALT,
+    residentTokens: 0,
+    availablePages: 0,
+    calibration: runtime.stats().calibration,
+  });
+}
+
+/** The warm-up's cache salt: its chains never match a client's (tenant salts are tenant ids). */
+const WARM_SALT = "continuum/warm-up";
+
+/**
+ * One request through the runtime: `promptTokens` tokens (two whole pages and
+ * one, so both a prefill step and a decode step run) and two generated
+ * tokens, under the warm-up salt, its pages freed at the end. Rejects if it
+ * does not complete.
+ */
+export async function warmEngine(runtime: WorkerRuntime, pageTokens: number, vocab: number): Promise<void> {
+  const prompt = Array.from({ length: 2 * pageTokens + 1 }, (_, i) => 1 + ((i * 7919) % (vocab - 1)));
+  const g = runtime.submit({
+    requestId: RequestId("continuum-warm-up"),
+    salt: WARM_SALT,
+    prompt,
+    maxTokens: 2,
+    temperature: 0,
+    topP: 1,
+    topK: 0,
+    seed: 1,
+    stopTokenIds: [],
+    // Leaves no page behind: a fresh worker's pool is empty once warm.
+    ephemeral: true,
+  });
+  for await (const e of g.events) {
+    if (e.type === "error") throw new Error(`warm start: the warm-up request failed: ${e.message}`);
+    if (e.type === "end") return;
+  }
+  throw new Error("warm start: the warm-up request ended without an end event");
+}
