@@ -22,6 +22,7 @@ import {
   acknowledgedNodes,
   catalogVerdicts,
   fullPoolRequest,
+  missingPublications,
   readCatalog,
   replicaVerdicts,
   type Verdict,
@@ -51,6 +52,8 @@ export interface FleetTargetOptions {
 const WORKERS = 2;
 const PAGES = 140;
 const READY_MS = 120_000;
+/** How long the state check waits for the writer to commit every acknowledged proposal. */
+const CATCH_UP_MS = 30_000;
 
 export class FleetTarget implements ChaosTarget {
   readonly name = "fleet";
@@ -273,10 +276,20 @@ export class FleetTarget implements ChaosTarget {
   }
 
   async stateVerdicts(): Promise<Verdict[]> {
-    const { txs, db } = await readCatalog(this.config, { brokers: [this.o.brokers], logPath: "" });
     const workerLogs = this.procs.filter((p) => p.role === "worker").map((p) => p.log);
+    const acked = acknowledgedNodes(workerLogs);
+    // propose() acknowledges once a proposal is in catalog.proposals; its tx follows when the
+    // active writer decides it, seconds later after a takeover (the probes and the full-pool
+    // request just published more). So the check waits for the writer, within CATCH_UP_MS.
+    const read = () => readCatalog(this.config, { brokers: [this.o.brokers], logPath: "" });
+    const deadline = Date.now() + CATCH_UP_MS;
+    let { txs, db } = await read();
+    while (missingPublications(db, acked).length > 0 && Date.now() < deadline) {
+      await sleep(1_000);
+      ({ txs, db } = await read());
+    }
     return [
-      ...catalogVerdicts(txs, db, acknowledgedNodes(workerLogs)),
+      ...catalogVerdicts(txs, db, acked),
       ...(await replicaVerdicts(
         db,
         (w) => join(this.o.dir, "data", "workers", w, "store"),

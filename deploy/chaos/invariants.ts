@@ -92,6 +92,11 @@ export function acknowledgedNodes(logFiles: readonly string[]): Set<string> {
   return out;
 }
 
+/** The acknowledged chunk nodes the catalog does not hold. */
+export function missingPublications(db: CatalogDb, acknowledged: ReadonlySet<string>): string[] {
+  return [...acknowledged].filter((n) => db.eidOf("chunk/node", n) === undefined);
+}
+
 /** Every acknowledged catalog fact present exactly once: txs dense, each proposal applied once, each acknowledged chunk published. */
 export function catalogVerdicts(
   txs: readonly TxRecord[],
@@ -102,7 +107,7 @@ export function catalogVerdicts(
   const ids = new Map<string, number>();
   for (const t of txs) ids.set(t.proposalId, (ids.get(t.proposalId) ?? 0) + 1);
   const twice = [...ids].filter(([, n]) => n > 1).map(([id]) => id);
-  const missing = [...acknowledged].filter((n) => db.eidOf("chunk/node", n) === undefined);
+  const missing = missingPublications(db, acknowledged);
   return [
     verdict(
       "the tx log is one dense history, each proposal applied once",
