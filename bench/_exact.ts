@@ -3,10 +3,9 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { longestPublishedPrefix } from "../catalog/queries.ts";
-import type { BackendName, Engine } from "../native/index.ts";
+import type { BackendName } from "../native/index.ts";
 import { defaultConfig } from "../schema/config.ts";
 import { catalogNodeId, prefixChain } from "../schema/identity.ts";
-import { ContinuationId, type PageId, RequestId, TokenCount } from "../schema/ids.ts";
 import { silentLogger } from "../schema/log.ts";
 import { type ConfiguredCosts, initialCalibration } from "../worker/calibration/calibration.ts";
 import { KvGeometry } from "../worker/checkpoint/chunk-format.ts";
@@ -14,12 +13,11 @@ import { PageAllocator, PagedDecoder } from "../worker/model/decoder-paged.ts";
 import { openEngine } from "../worker/model/engine.ts";
 import type { LoadedModel } from "../worker/model/model-dir.ts";
 import { PageHashChain } from "../worker/pages/page-hashes.ts";
-import { PageManager } from "../worker/pages/page-manager.ts";
 import { openEmbeddedCache } from "../worker/restore/embedded.ts";
 import { Restorer } from "../worker/restore/restorer.ts";
-import { buildBatch } from "../worker/runtime/batch.ts";
 import { loadEngine } from "../worker/runtime/engine-load.ts";
 import { WorkerRuntime } from "../worker/runtime/runtime.ts";
+import { bitEqual, GreedyDevice, generateGreedy, xorshiftTokens } from "./_greedy-device.ts";
 
 /**
  * The determinism contract on whatever engine `backend` is, through the
@@ -53,93 +51,18 @@ const CHUNK = 256;
 /** Pages of each engine here: a prompt of up to 8k tokens. */
 const DEVICE_PAGES = 512;
 
-/** Bitwise equality of two float arrays (NaN-safe, −0 ≠ +0). */
-export function bitEqual(a: Float32Array, b: Float32Array): boolean {
-  if (a.length !== b.length) return false;
-  const x = new Uint32Array(a.buffer, a.byteOffset, a.length);
-  const y = new Uint32Array(b.buffer, b.byteOffset, b.length);
-  for (let i = 0; i < x.length; i++) if (x[i] !== y[i]) return false;
-  return true;
-}
-
 /** xorshift32 token ids in [0, vocab − 16) (clear of the generated tokenizers' special tokens). */
 export function promptOf(n: number, seed: number, vocab: number): number[] {
-  let x = seed >>> 0 || 1;
-  const out: number[] = [];
-  for (let i = 0; i < n; i++) {
-    x ^= x << 13;
-    x ^= x >>> 17;
-    x ^= x << 5;
-    out.push((x >>> 0) % Math.max(1, vocab - 16));
-  }
-  return out;
+  return xorshiftTokens(n, seed, Math.max(1, vocab - 16));
 }
 
-function argmax(row: Float32Array): number {
-  let best = 0;
-  for (let i = 1; i < row.length; i++) if (row[i]! > row[best]!) best = i;
-  return best;
+/** A bare engine and page manager of DEVICE_PAGES pages on `backend`. */
+async function openDevice(model: LoadedModel, backend: BackendName): Promise<GreedyDevice> {
+  const engine = await loadEngine(model, { physicalPages: DEVICE_PAGES, pageTokens: PAGE }, { backend });
+  return new GreedyDevice(engine, { pageTokens: PAGE, physicalPages: DEVICE_PAGES });
 }
 
-/** A bare engine and page manager: continue a route from its rows on, reading the logits. */
-class Device {
-  readonly pages: PageManager;
-  private constructor(readonly engine: Engine) {
-    this.pages = new PageManager({ pageTokens: PAGE, physicalPages: DEVICE_PAGES });
-  }
-
-  static async open(model: LoadedModel, backend: BackendName): Promise<Device> {
-    return new Device(
-      await loadEngine(model, { physicalPages: DEVICE_PAGES, pageTokens: PAGE }, { backend }),
-    );
-  }
-
-  openRoute(totalTokens: number): ContinuationId {
-    const id = ContinuationId(`x-${randomUUID().slice(0, 8)}`);
-    this.pages.openRoute(id, { reserveTokens: TokenCount(totalTokens) });
-    return id;
-  }
-
-  /** Feeds the rest of `tokens` in one step, then `decode` greedy tokens; first logits and the tokens. */
-  async continueGreedy(route: ContinuationId, tokens: readonly number[], decode: number) {
-    const seq = [...tokens];
-    const chain = new PageHashChain(PAGE, undefined);
-    let first: Float32Array | undefined;
-    let firstMs = 0;
-    const greedy: number[] = [];
-    const t0 = performance.now();
-    for (let step = 0; step <= decode; step++) {
-      const have = this.pages.route(route).tokens;
-      const plan = this.pages.beginAppend(route, TokenCount(seq.length - have));
-      for (const c of plan.copies) await this.engine.copyPage(c.src, c.dst);
-      const built = buildBatch([
-        {
-          tokens: seq.slice(have),
-          firstPosition: have,
-          slots: plan.slots,
-          pageTable: plan.pageTable as PageId[],
-          wantLogits: true,
-        },
-      ]);
-      const logits = await this.engine.step(built.batch);
-      this.pages.commitAppend(route, chain.extend(seq, seq.length).slice(Math.floor(have / PAGE)));
-      const vocab = this.engine.spec.vocab;
-      const at = built.logitIndex[0]!;
-      const row = logits.slice(at * vocab, (at + 1) * vocab);
-      if (first === undefined) {
-        first = row;
-        firstMs = performance.now() - t0;
-      }
-      greedy.push(argmax(row));
-      seq.push(greedy.at(-1)!);
-    }
-    return { logits: first!, greedy, firstMs };
-  }
-
-  close(): void {
-    this.engine.free();
-  }
-}
+const routeName = () => `x-${randomUUID().slice(0, 8)}`;
 
 /** Costs under which every whole chunk pays to capture and to restore, from RAM first (the check needs them captured). */
 const COSTS: ConfiguredCosts = {
@@ -188,20 +111,9 @@ async function checkRestore(model: LoadedModel, backend: BackendName, promptToke
     ...cache.hooks,
   });
   runtime.start();
-  const devices: Device[] = [];
+  const devices: GreedyDevice[] = [];
   try {
-    const gen = runtime.submit({
-      requestId: RequestId("exact-a"),
-      salt: undefined,
-      prompt,
-      maxTokens: 4,
-      temperature: 0,
-      topP: 1,
-      topK: 0,
-      seed: 1,
-      stopTokenIds: [],
-    });
-    for await (const e of gen.events) if (e.type === "error") throw new Error(e.message);
+    await generateGreedy(runtime, prompt, 4, "exact-a");
     await cache.cache.idle();
     const fp = cache.cache.catalog.id.fingerprint;
     const nodes = prefixChain(prompt.slice(0, -1), CHUNK).map((n) => catalogNodeId(fp, n.hash));
@@ -210,9 +122,9 @@ async function checkRestore(model: LoadedModel, backend: BackendName, promptToke
       30_000,
     );
     const published = longestPublishedPrefix(cache.cache.catalog.db, nodes).length;
-    const b = await Device.open(model, backend);
+    const b = await openDevice(model, backend);
     devices.push(b);
-    const c = await Device.open(model, backend);
+    const c = await openDevice(model, backend);
     devices.push(c);
     const restorer = new Restorer({
       engine: b.engine,
@@ -227,8 +139,8 @@ async function checkRestore(model: LoadedModel, backend: BackendName, promptToke
     });
     // Warm both engines (first launches, scratch) on a short prompt of their own.
     for (const d of [b, c])
-      await d.continueGreedy(d.openRoute(64), promptOf(32, 5, model.config.spec.vocab), 0);
-    const route = b.openRoute(prompt.length + 8);
+      await d.continueGreedy(d.openRoute(routeName(), 64), promptOf(32, 5, model.config.spec.vocab), 0);
+    const route = b.openRoute(routeName(), prompt.length + 8);
     const t0 = performance.now();
     const ticket = restorer.begin({
       route,
@@ -245,7 +157,7 @@ async function checkRestore(model: LoadedModel, backend: BackendName, promptToke
     const restoreMs = performance.now() - t0;
     await restorer.idle();
     const got = await b.continueGreedy(route, prompt, 4);
-    const want = await c.continueGreedy(c.openRoute(prompt.length + 8), prompt, 4);
+    const want = await c.continueGreedy(c.openRoute(routeName(), prompt.length + 8), prompt, 4);
     const same =
       restored > 0 && bitEqual(got.logits, want.logits) && got.greedy.join() === want.greedy.join();
     return {

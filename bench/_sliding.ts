@@ -1,14 +1,12 @@
-import { join } from "node:path";
 import type { Engine } from "../native/index.ts";
 import { ContinuationId, TokenCount } from "../schema/ids.ts";
 import { openEngine } from "../worker/model/engine.ts";
-import { generateModel } from "../worker/model/generate.ts";
 import { GLOBAL_LAYER, releaseWindow } from "../worker/model/layout.ts";
-import { type LoadedModel, loadModelDir } from "../worker/model/model-dir.ts";
 import { Rng, seedRng } from "../worker/model/prng.ts";
 import { PageHashChain } from "../worker/pages/page-hashes.ts";
 import { PageManager } from "../worker/pages/page-manager.ts";
 import { buildBatch } from "../worker/runtime/batch.ts";
+import { benchModel } from "./_models.ts";
 import { percentile, round } from "./contract.ts";
 
 /**
@@ -27,23 +25,13 @@ import { percentile, round } from "./contract.ts";
  * sliding over global, is what the release saves in memory (goal: the share
  * of global layers, 0 here, plus the window's own pages, 1/8).
  */
-const MODEL_DIR = join(process.env.CONTINUUM_DATA_DIR ?? ".continuum", "models", "small-mistral-sw");
+const MODEL_NAME = "small-mistral-sw";
 const PAGE = 16;
 
 export interface SlidingFigures {
   readonly figures: Record<string, number>;
   readonly ratios: Record<string, number>;
   readonly env: Record<string, number>;
-}
-
-async function slidingModel(log: (l: string) => void): Promise<LoadedModel> {
-  try {
-    return await loadModelDir(MODEL_DIR, { variant: "bench" });
-  } catch {
-    log(`generating the small preset as mistral-sw into ${MODEL_DIR} (once)`);
-    await generateModel({ preset: "small", arch: "mistral-sw", out: MODEL_DIR, seed: 0, force: true });
-    return loadModelDir(MODEL_DIR, { variant: "bench" });
-  }
 }
 
 /** One sequence on a PageManager route, stepping the engine through the route's page tables. */
@@ -84,10 +72,10 @@ class RoutedSequence {
 }
 
 export async function slidingDecode(quick: boolean, log: (l: string) => void): Promise<SlidingFigures> {
-  const model = await slidingModel(log);
+  const model = await benchModel(MODEL_NAME, { preset: "small", arch: "mistral-sw" }, log);
   const spec = model.config.spec;
   const layer = spec.layers[0]!;
-  if (layer.kind !== "sliding") throw new Error(`${MODEL_DIR}: expected sliding layers`);
+  if (layer.kind !== "sliding") throw new Error(`${MODEL_NAME}: expected sliding layers`);
   const window = layer.window;
   const windows = quick ? 2 : 8;
   const context = windows * window;

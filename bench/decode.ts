@@ -4,11 +4,11 @@ import type { Decoder } from "../worker/model/decoder.ts";
 import { ContiguousDecoder } from "../worker/model/decoder-contiguous.ts";
 import { PageAllocator, PagedDecoder } from "../worker/model/decoder-paged.ts";
 import { openEngine } from "../worker/model/engine.ts";
-import { generateModel } from "../worker/model/generate.ts";
 import { quantizeModelDir } from "../worker/model/gguf-quantize.ts";
 import { type LoadedModel, loadModelDir } from "../worker/model/model-dir.ts";
 import { Rng, seedRng } from "../worker/model/prng.ts";
 import { BANDWIDTH_BYTES, BandwidthProbe } from "./_bandwidth.ts";
+import { BENCH_MODELS, SMALL_MODEL_DIR, smallModel } from "./_models.ts";
 import { slidingDecode } from "./_sliding.ts";
 import { type Bench, percentile, round } from "./contract.ts";
 
@@ -40,34 +40,22 @@ const median = (xs: readonly number[]): number => percentile(xs, 50);
  * the small shape with a 256-position window on every layer at a context of
  * 8 windows, beside the same weights with every layer global.
  */
-const MODELS = join(process.env.CONTINUUM_DATA_DIR ?? ".continuum", "models");
-const MODEL_DIR = join(MODELS, "small");
 /** The same model in GGUF block formats, beside bf16 (issue 22). */
 const QUANTIZED = ["q8_0", "q4_0"] as const;
 const PAGE = 16;
 const BATCHES = [1, 4, 16] as const;
-
-async function smallModel(log: (l: string) => void): Promise<LoadedModel> {
-  try {
-    return await loadModelDir(MODEL_DIR, { variant: "bench" });
-  } catch {
-    log(`generating the small preset into ${MODEL_DIR} (once)`);
-    await generateModel({ preset: "small", out: MODEL_DIR, seed: 0, force: true });
-    return loadModelDir(MODEL_DIR, { variant: "bench" });
-  }
-}
 
 /** The small model quantized to `scheme` (written once beside the bf16 one). */
 async function quantizedModel(
   scheme: (typeof QUANTIZED)[number],
   log: (l: string) => void,
 ): Promise<LoadedModel> {
-  const file = join(MODELS, `small-${scheme}.gguf`);
+  const file = join(BENCH_MODELS, `small-${scheme}.gguf`);
   try {
     return await loadModelDir(file, { variant: "bench" });
   } catch {
     log(`quantizing the small preset to ${file} (once)`);
-    await quantizeModelDir(MODEL_DIR, file, scheme, { force: true });
+    await quantizeModelDir(SMALL_MODEL_DIR, file, scheme, { force: true });
     return loadModelDir(file, { variant: "bench" });
   }
 }

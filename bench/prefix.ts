@@ -10,14 +10,13 @@ import { ContinuationId, type PageId, TokenCount } from "../schema/ids.ts";
 import { silentLogger } from "../schema/log.ts";
 import { type Calibration, initialCalibration, type RestoreTier } from "../worker/calibration/calibration.ts";
 import { KvGeometry } from "../worker/checkpoint/chunk-format.ts";
-import { generateModel } from "../worker/model/generate.ts";
-import { type LoadedModel, loadModelDir } from "../worker/model/model-dir.ts";
 import { PageHashChain } from "../worker/pages/page-hashes.ts";
 import { PageManager } from "../worker/pages/page-manager.ts";
 import { DurableCache } from "../worker/restore/durable-cache.ts";
 import { Restorer } from "../worker/restore/restorer.ts";
 import { buildBatch } from "../worker/runtime/batch.ts";
 import { loadEngine } from "../worker/runtime/engine-load.ts";
+import { smallModel } from "./_models.ts";
 import { type Bench, round } from "./contract.ts";
 
 /**
@@ -38,21 +37,10 @@ import { type Bench, round } from "./contract.ts";
  *
  * Goal (issue 7): ttft 3840 of 4096 tokens from SSD ≤ 0.2 × cold.
  */
-const MODEL_DIR = join(process.env.CONTINUUM_DATA_DIR ?? ".continuum", "models", "small");
 const PAGE = 16;
 const CHUNK = 256;
 const TILE = 512;
 const FRACTIONS = [0.5, 0.9, 1] as const;
-
-async function smallModel(log: (l: string) => void): Promise<LoadedModel> {
-  try {
-    return await loadModelDir(MODEL_DIR, { variant: "bench" });
-  } catch {
-    log(`generating the small preset into ${MODEL_DIR} (once)`);
-    await generateModel({ preset: "small", out: MODEL_DIR, seed: 0, force: true });
-    return loadModelDir(MODEL_DIR, { variant: "bench" });
-  }
-}
 
 function preferring(tier: RestoreTier, prefillPerTokenMs: number): Calibration {
   const per = { ram: 1, ssd: 1, peer: 1, s3: 1 };

@@ -1,13 +1,32 @@
-import { join } from "node:path";
-import type { ContiguousBatch, Engine, StepBatch, StepProfile } from "../native/index.ts";
-import { type PageId, RequestId } from "../schema/ids.ts";
-import { silentLogger } from "../schema/log.ts";
-import { generateModel } from "../worker/model/generate.ts";
-import { type LoadedModel, loadModelDir } from "../worker/model/model-dir.ts";
 import { Rng, seedRng } from "../worker/model/prng.ts";
 import { loadEngine } from "../worker/runtime/engine-load.ts";
-import { type RuntimeOptions, type SubmitRequest, WorkerRuntime } from "../worker/runtime/runtime.ts";
+import type { SubmitRequest } from "../worker/runtime/runtime.ts";
 import { ConstraintCompiler } from "../worker/structured/constraint.ts";
+import { smallModel } from "./_models.ts";
+import {
+  BatchTotals,
+  concurrent,
+  MeteredEngine,
+  PAGE_TOKENS,
+  PHYSICAL_PAGES,
+  SAMPLING,
+  type SchedulerSettings,
+  type Session,
+  session,
+  tokens,
+} from "./_serve-session.ts";
+import {
+  BURST,
+  BURST_SUFFIX,
+  burst,
+  DECODE_PROMPT,
+  DECODES,
+  FULL,
+  interference,
+  LONG_PROMPT,
+  poisson,
+  QUICK,
+} from "./_serve-workloads.ts";
 import { type Bench, percentile, round } from "./contract.ts";
 
 /**
@@ -39,9 +58,6 @@ import { type Bench, percentile, round } from "./contract.ts";
  * The model is generated once under .continuum/models/small (seed 0, shared
  * with bench decode) and reused.
  */
-const MODEL_DIR = join(process.env.CONTINUUM_DATA_DIR ?? ".continuum", "models", "small");
-const PAGE_TOKENS = 16;
-const PHYSICAL_PAGES = 2048;
 /**
  * Scheduler settings under test. A step costs about one pass over the
  * weights plus its rows' compute, so a prefill tile of T rows beside B
@@ -54,14 +70,14 @@ const PHYSICAL_PAGES = 2048;
  * measured steps: rows and attended keys), down to minPrefillTokens rows.
  * 1.8 leaves a margin under the 2× goal for noise and fitting error.
  */
-const SCHED = {
+const SCHED: SchedulerSettings = {
   maxBatchTokens: envInt("CONTINUUM_SERVE_MAX_BATCH_TOKENS", 256),
   prefillTile: envInt("CONTINUUM_SERVE_PREFILL_TILE", 128),
   minPrefillTokens: envInt("CONTINUUM_SERVE_MIN_PREFILL_TOKENS", 2),
   maxBatchSeqs: 64,
   /** 0 = unpaced (fixed tiles). */
   decodePace: envNumber("CONTINUUM_SERVE_DECODE_PACE", 1.8),
-} as const;
+};
 
 /** A scheduler setting overridden from the environment, to explore the trade-off without editing. */
 function envNumber(name: string, fallback: number): number {
@@ -79,445 +95,9 @@ function envInt(name: string, fallback: number): number {
   if (!Number.isSafeInteger(n) || n < 1) throw new Error(`${name} must be a positive integer, got '${v}'`);
   return n;
 }
-const SAMPLING = { temperature: 0.8, topK: 40, topP: 0.95 } as const;
 const LOAD_FACTOR = 0.5;
 
-async function smallModel(log: (l: string) => void): Promise<LoadedModel> {
-  try {
-    return await loadModelDir(MODEL_DIR, { variant: "bench" });
-  } catch {
-    log(`generating the small preset into ${MODEL_DIR} (once)`);
-    await generateModel({ preset: "small", out: MODEL_DIR, seed: 0, force: true });
-    return loadModelDir(MODEL_DIR, { variant: "bench" });
-  }
-}
-
-/**
- * The engine with its step times recorded, so a run's wall time splits into
- * device time (the native step) and the runtime's own per-step JS time.
- */
-class MeteredEngine implements Engine {
-  /** [rows, ms] of every step since the last reset. */
-  steps: [number, number][] = [];
-
-  constructor(private readonly inner: Engine) {}
-
-  get spec() {
-    return this.inner.spec;
-  }
-  get backend() {
-    return this.inner.backend;
-  }
-  get threads() {
-    return this.inner.threads;
-  }
-  get pageBytes() {
-    return this.inner.pageBytes;
-  }
-  get freed() {
-    return this.inner.freed;
-  }
-  createPool(numPages: number, pageSize: number): void {
-    this.inner.createPool(numPages, pageSize);
-  }
-  createContiguousCache(numSeqs: number, ctxCap: number): void {
-    this.inner.createContiguousCache(numSeqs, ctxCap);
-  }
-  async step(batch: StepBatch): Promise<Float32Array> {
-    const t0 = performance.now();
-    const out = await this.inner.step(batch);
-    this.steps.push([batch.tokens.length, performance.now() - t0]);
-    return out;
-  }
-  stepContiguous(batch: ContiguousBatch): Promise<Float32Array> {
-    return this.inner.stepContiguous(batch);
-  }
-  setProfiling(on: boolean): void {
-    this.inner.setProfiling(on);
-  }
-  profile(): StepProfile {
-    return this.inner.profile();
-  }
-  downloadPages(pageIds: Int32Array | readonly PageId[]): Promise<Uint8Array> {
-    return this.inner.downloadPages(pageIds);
-  }
-  uploadPages(pageIds: Int32Array | readonly PageId[], bytes: Uint8Array): Promise<void> {
-    return this.inner.uploadPages(pageIds, bytes);
-  }
-  copyPage(src: PageId, dst: PageId): Promise<void> {
-    return this.inner.copyPage(src, dst);
-  }
-  free(): void {
-    this.inner.free();
-  }
-
-  /** Steps, their total device ms, and the count and total ms of the steps of exactly `rows` rows. */
-  summary(rows?: number): { steps: number; deviceMs: number; atRows: number; atRowsMs: number } {
-    let deviceMs = 0;
-    let atRowsMs = 0;
-    let atRows = 0;
-    for (const [r, ms] of this.steps) {
-      deviceMs += ms;
-      if (r === rows) {
-        atRowsMs += ms;
-        atRows++;
-      }
-    }
-    return { steps: this.steps.length, deviceMs, atRows, atRowsMs };
-  }
-}
-
-/** One request as the client saw it: submit time, each token's arrival time, how it ended. */
-interface Trace {
-  readonly submittedAt: number;
-  readonly tokenAt: number[];
-  end: string;
-  cachedTokens: number;
-}
-
-interface Session {
-  readonly rt: WorkerRuntime;
-  submit(
-    id: string,
-    prompt: readonly number[],
-    maxTokens: number,
-    extra?: Partial<SubmitRequest>,
-  ): { live: Trace; trace: Promise<Trace>; cancel(): void };
-  close(): Promise<void>;
-}
-
-/** A fresh runtime (empty page pool and prefix cache) over the shared engine. */
-function session(engine: Engine, model: LoadedModel, sched: typeof SCHED): Session {
-  const opts: RuntimeOptions = {
-    fingerprint: model.fingerprint,
-    vocab: model.config.spec.vocab,
-    maxContext: model.config.spec.maxPosition,
-    layers: model.config.spec.layers,
-    pageTokens: PAGE_TOKENS,
-    physicalPages: PHYSICAL_PAGES,
-    maxBatchTokens: sched.maxBatchTokens,
-    maxBatchSeqs: sched.maxBatchSeqs,
-    minPrefillTokens: sched.minPrefillTokens,
-    prefillTile: sched.prefillTile,
-    ...(sched.decodePace > 0 ? { decodePace: sched.decodePace } : {}),
-    maxQueued: 1024,
-    costs: {
-      prefillPerTokenMs: 1,
-      firstTokenMs: 50,
-      decodeStepMs: 50,
-      restorePerByteMs: { ram: 1e-6, ssd: 1e-5, peer: 2e-5, s3: 1e-4 },
-    },
-    logger: silentLogger,
-  };
-  const rt = new WorkerRuntime(engine, opts);
-  rt.start();
-  let n = 0;
-  return {
-    rt,
-    submit(id, prompt, maxTokens, extra = {}) {
-      const req: SubmitRequest = {
-        requestId: RequestId(id),
-        salt: undefined,
-        prompt,
-        maxTokens,
-        ...SAMPLING,
-        seed: n++,
-        stopTokenIds: [],
-        ...extra,
-      };
-      const trace: Trace = { submittedAt: performance.now(), tokenAt: [], end: "", cachedTokens: 0 };
-      const gen = rt.submit(req);
-      const done = (async () => {
-        for await (const ev of gen.events) {
-          if (ev.type === "token") trace.tokenAt.push(performance.now());
-          else if (ev.type === "end") {
-            trace.end = ev.reason;
-            trace.cachedTokens = ev.cachedTokens;
-          } else trace.end = `error: ${ev.message}`;
-        }
-        return trace;
-      })();
-      return { live: trace, trace: done, cancel: gen.cancel };
-    },
-    close: () => rt.stop(),
-  };
-}
-
-function tokens(rng: Rng, n: number, vocab: number): number[] {
-  return Array.from({ length: n }, () => rng.nextU32() % vocab);
-}
-
-function gaps(t: readonly number[], from = 1, to = t.length): number[] {
-  const out: number[] = [];
-  for (let i = Math.max(1, from); i < Math.min(to, t.length); i++) out.push(t[i]! - t[i - 1]!);
-  return out;
-}
-
-/** Every request ran to its length (or was cancelled); a constrained one may also stop when its document is whole. */
-function checkEnds(traces: readonly Trace[], what: string, constrained = false): void {
-  const bad = traces.filter(
-    (t) => t.end !== "length" && t.end !== "cancelled" && !(constrained && t.end === "stop"),
-  );
-  if (bad.length > 0) throw new Error(`${what}: ${bad.length} requests ended with ${bad[0]!.end}`);
-}
-
-/** Totals of closed-loop runs of N requests at once, summed over rounds. */
-class BatchTotals {
-  generated = 0;
-  endToEndMs = 0;
-  decoded = 0;
-  decodeMs = 0;
-  /** Every native step and its time; and the steps of exactly N rows (pure decode). */
-  steps = 0;
-  deviceMs = 0;
-  decodeSteps = 0;
-  decodeStepMs = 0;
-  /** Wall time of the runs, from the first submission to the runtime's stop. */
-  wallMs = 0;
-
-  get endToEndTokPerS(): number {
-    return this.generated / (this.endToEndMs / 1000);
-  }
-  /** Tokens after the moment every request had its first, over that window. */
-  get decodeTokPerS(): number {
-    return this.decoded / (this.decodeMs / 1000);
-  }
-  get meanDecodeStepMs(): number {
-    return this.decodeStepMs / this.decodeSteps;
-  }
-  /** The runtime's own time per step: wall time not spent in the native step. */
-  get runtimeMsPerStep(): number {
-    return (this.wallMs - this.deviceMs) / this.steps;
-  }
-}
-
-/** N requests at once: `promptLen` unique prompt tokens each, `maxTokens` generated; adds to `into`. */
-async function concurrent(
-  s: Session,
-  n: number,
-  promptLen: number,
-  maxTokens: number,
-  vocab: number,
-  into: BatchTotals,
-  extra?: Partial<SubmitRequest>,
-): Promise<void> {
-  const rng = new Rng(seedRng(n, "bench-serve-concurrent"));
-  const traces = await Promise.all(
-    Array.from(
-      { length: n },
-      (_, i) => s.submit(`c${n}-${i}`, tokens(rng, promptLen, vocab), maxTokens, extra).trace,
-    ),
-  );
-  checkEnds(traces, `concurrency ${n}`, extra?.constraint !== undefined);
-  const start = Math.min(...traces.map((t) => t.submittedAt));
-  const allFirst = Math.max(...traces.map((t) => t.tokenAt[0]!));
-  const end = Math.max(...traces.map((t) => t.tokenAt[t.tokenAt.length - 1]!));
-  for (const t of traces) {
-    into.generated += t.tokenAt.length;
-    for (const at of t.tokenAt) if (at > allFirst) into.decoded++;
-  }
-  into.endToEndMs += end - start;
-  into.decodeMs += end - allFirst;
-}
-
-const DECODES = 8;
-const DECODE_PROMPT = 32;
-/** 4088 + 8 generated = the small preset's 4096 positions. */
-const LONG_PROMPT = 4088;
-const WARM_TOKENS = 4;
-
-interface Interference {
-  /** Inter-token gaps of the decodes that ended while a long prompt was prefilling ("on") or not. */
-  on: number[];
-  off: number[];
-  longPrefilledTokens: number;
-  longPrefillMs: number;
-  /** Submission to first token of each long prompt that got one (full run: the one "on" phase). */
-  longTtftMs: number[];
-  phases: string[];
-}
-
-/**
- * The same 8 decodes run throughout while phases alternate: "off" (the
- * decodes alone for `offSteps` steps) and "on" (a long prompt submitted and
- * prefilled in tiles beside them, until its first token, or for `onSteps`
- * steps and then cancelled). Alternating within one run exposes both sides
- * to the same machine conditions, which on a shared machine drift more than
- * the effect being measured; for the same reason an "off" after an "on"
- * lasts as many steps as that "on" did (up to `matchSteps`), so a long
- * prefill is not compared with a short, luckier quiet window. A gap belongs
- * to the phase its later token arrived in.
- */
-async function interference(
-  s: Session,
-  vocab: number,
-  plan: readonly ("off" | "on")[],
-  offSteps: number,
-  onSteps: number,
-  matchSteps: number,
-  decodeTokens: number,
-): Promise<Interference> {
-  const rng = new Rng(seedRng(1, "bench-serve-interference"));
-  const decodes = Array.from({ length: DECODES }, (_, i) =>
-    s.submit(`d${i}`, tokens(rng, DECODE_PROMPT, vocab), decodeTokens),
-  );
-  const generated = () => s.rt.stats().generatedTokens;
-  await waitFor(() => generated() >= DECODES * WARM_TOKENS);
-  const windows: { kind: "on" | "off"; from: number; to: number }[] = [];
-  let prefilled = 0;
-  let prefillMs = 0;
-  const ttft: number[] = [];
-  let lastOnSteps = 0;
-  for (const [i, kind] of plan.entries()) {
-    const from = performance.now();
-    const start = generated();
-    if (kind === "off") {
-      const steps = Math.max(offSteps, Math.min(lastOnSteps, matchSteps));
-      await waitFor(() => generated() - start >= steps * DECODES);
-    } else {
-      const computed = s.rt.stats().computedPromptTokens;
-      const long = s.submit(`long${i}`, tokens(rng, LONG_PROMPT, vocab), 8);
-      await waitFor(() => long.live.tokenAt.length > 0 || generated() - start >= onSteps * DECODES);
-      if (long.live.tokenAt.length > 0) ttft.push(long.live.tokenAt[0]! - long.live.submittedAt);
-      prefilled += s.rt.stats().computedPromptTokens - computed;
-      prefillMs += performance.now() - from;
-      long.cancel();
-      await long.trace;
-      lastOnSteps = Math.ceil((generated() - start) / DECODES);
-    }
-    windows.push({ kind, from, to: performance.now() });
-    if (decodes.some((d) => d.live.end !== "")) throw new Error("the decodes ended before the phases did");
-  }
-  for (const d of decodes) d.cancel();
-  const traces = await Promise.all(decodes.map((d) => d.trace));
-  const out: Interference = {
-    on: [],
-    off: [],
-    longPrefilledTokens: prefilled,
-    longPrefillMs: prefillMs,
-    longTtftMs: ttft,
-    phases: [],
-  };
-  for (const t of traces) {
-    for (let k = 1; k < t.tokenAt.length; k++) {
-      const at = t.tokenAt[k]!;
-      const w = windows.find((x) => at > x.from && at <= x.to);
-      if (w) out[w.kind].push(at - t.tokenAt[k - 1]!);
-    }
-  }
-  out.phases = windows.map((w) => `${w.kind} ${round(w.to - w.from)} ms`);
-  return out;
-}
-
-async function waitFor(cond: () => boolean): Promise<void> {
-  while (!cond()) await new Promise((r) => setTimeout(r, 5));
-}
-
-interface WorkloadRun {
-  wallS: number;
-  generated: number;
-  promptTokens: number;
-  computedPromptTokens: number;
-  cachedPromptTokens: number;
-  ttft: number[];
-  itl: number[];
-  maxRunning: number;
-}
-
-/** Open loop: request i arrives at its Poisson time whatever the runtime is doing. */
-async function poisson(s: Session, vocab: number, z: Sizes, ratePerS: number): Promise<WorkloadRun> {
-  const rng = new Rng(seedRng(3, "bench-serve-poisson"));
-  const prefixes = z.prefixes.map((n) => tokens(rng, n, vocab));
-  const pick = (r: readonly [number, number]) => r[0] + (rng.nextU32() % (r[1] - r[0] + 1));
-  const before = s.rt.stats();
-  const start = performance.now();
-  let at = 0;
-  let maxRunning = 0;
-  const runs: Promise<Trace>[] = [];
-  let promptTokens = 0;
-  for (let i = 0; i < z.requests; i++) {
-    // Exponential inter-arrival gaps: −ln(U)/λ.
-    at += (-Math.log(1 - rng.nextFloat()) / ratePerS) * 1000;
-    const prompt = [...prefixes[rng.nextU32() % prefixes.length]!, ...tokens(rng, pick(z.suffix), vocab)];
-    const maxTokens = pick(z.gen);
-    promptTokens += prompt.length;
-    const wait = start + at - performance.now();
-    if (wait > 0) await new Promise((r) => setTimeout(r, wait));
-    runs.push(s.submit(`p${i}`, prompt, maxTokens).trace);
-    const st = s.rt.stats();
-    maxRunning = Math.max(maxRunning, st.running + st.waiting);
-  }
-  const traces = await Promise.all(runs);
-  checkEnds(traces, "poisson");
-  const end = Math.max(...traces.map((t) => t.tokenAt[t.tokenAt.length - 1]!));
-  const after = s.rt.stats();
-  return {
-    wallS: (end - start) / 1000,
-    generated: traces.reduce((a, t) => a + t.tokenAt.length, 0),
-    promptTokens,
-    computedPromptTokens: after.computedPromptTokens - before.computedPromptTokens,
-    cachedPromptTokens: after.cachedPromptTokens - before.cachedPromptTokens,
-    ttft: traces.map((t) => t.tokenAt[0]! - t.submittedAt),
-    itl: traces.flatMap((t) => gaps(t.tokenAt)),
-    maxRunning,
-  };
-}
-
-/** Run sizes: the full run follows the issue; quick shrinks every part to fit in a minute. */
-interface Sizes {
-  readonly genTokens: number;
-  /** Quick: steps of each interference phase (the long prompt is cancelled after them). */
-  readonly windowSteps: number;
-  /** Alternating rounds of the 1- and 16-request runs. */
-  readonly rounds: number;
-  readonly prefixes: readonly number[];
-  readonly suffix: readonly [number, number];
-  readonly gen: readonly [number, number];
-  readonly requests: number;
-}
-const FULL: Sizes = {
-  genTokens: 64,
-  windowSteps: Number.POSITIVE_INFINITY,
-  rounds: 3,
-  prefixes: [256, 512, 768, 1024],
-  suffix: [16, 64],
-  gen: [32, 64],
-  requests: 48,
-};
-const QUICK: Sizes = {
-  genTokens: 16,
-  windowSteps: 12,
-  rounds: 2,
-  prefixes: [64, 128, 192, 256],
-  suffix: [8, 24],
-  gen: [8, 16],
-  requests: 12,
-};
-
 const mean = (r: readonly [number, number]) => (r[0] + r[1]) / 2;
-
-const BURST = 16;
-const BURST_SUFFIX = 16;
-
-/** BURST requests sharing one `system`-token prompt, submitted at once; the prompt rows the runtime computed. */
-async function burst(s: Session, vocab: number, system: number, gen: number) {
-  const rng = new Rng(seedRng(4, "bench-serve-burst"));
-  const shared = tokens(rng, system, vocab);
-  const computed = s.rt.stats().computedPromptTokens;
-  const traces = await Promise.all(
-    Array.from(
-      { length: BURST },
-      (_, i) => s.submit(`b${i}`, [...shared, ...tokens(rng, BURST_SUFFIX, vocab)], gen).trace,
-    ),
-  );
-  checkEnds(traces, "burst");
-  return {
-    computed: s.rt.stats().computedPromptTokens - computed,
-    prompt: BURST * (system + BURST_SUFFIX),
-    shared: s.rt.stats().sharedInFlightTokens,
-    ttft: traces.map((t) => t.tokenAt[0]! - t.submittedAt),
-  };
-}
 
 const bench: Bench = {
   summary:

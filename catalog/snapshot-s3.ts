@@ -5,8 +5,9 @@ import {
   HeadBucketCommand,
   ListObjectsV2Command,
   PutObjectCommand,
-  S3Client,
+  type S3Client,
 } from "@aws-sdk/client-s3";
+import { s3Client } from "../schema/s3-client.ts";
 import { SnapshotError, type SnapshotStore } from "./snapshot.ts";
 
 export interface S3SnapshotOptions {
@@ -34,14 +35,8 @@ export class S3SnapshotStore implements SnapshotStore {
   private readonly client: S3Client;
 
   private constructor(private readonly opts: S3SnapshotOptions) {
-    this.client = new S3Client({
-      endpoint: opts.endpoint,
-      region: opts.region,
-      forcePathStyle: true,
-      credentials: { accessKeyId: opts.accessKeyId, secretAccessKey: opts.secretAccessKey },
+    this.client = s3Client(opts, {
       maxAttempts: 3,
-      requestChecksumCalculation: "WHEN_REQUIRED",
-      responseChecksumValidation: "WHEN_REQUIRED",
       requestHandler: { connectionTimeout: opts.requestTimeoutMs, socketTimeout: opts.requestTimeoutMs },
     });
   }

@@ -4,14 +4,12 @@ import { parseArgs } from "node:util";
 import {
   ConsoleError,
   describeAttributes,
-  embeddedLogPath,
   formatResult,
   openBrackets,
-  openTxSource,
   runQuery,
 } from "../../catalog/console.ts";
-import { Replica } from "../../catalog/replica.ts";
-import { ConfigError, loadConfig } from "../../schema/config.ts";
+import type { Replica } from "../../catalog/replica.ts";
+import { brokerList, withReplica } from "../catalog-source.ts";
 import { type Command, UsageError } from "../command.ts";
 
 const HELP = [
@@ -65,30 +63,15 @@ const command: Command = {
         }
       }
     }
-    const brokers = values.brokers?.split(",").filter((b) => b !== "");
-    let source: Awaited<ReturnType<typeof openTxSource>> | undefined;
-    let replica: Replica | undefined;
-    try {
-      const cfg = loadConfig(values.config);
-      source = await openTxSource({ brokers, logPath: values.log ?? embeddedLogPath(cfg), cfg });
-      replica = await Replica.start({ log: source.log, warn: (m) => console.error(m) });
-      await replica.catchUp();
+    const catalog = { brokers: brokerList(values.brokers), log: values.log, config: values.config };
+    return withReplica("console", catalog, async (replica, source) => {
       if (values.eval !== undefined) {
         console.log(formatResult(runQuery(replica.datalog(), values.eval, rules), json));
         return 0;
       }
       await repl(replica, rules, json, source.where);
       return 0;
-    } catch (err) {
-      if (err instanceof ConsoleError || err instanceof ConfigError) {
-        console.error(`continuum console: ${err.message}`);
-        return 1;
-      }
-      throw err;
-    } finally {
-      await replica?.stop();
-      await source?.close();
-    }
+    });
   },
 };
 

@@ -1,10 +1,8 @@
 import { parseArgs } from "node:util";
-import { ConsoleError, embeddedLogPath, openTxSource } from "../../catalog/console.ts";
-import { Replica } from "../../catalog/replica.ts";
 import { readDecisions } from "../../controller/replay/records.ts";
 import { type ReplayReport, replay } from "../../controller/replay/replay.ts";
 import type { TtftWeights } from "../../controller/router.ts";
-import { ConfigError, loadConfig } from "../../schema/config.ts";
+import { brokerList, withReplica } from "../catalog-source.ts";
 import { type Command, UsageError } from "../command.ts";
 
 const TERMS: readonly (keyof TtftWeights)[] = ["queue", "fetch", "upload", "prefill", "firstToken"];
@@ -86,14 +84,8 @@ const command: Command = {
     if (!/^\d+$/.test(seedText) || !Number.isSafeInteger(seed))
       throw new UsageError(`--seed must be a non-negative integer, got '${seedText}'`);
     const weights = parseWeights(values.weight ?? []);
-    const brokers = values.brokers?.split(",").filter((b) => b !== "");
-    let source: Awaited<ReturnType<typeof openTxSource>> | undefined;
-    let replica: Replica | undefined;
-    try {
-      const cfg = loadConfig(values.config);
-      source = await openTxSource({ brokers, logPath: values.log ?? embeddedLogPath(cfg), cfg });
-      replica = await Replica.start({ log: source.log, warn: (m) => console.error(m) });
-      await replica.catchUp();
+    const catalog = { brokers: brokerList(values.brokers), log: values.log, config: values.config };
+    return withReplica("replay", catalog, async (replica, source) => {
       const read = readDecisions(replica.catalog, values.model);
       const report = replay(read.decisions, { seed, ...(weights ? { weights } : {}) });
       if (report === null) {
@@ -110,16 +102,7 @@ const command: Command = {
           console.log(`(${read.withoutInputs} older records without inputs skipped)`);
       }
       return 0;
-    } catch (err) {
-      if (err instanceof ConsoleError || err instanceof ConfigError) {
-        console.error(`continuum replay: ${err.message}`);
-        return 1;
-      }
-      throw err;
-    } finally {
-      await replica?.stop();
-      await source?.close();
-    }
+    });
   },
 };
 

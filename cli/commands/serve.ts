@@ -4,19 +4,12 @@ import { createLogger } from "../../schema/log.ts";
 import { resource } from "../../schema/scope.ts";
 import { KvGeometry } from "../../worker/checkpoint/chunk-format.ts";
 import { openEmbeddedCache } from "../../worker/restore/embedded.ts";
-import { chooseEngine, loadEngine } from "../../worker/runtime/engine-load.ts";
 import { WorkerRuntime } from "../../worker/runtime/runtime.ts";
 import { openFrontDoor } from "../api-server.ts";
 import { type Command, UsageError } from "../command.ts";
-import { ensureModel } from "../embedded/model.ts";
+import { openModelEngine } from "../embedded/model.ts";
 import { EmbeddedService } from "../embedded/service.ts";
-import {
-  explainStartupError,
-  lockDirs,
-  registerDegradedMetric,
-  requireFreeSpace,
-  serveDirs,
-} from "../embedded/startup.ts";
+import { explainStartupError, ownDataDirs, registerDegradedMetric, serveDirs } from "../embedded/startup.ts";
 import { configuredChatTemplate } from "../embedded/text-codec.ts";
 import { workerStatus } from "../fleet.ts";
 import { parseRoleArgs } from "../options.ts";
@@ -54,35 +47,9 @@ const command: Command = {
           throw explainStartupError(err, config.store.dataDir);
         };
         // One owner per data dir, before anything is written to it (the generated model included).
-        yield* resource(
-          () => {
-            try {
-              const locks = lockDirs(serveDirs(config));
-              requireFreeSpace(config.store.dataDir);
-              return locks;
-            } catch (err) {
-              return explain(err);
-            }
-          },
-          (locks) => {
-            for (const l of locks.reverse()) l.release();
-          },
-        );
-        // The engine's execution variant names the model's fingerprint, so its
-        // chunks are restored as exact only by engines computing the same bits.
-        const choice = chooseEngine(config.worker.backend, config.model.variant);
-        const { model, id } = yield* Effect.promise(() =>
-          ensureModel(config, log, choice.variant).catch(explain),
-        );
+        yield* ownDataDirs(serveDirs(config), config.store.dataDir);
+        const { model, id, engine, variant } = yield* openModelEngine(config, log, config.store.dataDir);
         const chatTemplate = yield* Effect.promise(() => configuredChatTemplate(config));
-        const engine = yield* resource(
-          () =>
-            loadEngine(model, config.pages, {
-              ...(config.worker.threads ? { threads: config.worker.threads } : {}),
-              backend: choice.backend,
-            }),
-          (e) => e.free(),
-        );
         // Durable prefixes (embedded catalog log + local chunk files): released after the runtime stops.
         const durable = yield* resource(
           () => openEmbeddedCache({ engine, model, modelName: id, config, logger: log }).catch(explain),
@@ -145,7 +112,7 @@ const command: Command = {
           url: `http://${config.controller.host}:${port}`,
           model: id,
           engine: engine.backend,
-          variant: choice.variant,
+          variant,
           threads: engine.threads,
         });
         process.stderr.write(

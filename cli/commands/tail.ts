@@ -1,7 +1,6 @@
 import { parseArgs } from "node:util";
-import { ConsoleError, embeddedLogPath, openTxSource } from "../../catalog/console.ts";
 import { tailLog } from "../../catalog/tail.ts";
-import { ConfigError, loadConfig } from "../../schema/config.ts";
+import { brokerList, withTxSource } from "../catalog-source.ts";
 import { type Command, UsageError } from "../command.ts";
 
 const command: Command = {
@@ -36,12 +35,10 @@ const command: Command = {
     const from = values.from === undefined ? 0 : Number(values.from);
     if (!Number.isSafeInteger(from) || from < 0)
       throw new UsageError(`--from must be a non-negative integer, got ${values.from}`);
-    const brokers = values.brokers?.split(",").filter((b) => b !== "");
+    const brokers = brokerList(values.brokers);
     if (values.follow && !brokers)
       throw new UsageError("--follow needs --brokers (the embedded log is read as a copy)");
-    try {
-      const cfg = loadConfig(values.config);
-      const source = await openTxSource({ brokers, logPath: values.log ?? embeddedLogPath(cfg), cfg });
+    return withTxSource("tail", { brokers, log: values.log, config: values.config }, async (source) => {
       const stop = new AbortController();
       const onSigint = () => stop.abort();
       process.once("SIGINT", onSigint);
@@ -53,16 +50,9 @@ const command: Command = {
         );
       } finally {
         process.off("SIGINT", onSigint);
-        await source.close();
       }
       return 0;
-    } catch (err) {
-      if (err instanceof ConsoleError || err instanceof ConfigError) {
-        console.error(`continuum tail: ${err.message}`);
-        return 1;
-      }
-      throw err;
-    }
+    });
   },
 };
 /** Runs an argument parser; its errors (unknown option, missing value) become usage errors. */

@@ -5,13 +5,12 @@ import { WorkerAgent } from "../../worker/agent/agent.ts";
 import { KvGeometry } from "../../worker/checkpoint/chunk-format.ts";
 import { Prefetcher } from "../../worker/prefetch/prefetcher.ts";
 import { DurableCache } from "../../worker/restore/durable-cache.ts";
-import { chooseEngine, loadEngine } from "../../worker/runtime/engine-load.ts";
 import { WorkerRuntime } from "../../worker/runtime/runtime.ts";
 import { ConstraintCompiler } from "../../worker/structured/constraint.ts";
 import { probeTiers, WarmStart, warmCatalog, warmEngine, warmStep } from "../../worker/warm/warm-start.ts";
 import type { Command } from "../command.ts";
-import { ensureModel } from "../embedded/model.ts";
-import { explainStartupError, lockDirs, requireFreeSpace } from "../embedded/startup.ts";
+import { openModelEngine } from "../embedded/model.ts";
+import { ownDataDirs } from "../embedded/startup.ts";
 import {
   durableTiers,
   fleetSnapshots,
@@ -69,39 +68,11 @@ const command: Command = {
         const warm = new WarmStart();
         const loadStart = performance.now();
         const cacheConfig = workerCacheConfig(config, workerId);
-        const explain = (err: unknown) => {
-          throw explainStartupError(err, cacheConfig.store.dir.path);
-        };
+        const storeDir = cacheConfig.store.dir.path;
         // One owner per worker directory (its chunk files), before anything is written there.
-        yield* resource(
-          () => {
-            try {
-              const locks = lockDirs([cacheConfig.store.dir.path]);
-              requireFreeSpace(cacheConfig.store.dir.path);
-              return locks;
-            } catch (err) {
-              return explain(err);
-            }
-          },
-          (locks) => {
-            for (const l of locks.reverse()) l.release();
-          },
-        );
-        // The engine's execution variant names the model's fingerprint: this
-        // worker's chunks are restored as exact only by workers of its variant,
-        // and the controller routes to it only if it routes that variant.
-        const choice = chooseEngine(config.worker.backend, config.model.variant);
-        const { model, id: modelId } = yield* Effect.promise(() =>
-          ensureModel(config, log, choice.variant).catch(explain),
-        );
-        const engine = yield* resource(
-          () =>
-            loadEngine(model, config.pages, {
-              ...(config.worker.threads ? { threads: config.worker.threads } : {}),
-              backend: choice.backend,
-            }),
-          (e) => e.free(),
-        );
+        yield* ownDataDirs([storeDir], storeDir);
+        // The controller routes to this worker only if it routes the engine's execution variant.
+        const { model, id: modelId, engine, variant } = yield* openModelEngine(config, log, storeDir);
         warm.mark("model", performance.now() - loadStart);
         // This worker's durable prefixes: RAM and local files of its own (one
         // directory per worker id, so workers sharing a data dir never share a
@@ -241,7 +212,7 @@ const command: Command = {
           fingerprint: model.fingerprint,
           controller: config.worker.controllerUrl,
           engine: engine.backend,
-          variant: choice.variant,
+          variant,
           threads: engine.threads,
           warmMs: Math.round(Object.values(warm.report()).reduce((a, b) => a + (b ?? 0), 0)),
         });

@@ -1,7 +1,10 @@
 import { access } from "node:fs/promises";
 import { basename, join, resolve } from "node:path";
+import { Effect, type Scope } from "effect";
+import type { Engine } from "../../native/index.ts";
 import type { Config } from "../../schema/config.ts";
 import type { Logger } from "../../schema/log.ts";
+import { resource } from "../../schema/scope.ts";
 import { generateModel } from "../../worker/model/generate.ts";
 import {
   type LoadedModel,
@@ -10,6 +13,8 @@ import {
   type ModelIdentity,
 } from "../../worker/model/model-dir.ts";
 import { routedVariant } from "../../worker/model/variant.ts";
+import { chooseEngine, loadEngine } from "../../worker/runtime/engine-load.ts";
+import { explainStartupError } from "./startup.ts";
 
 /**
  * The model a process serves: `model.dir` when set, else the generated preset
@@ -32,6 +37,37 @@ export async function ensureModel(
     layers: model.config.spec.nLayers,
   });
   return { model, id: modelId(dir) };
+}
+
+/**
+ * A role's model and the engine that runs it, acquired in the role's scope
+ * (the engine freed when it closes). The engine's execution variant is chosen
+ * first: it names the model's fingerprint, so the role's chunks are restored
+ * as exact only by engines computing the same bits. A failure to get the
+ * model reads as explainStartupError(err, dataDir) says.
+ */
+export function openModelEngine(
+  config: Config,
+  log: Logger,
+  dataDir: string,
+): Effect.Effect<{ model: LoadedModel; id: string; engine: Engine; variant: string }, unknown, Scope.Scope> {
+  return Effect.gen(function* () {
+    const choice = chooseEngine(config.worker.backend, config.model.variant);
+    const { model, id } = yield* Effect.promise(() =>
+      ensureModel(config, log, choice.variant).catch((err: unknown) => {
+        throw explainStartupError(err, dataDir);
+      }),
+    );
+    const engine = yield* resource(
+      () =>
+        loadEngine(model, config.pages, {
+          ...(config.worker.threads ? { threads: config.worker.threads } : {}),
+          backend: choice.backend,
+        }),
+      (e) => e.free(),
+    );
+    return { model, id, engine, variant: choice.variant };
+  });
 }
 
 /**

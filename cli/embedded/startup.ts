@@ -1,7 +1,9 @@
 import { statfsSync } from "node:fs";
 import { resolve } from "node:path";
+import type { Effect, Scope } from "effect";
 import { Gauge, type Registry } from "../../controller/metrics.ts";
 import type { Config } from "../../schema/config.ts";
+import { resource } from "../../schema/scope.ts";
 import { type FileLock, lockDir } from "../../worker/store/dir-lock.ts";
 import type { S3Tier } from "../../worker/store/s3.ts";
 
@@ -22,6 +24,33 @@ export function lockDirs(dirs: readonly string[]): FileLock[] {
     throw err;
   }
   return held;
+}
+
+/**
+ * A role's first resource: `dirs` locked (one owner each) and `spaceDir`'s free
+ * space checked, before anything is written there; the locks are released,
+ * in reverse, when the role's scope closes. A failure reads as
+ * explainStartupError(err, spaceDir) says.
+ */
+export function ownDataDirs(
+  dirs: readonly string[],
+  spaceDir: string,
+): Effect.Effect<FileLock[], unknown, Scope.Scope> {
+  return resource(
+    () => {
+      const locks = lockDirs(dirs);
+      try {
+        requireFreeSpace(spaceDir);
+      } catch (err) {
+        for (const l of locks.reverse()) l.release();
+        throw explainStartupError(err, spaceDir);
+      }
+      return locks;
+    },
+    (locks) => {
+      for (const l of locks.reverse()) l.release();
+    },
+  );
 }
 
 /** The directories `continuum serve` owns: the data dir, and store.dir.path when set. */

@@ -45,7 +45,7 @@ import {
   UNMATCHED_ROUTE,
 } from "./routes.ts";
 import type { InferenceService, ModelInfo } from "./service.ts";
-import { detokenize, modelCard, pickModel, tokenizeAnswer, tokenizeInput } from "./tokenize.ts";
+import { detokenize, findModel, modelCard, pickModel, tokenizeAnswer, tokenizeInput } from "./tokenize.ts";
 import { SERVER_VERSION } from "./version.ts";
 
 /**
@@ -396,16 +396,7 @@ export class ApiServer {
   }
 
   private model(name: string): ModelInfo {
-    const m = this.service.models().find((x) => x.id === name);
-    if (!m)
-      throw new ApiError(
-        404,
-        `the model '${name.slice(0, 128)}' does not exist`,
-        "invalid_request_error",
-        "model",
-        "model_not_found",
-      );
-    return m;
+    return findModel(this.service.models(), name);
   }
 
   private async complete(call: Call, who: Principal, kind: "completion" | "chat"): Promise<void> {

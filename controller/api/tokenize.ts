@@ -22,11 +22,16 @@ export function pickModel(models: readonly ModelInfo[], name: unknown): ModelInf
     throw badRequest("'model' is required", "model");
   }
   if (typeof name !== "string") throw badRequest("'model' must be a string", "model");
+  return findModel(models, name);
+}
+
+/** The served model named `name`, else a 404 model_not_found (the name echoed up to 128 characters). */
+export function findModel(models: readonly ModelInfo[], name: string): ModelInfo {
   const m = models.find((x) => x.id === name);
   if (!m)
     throw new ApiError(
       404,
-      `the model '${name}' does not exist`,
+      `the model '${name.slice(0, 128)}' does not exist`,
       "invalid_request_error",
       "model",
       "model_not_found",

@@ -1,20 +1,17 @@
 import type { Readable } from "node:stream";
 import {
-  AbortMultipartUploadCommand,
-  CompleteMultipartUploadCommand,
   CreateBucketCommand,
-  CreateMultipartUploadCommand,
   DeleteObjectCommand,
   GetObjectCommand,
   HeadBucketCommand,
   HeadObjectCommand,
   ListObjectsV2Command,
   PutObjectCommand,
-  S3Client,
-  UploadPartCommand,
+  type S3Client,
 } from "@aws-sdk/client-s3";
 import type { ContentId } from "../../schema/ids.ts";
 import type { RetryPolicy } from "../../schema/retry.ts";
+import { s3Client, s3NotFound, s3Status } from "../../schema/s3-client.ts";
 import {
   type ChunkInfo,
   type ChunkMeta,
@@ -41,6 +38,7 @@ import {
 } from "./errors.ts";
 import { FrameReader } from "./frame-reader.ts";
 import { AttemptTimeoutError, withRetries } from "./retry.ts";
+import { MultipartUpload, type S3Requests } from "./s3-multipart.ts";
 
 export interface S3TierOptions {
   readonly endpoint: string;
@@ -102,6 +100,8 @@ export class S3Tier implements ChunkTier {
   private readonly counters = new TierCounters();
   private readonly closing = new AbortController();
   private readonly inFlight = new Set<Promise<unknown>>();
+  /** What a multipart upload (s3-multipart.ts) sends its requests through. */
+  private readonly requests: S3Requests;
   /** Whether the last request's outcome was an answer from S3 (false: it was unreachable after its retries). */
   private answering = true;
   /** The bucket still has to be made sure of before the first put (S3 was unreachable at open). */
@@ -123,14 +123,8 @@ export class S3Tier implements ChunkTier {
     this.prefix = opts.prefix ?? "chunks/";
     this.report = opts.report ?? stderrReporter;
     this.policy = { maxAttempts: opts.maxAttempts, baseMs: opts.retryBaseMs, capMs: opts.retryBaseMs * 32 };
-    this.client = new S3Client({
-      endpoint: opts.endpoint,
-      region: opts.region,
-      forcePathStyle: true,
-      credentials: { accessKeyId: opts.accessKeyId, secretAccessKey: opts.secretAccessKey },
+    this.client = s3Client(opts, {
       maxAttempts: 1,
-      requestChecksumCalculation: "WHEN_REQUIRED",
-      responseChecksumValidation: "WHEN_REQUIRED",
       requestHandler: {
         connectionTimeout: Math.min(opts.requestTimeoutMs, 5_000),
         // Idle socket: a server that stops answering mid-body is noticed.
@@ -138,6 +132,13 @@ export class S3Tier implements ChunkTier {
         httpAgent: { keepAlive: true, maxSockets: 32 },
       },
     });
+    this.requests = {
+      client: this.client,
+      bucket: this.bucket,
+      requestTimeoutMs: opts.requestTimeoutMs,
+      keyOf: (id) => this.keyOf(id),
+      retry: (op, bodyBytes, attempt) => this.retry(op, bodyBytes, attempt),
+    };
   }
 
   /**
@@ -241,9 +242,8 @@ export class S3Tier implements ChunkTier {
         await this.putObject(cid, body);
         return;
       }
-      const upload = await this.createUpload(cid);
+      const parts = await MultipartUpload.create(this.requests, cid, this.opts.partConcurrency);
       try {
-        const parts = new PartUploader(this, cid, upload, this.opts.partConcurrency);
         const partBytes = this.opts.partBytes;
         let part = Buffer.allocUnsafe(Math.min(partBytes, total));
         prefix.copy(part, 0);
@@ -273,9 +273,9 @@ export class S3Tier implements ChunkTier {
         const actual = hash.digest("hex") as ContentId;
         if (actual !== cid) throw new ContentMismatchError(cid, actual);
         if (fill > 0) await parts.add(part.subarray(0, fill));
-        await this.completeUpload(cid, upload, await parts.finish());
+        await parts.complete();
       } catch (err) {
-        await this.abortUpload(cid, upload);
+        await parts.abort();
         throw err;
       }
     });
@@ -373,7 +373,7 @@ export class S3Tier implements ChunkTier {
           });
           return true;
         } catch (err) {
-          if (isNotFound(err)) return false;
+          if (s3NotFound(err)) return false;
           throw err;
         }
       }),
@@ -448,7 +448,7 @@ export class S3Tier implements ChunkTier {
       });
       return undefined;
     } catch (err) {
-      if (statusOf(err) !== undefined) return undefined;
+      if (s3Status(err) !== undefined) return undefined;
       return describe(err);
     }
   }
@@ -474,7 +474,7 @@ export class S3Tier implements ChunkTier {
         await this.client.send(new HeadBucketCommand({ Bucket: this.bucket }), { abortSignal: signal });
         return true;
       } catch (err) {
-        if (isNotFound(err)) return false;
+        if (s3NotFound(err)) return false;
         throw err;
       }
     });
@@ -510,9 +510,8 @@ export class S3Tier implements ChunkTier {
     const count = Math.ceil(total / P);
     if (count > MAX_PARTS)
       throw new ObjectTooLargeError("s3", payload.byteLength, MAX_PARTS * P - prefix.byteLength);
-    const upload = await this.createUpload(id);
+    const parts = await MultipartUpload.create(this.requests, id, this.opts.partConcurrency);
     try {
-      const parts = new PartUploader(this, id, upload, this.opts.partConcurrency);
       for (let i = 0; i < count; i++) {
         // Framed range [i·P, min((i+1)·P, total)); payload offsets are shifted by the prefix length.
         const end = Math.min((i + 1) * P, total) - prefix.byteLength;
@@ -522,67 +521,10 @@ export class S3Tier implements ChunkTier {
             : payload.subarray(i * P - prefix.byteLength, end);
         await parts.add(body);
       }
-      await this.completeUpload(id, upload, await parts.finish());
+      await parts.complete();
     } catch (err) {
-      await this.abortUpload(id, upload);
+      await parts.abort();
       throw err;
-    }
-  }
-
-  private async createUpload(id: ContentId): Promise<string> {
-    const out = await this.retry(`create multipart ${id}`, undefined, (signal) =>
-      this.client.send(new CreateMultipartUploadCommand({ Bucket: this.bucket, Key: this.keyOf(id) }), {
-        abortSignal: signal,
-      }),
-    );
-    if (out.UploadId === undefined)
-      throw new StoreUnavailableError("s3", `create multipart ${id}`, 1, "no UploadId");
-    return out.UploadId;
-  }
-
-  /** Uploads one part (1-based number) and returns its ETag. */
-  async uploadPart(id: ContentId, uploadId: string, partNumber: number, body: Uint8Array): Promise<string> {
-    const out = await this.retry(`upload part ${partNumber} of ${id}`, body.byteLength, (signal) =>
-      this.client.send(
-        new UploadPartCommand({
-          Bucket: this.bucket,
-          Key: this.keyOf(id),
-          UploadId: uploadId,
-          PartNumber: partNumber,
-          Body: body,
-          ContentLength: body.byteLength,
-        }),
-        { abortSignal: signal },
-      ),
-    );
-    if (out.ETag === undefined)
-      throw new StoreUnavailableError("s3", `upload part ${partNumber} of ${id}`, 1, "no ETag");
-    return out.ETag;
-  }
-
-  private async completeUpload(id: ContentId, uploadId: string, etags: string[]): Promise<void> {
-    await this.retry(`complete multipart ${id}`, undefined, (signal) =>
-      this.client.send(
-        new CompleteMultipartUploadCommand({
-          Bucket: this.bucket,
-          Key: this.keyOf(id),
-          UploadId: uploadId,
-          MultipartUpload: { Parts: etags.map((ETag, i) => ({ ETag, PartNumber: i + 1 })) },
-        }),
-        { abortSignal: signal },
-      ),
-    );
-  }
-
-  /** Best effort: a failed abort leaves parts the server's lifecycle rules reclaim, never a visible object. */
-  private async abortUpload(id: ContentId, uploadId: string): Promise<void> {
-    try {
-      await this.client.send(
-        new AbortMultipartUploadCommand({ Bucket: this.bucket, Key: this.keyOf(id), UploadId: uploadId }),
-        { abortSignal: AbortSignal.timeout(this.opts.requestTimeoutMs) },
-      );
-    } catch {
-      // The upload was never completed, so no object became visible.
     }
   }
 
@@ -604,7 +546,7 @@ export class S3Tier implements ChunkTier {
       stream.once("close", () => signal.removeEventListener("abort", onAbort));
       return { stream, contentLength: out.ContentLength };
     } catch (err) {
-      if (isNotFound(err)) return undefined;
+      if (s3NotFound(err)) return undefined;
       throw err;
     }
   }
@@ -633,7 +575,7 @@ export class S3Tier implements ChunkTier {
       (err: unknown) => {
         // Out of retries on network trouble: unreachable. Any other verdict came with an answer.
         if (err instanceof StoreUnavailableError) this.answering = false;
-        else if (statusOf(err) !== undefined) this.answering = true;
+        else if (s3Status(err) !== undefined) this.answering = true;
         throw err;
       },
     );
@@ -663,58 +605,6 @@ export class S3Tier implements ChunkTier {
 }
 
 /**
- * Parts of one multipart upload with at most `concurrency` in flight; `add`
- * waits while the window is full, so memory stays bounded.
- */
-class PartUploader {
-  private readonly etags: string[] = [];
-  private readonly window = new Set<Promise<void>>();
-  private failure: unknown;
-  private next = 1;
-
-  constructor(
-    private readonly tier: S3Tier,
-    private readonly id: ContentId,
-    private readonly uploadId: string,
-    private readonly concurrency: number,
-  ) {}
-
-  async add(body: Uint8Array): Promise<void> {
-    while (this.window.size >= this.concurrency) await Promise.race(this.window);
-    if (this.failure !== undefined) throw this.failure;
-    const n = this.next++;
-    const p: Promise<void> = this.tier.uploadPart(this.id, this.uploadId, n, body).then(
-      (etag) => {
-        this.etags[n - 1] = etag;
-        this.window.delete(p);
-      },
-      (err) => {
-        this.failure ??= err;
-        this.window.delete(p);
-      },
-    );
-    this.window.add(p);
-  }
-
-  /** ETags in part order once every part is up; the first failure otherwise. */
-  async finish(): Promise<string[]> {
-    await Promise.all([...this.window]);
-    if (this.failure !== undefined) throw this.failure;
-    return this.etags;
-  }
-}
-
-function statusOf(err: unknown): number | undefined {
-  const s = (err as { $metadata?: { httpStatusCode?: unknown } } | null)?.$metadata?.httpStatusCode;
-  return typeof s === "number" ? s : undefined;
-}
-
-function isNotFound(err: unknown): boolean {
-  const name = (err as Error | null)?.name;
-  return statusOf(err) === 404 || name === "NoSuchKey" || name === "NotFound" || name === "NoSuchBucket";
-}
-
-/**
  * Another attempt may help after network trouble, a timeout, 5xx, 429 or 408.
  * Client errors (403, 404, a bad request) and our own verdicts (corrupt,
  * mismatch, closed) are final.
@@ -722,7 +612,7 @@ function isNotFound(err: unknown): boolean {
 function retryable(err: unknown): boolean {
   if (err instanceof AttemptTimeoutError) return true;
   if (err instanceof StoreError) return false;
-  const status = statusOf(err);
+  const status = s3Status(err);
   if (status !== undefined) return status >= 500 || status === 429 || status === 408;
   return true;
 }

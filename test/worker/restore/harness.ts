@@ -2,6 +2,7 @@ import { randomUUID } from "node:crypto";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { bitEqual, GreedyDevice, generateGreedy, xorshiftTokens } from "../../../bench/_greedy-device.ts";
 import { CatalogDb } from "../../../catalog/db.ts";
 import type { CatalogLog, TxLogReader, WriterLog } from "../../../catalog/log.ts";
 import { longestPublishedPrefix } from "../../../catalog/queries.ts";
@@ -9,7 +10,7 @@ import { CatalogWriter } from "../../../catalog/writer.ts";
 import type { Engine } from "../../../native/index.ts";
 import { type Config, defaultConfig } from "../../../schema/config.ts";
 import { catalogNodeId, prefixChain } from "../../../schema/identity.ts";
-import { ContinuationId, type PageId, RequestId, TokenCount } from "../../../schema/ids.ts";
+import type { ContinuationId } from "../../../schema/ids.ts";
 import { silentLogger } from "../../../schema/log.ts";
 import {
   type Calibration,
@@ -20,10 +21,8 @@ import { KvGeometry } from "../../../worker/checkpoint/chunk-format.ts";
 import { releaseWindow } from "../../../worker/model/layout.ts";
 import type { LoadedModel } from "../../../worker/model/model-dir.ts";
 import { PageHashChain } from "../../../worker/pages/page-hashes.ts";
-import { PageManager } from "../../../worker/pages/page-manager.ts";
 import { DurableCache, type DurableCacheOptions } from "../../../worker/restore/durable-cache.ts";
 import { Restorer } from "../../../worker/restore/restorer.ts";
-import { buildBatch } from "../../../worker/runtime/batch.ts";
 import { loadEngine } from "../../../worker/runtime/engine-load.ts";
 import { type RuntimeOptions, WorkerRuntime } from "../../../worker/runtime/runtime.ts";
 
@@ -161,129 +160,25 @@ export async function startWorker(model: LoadedModel, spec: WorkerSpec): Promise
 }
 
 /** Greedy generation through a runtime: the tokens and how many prompt tokens were reused. */
-export async function generate(
-  runtime: WorkerRuntime,
-  prompt: readonly number[],
-  maxTokens: number,
-): Promise<{ tokens: number[]; cachedTokens: number }> {
-  const gen = runtime.submit({
-    requestId: RequestId(`q-${randomUUID().slice(0, 8)}`),
-    salt: undefined,
-    prompt,
-    maxTokens,
-    temperature: 0,
-    topP: 1,
-    topK: 0,
-    seed: 1,
-    stopTokenIds: [],
-  });
-  const tokens: number[] = [];
-  for await (const e of gen.events) {
-    if (e.type === "token") tokens.push(e.token);
-    else if (e.type === "error") throw new Error(e.message);
-    else return { tokens, cachedTokens: e.cachedTokens };
-  }
-  throw new Error("the generation ended without an end event");
-}
+export const generate = (runtime: WorkerRuntime, prompt: readonly number[], maxTokens: number) =>
+  generateGreedy(runtime, prompt, maxTokens);
 
 /** A deterministic prompt of `n` tokens below `vocab`. */
 export function promptOf(n: number, seed: number, vocab = 512): number[] {
-  let x = seed >>> 0 || 1;
-  const out: number[] = [];
-  for (let i = 0; i < n; i++) {
-    x ^= x << 13;
-    x ^= x >>> 17;
-    x ^= x << 5;
-    out.push((x >>> 0) % vocab);
-  }
-  return out;
+  return xorshiftTokens(n, seed, vocab);
 }
 
-/**
- * A bare device for exactness checks: a fresh engine and page manager on which
- * a test restores a route and then runs prefill and greedy decode itself, so
- * it can read the logits.
- */
-export class Device {
-  readonly pages: PageManager;
-  private constructor(
-    readonly engine: Engine,
-    window: number | null,
-  ) {
-    this.pages = new PageManager({ pageTokens: PAGE, physicalPages: 256, debugInvariants: true, window });
-  }
-
+/** A bare device for exactness checks (bench/_greedy-device.ts) of 256 pages, its invariants checked after each change. */
+export class Device extends GreedyDevice {
   /** `release`: pages dead for every layer's window are released, as the runtime does (default true). */
   static async open(model: LoadedModel, opts: { readonly release?: boolean } = {}): Promise<Device> {
     const window = opts.release === false ? null : releaseWindow(model.config.spec.layers);
-    return new Device(
-      await loadEngine(model, { physicalPages: 256, pageTokens: PAGE }, { threads: 1 }),
-      window,
-    );
-  }
-
-  openRoute(name: string, totalTokens: number): ContinuationId {
-    const id = ContinuationId(name);
-    this.pages.openRoute(id, { reserveTokens: TokenCount(totalTokens) });
-    return id;
-  }
-
-  /**
-   * Feeds tokens[route rows, tokens.length) in one step (the rest of the
-   * prompt, pending token last) and then `decode` greedy tokens one at a
-   * time. Returns the first token's logits and the greedy tokens.
-   */
-  async continueGreedy(
-    route: ContinuationId,
-    tokens: readonly number[],
-    decode: number,
-  ): Promise<{ logits: Float32Array; greedy: number[] }> {
-    const seq = [...tokens];
-    const chain = new PageHashChain(PAGE, undefined);
-    let first: Float32Array | undefined;
-    const greedy: number[] = [];
-    for (let step = 0; step <= decode; step++) {
-      const have = this.pages.route(route).tokens;
-      const rows = seq.length - have;
-      const plan = this.pages.beginAppend(route, TokenCount(rows));
-      for (const c of plan.copies) await this.engine.copyPage(c.src, c.dst);
-      const built = buildBatch([
-        {
-          tokens: seq.slice(have),
-          firstPosition: have,
-          slots: plan.slots,
-          pageTable: plan.pageTable as PageId[],
-          wantLogits: true,
-        },
-      ]);
-      const logits = await this.engine.step(built.batch);
-      const before = Math.floor(have / PAGE);
-      this.pages.commitAppend(route, chain.extend(seq, seq.length).slice(before));
-      const vocab = this.engine.spec.vocab;
-      const at = built.logitIndex[0]!;
-      const row = logits.slice(at * vocab, (at + 1) * vocab);
-      first ??= row;
-      let best = 0;
-      for (let i = 1; i < vocab; i++) if (row[i]! > row[best]!) best = i;
-      greedy.push(best);
-      seq.push(best);
-    }
-    return { logits: first!, greedy };
-  }
-
-  close(): void {
-    this.engine.free();
+    const engine = await loadEngine(model, { physicalPages: 256, pageTokens: PAGE }, { threads: 1 });
+    return new Device(engine, { pageTokens: PAGE, physicalPages: 256, debugInvariants: true, window });
   }
 }
 
-/** Bitwise equality of two float arrays (NaN-safe, -0 ≠ +0). */
-export function bitEqual(a: Float32Array, b: Float32Array): boolean {
-  if (a.length !== b.length) return false;
-  const x = new Uint32Array(a.buffer, a.byteOffset, a.length);
-  const y = new Uint32Array(b.buffer, b.byteOffset, b.length);
-  for (let i = 0; i < x.length; i++) if (x[i] !== y[i]) return false;
-  return true;
-}
+export { bitEqual };
 
 /** A restorer over `worker`'s tiers and catalog identity that loads into another engine (a Device's). */
 export function restorerFor(
