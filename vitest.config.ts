@@ -11,11 +11,13 @@ const globalSetup = readdirSync(new URL("./test/setup/", import.meta.url))
   .map((f) => `./test/setup/${f}`);
 
 // test/ mirrors the source tree: test/<room>/... holds the tests of
-// <room>/... (schema, catalog, controller, worker, native, deploy), whether they
-// are pure-logic units, numeric oracles or in-process integration against the
-// real Kafka and S3 that test/setup/ starts. test/e2e/ holds the process-level
-// suites: `continuum serve` and `cluster up` as child processes, the fleet's
-// fault cases and the OpenAI client against a running server.
+// <room>/... (schema, catalog, controller, worker, native, cli, deploy), whether
+// they are pure-logic units, numeric oracles or in-process integration against
+// the real Kafka and S3 that test/setup/ starts. test/e2e/ holds the
+// process-level suites: `continuum serve` and `cluster up` as child processes
+// (the OpenAI client against them, start-up, cache tiers, families, GGUF), the
+// fleet's fault cases, the chaos suite (deploy/chaos/) and the operations suite
+// (both web views in headless Chromium, Prometheus scraping /metrics).
 export default defineConfig({
   test: {
     include: ["test/**/*.test.ts"],
