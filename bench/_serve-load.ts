@@ -155,7 +155,7 @@ export async function decodeRate(
 }
 
 /** Counter values of /metrics by full name with labels. */
-export async function metrics(s: ServeHandle): Promise<Map<string, number>> {
+export async function metrics(s: { readonly url: string }): Promise<Map<string, number>> {
   const text = await (await fetch(`${s.url}/metrics`)).text();
   const out = new Map<string, number>();
   for (const line of text.split("\n")) {
@@ -168,7 +168,7 @@ export async function metrics(s: ServeHandle): Promise<Map<string, number>> {
 
 /** Waits (bounded) until the catalog holds `n` ready replicas in `tier`; false on timeout. */
 export async function readyReplicas(
-  s: ServeHandle,
+  s: { readonly url: string },
   tier: string,
   n: number,
   timeoutMs: number,

@@ -16,3 +16,12 @@ export interface Command {
 export class UsageError extends Error {
   override readonly name = "UsageError";
 }
+
+/** Runs an argument parser (node:util parseArgs); its errors (unknown option, missing value) become usage errors. */
+export function parseUsage<T>(parse: () => T): T {
+  try {
+    return parse();
+  } catch (err) {
+    throw new UsageError((err as Error).message);
+  }
+}

@@ -1,23 +1,20 @@
 import { parseArgs } from "node:util";
 import { type Config, ConfigError, loadConfig } from "../schema/config.ts";
-import { UsageError } from "./command.ts";
+import { parseUsage, UsageError } from "./command.ts";
 
 /** Parses `--config FILE` plus a role's own options; loads and validates the configuration. */
 export function parseRoleArgs<O extends Record<string, { type: "string" | "boolean" }>>(
   argv: readonly string[],
   options: O,
 ): { config: Config; values: Record<keyof O, string | boolean | undefined> } {
-  let parsed: ReturnType<typeof parseArgs>;
-  try {
-    parsed = parseArgs({
+  const parsed = parseUsage(() =>
+    parseArgs({
       args: [...argv],
       options: { config: { type: "string" }, ...options },
       strict: true,
       allowPositionals: false,
-    });
-  } catch (err) {
-    throw new UsageError((err as Error).message);
-  }
+    }),
+  );
   const values = parsed.values as Record<string, string | boolean | undefined>;
   try {
     return { config: loadConfig(values.config as string | undefined), values: values as never };

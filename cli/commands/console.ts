@@ -10,7 +10,7 @@ import {
 } from "../../catalog/console.ts";
 import type { Replica } from "../../catalog/replica.ts";
 import { brokerList, withReplica } from "../catalog-source.ts";
-import { type Command, UsageError } from "../command.ts";
+import { type Command, parseUsage, UsageError } from "../command.ts";
 
 const HELP = [
   "Type a Datalog query (it may span lines), e.g.",
@@ -36,7 +36,7 @@ const command: Command = {
     "Attributes are written as keywords, e.g. :chunk/node; `.attrs` in the REPL lists them.",
   ].join("\n"),
   async run(argv) {
-    const { values } = usage(() =>
+    const { values } = parseUsage(() =>
       parseArgs({
         args: [...argv],
         options: {
@@ -124,15 +124,6 @@ async function repl(
   }
   if (buffer.trim() !== "") console.log("error: parse error: input ended inside a query");
   rl.close();
-}
-
-/** Runs an argument parser; its errors (unknown option, missing value) become usage errors. */
-function usage<T>(parse: () => T): T {
-  try {
-    return parse();
-  } catch (err) {
-    throw new UsageError((err as Error).message);
-  }
 }
 
 export default command;

@@ -3,7 +3,7 @@ import { readDecisions } from "../../controller/replay/records.ts";
 import { type ReplayReport, replay } from "../../controller/replay/replay.ts";
 import type { TtftWeights } from "../../controller/router.ts";
 import { brokerList, withReplica } from "../catalog-source.ts";
-import { type Command, UsageError } from "../command.ts";
+import { type Command, parseUsage, UsageError } from "../command.ts";
 
 const TERMS: readonly (keyof TtftWeights)[] = ["queue", "fetch", "upload", "prefill", "firstToken"];
 
@@ -73,12 +73,7 @@ const command: Command = {
     "  --json           one JSON object on stdout",
   ].join("\n"),
   async run(argv) {
-    let values: ReturnType<typeof parse>["values"];
-    try {
-      values = parse(argv).values;
-    } catch (err) {
-      throw new UsageError((err as Error).message);
-    }
+    const { values } = parseUsage(() => parse(argv));
     const seedText = values.seed ?? "1";
     const seed = Number(seedText);
     if (!/^\d+$/.test(seedText) || !Number.isSafeInteger(seed))

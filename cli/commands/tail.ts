@@ -1,7 +1,7 @@
 import { parseArgs } from "node:util";
 import { tailLog } from "../../catalog/tail.ts";
 import { brokerList, withTxSource } from "../catalog-source.ts";
-import { type Command, UsageError } from "../command.ts";
+import { type Command, parseUsage, UsageError } from "../command.ts";
 
 const command: Command = {
   summary: "print the catalog tx log decoded: continuum tail [--from N] [--json] [-f]",
@@ -18,7 +18,7 @@ const command: Command = {
     "The wire format is documented in catalog/WIRE.md.",
   ].join("\n"),
   async run(argv) {
-    const { values } = usage(() =>
+    const { values } = parseUsage(() =>
       parseArgs({
         args: [...argv],
         options: {
@@ -55,13 +55,4 @@ const command: Command = {
     });
   },
 };
-/** Runs an argument parser; its errors (unknown option, missing value) become usage errors. */
-function usage<T>(parse: () => T): T {
-  try {
-    return parse();
-  } catch (err) {
-    throw new UsageError((err as Error).message);
-  }
-}
-
 export default command;

@@ -2,6 +2,7 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { metrics, readyReplicas } from "../../bench/_serve-load.ts";
 import { type ServeProcess, startServe } from "./serve-process.ts";
 
 /**
@@ -61,32 +62,10 @@ async function complete(s: ServeProcess, prompt: number[]): Promise<number> {
   return body.usage.prompt_tokens_details.cached_tokens;
 }
 
-async function metrics(s: ServeProcess): Promise<Map<string, number>> {
-  const text = await (await fetch(`${s.url}/metrics`)).text();
-  const out = new Map<string, number>();
-  for (const line of text.split("\n")) {
-    if (line === "" || line.startsWith("#")) continue;
-    const at = line.lastIndexOf(" ");
-    out.set(line.slice(0, at), Number(line.slice(at + 1)));
-  }
-  return out;
-}
-
 /** Waits (bounded) until the catalog holds `n` ready replicas in `tier`. */
-async function readyReplicas(s: ServeProcess, tier: string, n: number): Promise<void> {
-  const query = `[:find (count ?r) . :where [?r :replica/tier "${tier}"] [?r :replica/state "ready"]]`;
-  const deadline = Date.now() + 30_000;
-  for (;;) {
-    const r = await fetch(`${s.url}/v1/catalog/query`, {
-      method: "POST",
-      headers: { "content-type": "application/json" },
-      body: JSON.stringify({ query }),
-    });
-    const got = Number(((await r.json()) as { result: unknown }).result ?? 0);
-    if (got >= n) return;
-    if (Date.now() > deadline) throw new Error(`${tier}: ${got} ready replicas, waited for ${n}`);
-    await new Promise((res) => setTimeout(res, 200));
-  }
+async function waitReplicas(s: ServeProcess, tier: string, n: number): Promise<void> {
+  if (!(await readyReplicas(s, tier, n, 30_000)))
+    throw new Error(`${tier}: fewer than ${n} ready replicas after 30 s`);
 }
 
 const tierCounters = (m: Map<string, number>, tier: string) => ({
@@ -101,7 +80,7 @@ describe("cache hits by tier on the embedded default's /metrics", () => {
     const before = await metrics(s);
     expect(tierCounters(before, "ram")).toEqual({ chunks: 0, tokens: 0, cacheTokens: 0 });
     expect(await complete(s, promptA)).toBe(0);
-    await readyReplicas(s, "ram", 1);
+    await waitReplicas(s, "ram", 1);
     // B and then C need the pages A's cached prefix holds: A's pages are evicted.
     expect(await complete(s, promptB)).toBe(0);
     expect(await complete(s, promptC)).toBe(0);
@@ -115,7 +94,7 @@ describe("cache hits by tier on the embedded default's /metrics", () => {
   });
 
   it("counts a restore from SSD after a restart (RAM is empty then)", async () => {
-    await readyReplicas(servers[0]!, "ssd", 1);
+    await waitReplicas(servers[0]!, "ssd", 1);
     await servers.shift()!.stop();
     const s = await serve();
     expect(await complete(s, promptA)).toBe(256);

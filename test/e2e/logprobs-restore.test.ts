@@ -3,6 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { readyReplicas } from "../../bench/_serve-load.ts";
 import { type ServeProcess, startServe } from "./serve-process.ts";
 
 /**
@@ -34,19 +35,8 @@ async function serve(): Promise<{ s: ServeProcess; client: OpenAI }> {
 }
 
 async function ssdReplicas(s: ServeProcess, n: number): Promise<void> {
-  const query = '[:find (count ?r) . :where [?r :replica/tier "ssd"] [?r :replica/state "ready"]]';
-  const deadline = Date.now() + 30_000;
-  for (;;) {
-    const r = await fetch(`${s.url}/v1/catalog/query`, {
-      method: "POST",
-      headers: { "content-type": "application/json" },
-      body: JSON.stringify({ query }),
-    });
-    const got = Number(((await r.json()) as { result: unknown }).result ?? 0);
-    if (got >= n) return;
-    if (Date.now() > deadline) throw new Error(`${got} ready SSD replicas, waited for ${n}`);
-    await new Promise((res) => setTimeout(res, 200));
-  }
+  if (!(await readyReplicas(s, "ssd", n, 30_000)))
+    throw new Error(`fewer than ${n} ready SSD replicas after 30 s`);
 }
 
 const ask = (client: OpenAI) =>

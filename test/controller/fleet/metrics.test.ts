@@ -1,5 +1,6 @@
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { WebSocket } from "ws";
+import { metrics } from "../../../bench/_serve-load.ts";
 import { ApiServer } from "../../../controller/api/server.ts";
 import { defaultAssignmentLimits } from "../../../controller/assignments.ts";
 import { WorkerHub } from "../../../controller/fleet/hub.ts";
@@ -33,16 +34,7 @@ const sockets: WebSocket[] = [];
 /** A worker on this file's hub. */
 const connect = (id: string) => FakeWorker.connect(hub, id, SECRET, sockets);
 
-async function scrape(): Promise<Map<string, number>> {
-  const text = await (await fetch(`${base}/metrics`)).text();
-  const out = new Map<string, number>();
-  for (const line of text.split("\n")) {
-    if (line === "" || line.startsWith("#")) continue;
-    const at = line.lastIndexOf(" ");
-    out.set(line.slice(0, at), Number(line.slice(at + 1)));
-  }
-  return out;
-}
+const scrape = () => metrics({ url: base });
 
 function complete(maxTokens: number): Promise<Response> {
   return fetch(`${base}/v1/completions`, {
