@@ -113,7 +113,7 @@ async function checkRestore(model: LoadedModel, backend: BackendName, promptToke
   runtime.start();
   const devices: GreedyDevice[] = [];
   try {
-    await generateGreedy(runtime, prompt, 4, "exact-a");
+    await generateGreedy(runtime, prompt, 4, { requestId: "exact-a" });
     await cache.cache.idle();
     const fp = cache.cache.catalog.id.fingerprint;
     const nodes = prefixChain(prompt.slice(0, -1), CHUNK).map((n) => catalogNodeId(fp, n.hash));

@@ -103,16 +103,16 @@ export function bitEqual(a: Float32Array, b: Float32Array): boolean {
   return true;
 }
 
-/** Greedy generation through a runtime: the tokens and how many prompt tokens were reused. */
+/** Greedy generation through a runtime (under a tenant's `salt`, if given): the tokens and how many prompt tokens were reused. */
 export async function generateGreedy(
   runtime: WorkerRuntime,
   prompt: readonly number[],
   maxTokens: number,
-  requestId = `q-${randomUUID().slice(0, 8)}`,
+  opts: { readonly requestId?: string; readonly salt?: string | undefined } = {},
 ): Promise<{ tokens: number[]; cachedTokens: number }> {
   const gen = runtime.submit({
-    requestId: RequestId(requestId),
-    salt: undefined,
+    requestId: RequestId(opts.requestId ?? `q-${randomUUID().slice(0, 8)}`),
+    salt: opts.salt,
     prompt,
     maxTokens,
     temperature: 0,

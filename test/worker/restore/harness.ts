@@ -160,8 +160,12 @@ export async function startWorker(model: LoadedModel, spec: WorkerSpec): Promise
 }
 
 /** Greedy generation through a runtime: the tokens and how many prompt tokens were reused. */
-export const generate = (runtime: WorkerRuntime, prompt: readonly number[], maxTokens: number) =>
-  generateGreedy(runtime, prompt, maxTokens);
+export const generate = (
+  runtime: WorkerRuntime,
+  prompt: readonly number[],
+  maxTokens: number,
+  salt?: string,
+) => generateGreedy(runtime, prompt, maxTokens, { salt });
 
 /** A deterministic prompt of `n` tokens below `vocab`. */
 export function promptOf(n: number, seed: number, vocab = 512): number[] {
@@ -204,9 +208,10 @@ export async function waitPublished(
   worker: TestWorker,
   prompt: readonly number[],
   chunks: number,
+  salt?: string,
 ): Promise<void> {
   const fp = worker.cache.catalog.id.fingerprint;
-  const nodes = prefixChain(prompt.slice(0, -1), CHUNK).map((n) => catalogNodeId(fp, n.hash));
+  const nodes = prefixChain(prompt.slice(0, -1), CHUNK, salt).map((n) => catalogNodeId(fp, n.hash));
   const ok = await worker.cache.catalog.waitUntil(
     () => longestPublishedPrefix(worker.cache.catalog.db, nodes).length >= chunks,
     30_000,
