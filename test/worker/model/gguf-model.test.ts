@@ -68,9 +68,9 @@ describe("a quantized GGUF model", () => {
   it("stores the scheme's types, and its fingerprint names the format (and differs from the bf16 model's)", async () => {
     const bf16 = await loadModelIdentity(hfDir, { variant: VARIANT });
     expect(bf16.manifest.weightFormat).toBeUndefined();
-    expect(models.get("q8_0")!.manifest.weightFormat).toBe("f32+q8_0");
-    expect(models.get("q4_0")!.manifest.weightFormat).toBe("f32+q4_0+q6_k");
-    expect(models.get("q4_k_m")!.manifest.weightFormat).toBe("f32+q4_k+q6_k");
+    expect(models.get("q8_0")!.manifest.weightFormat).toBe("f32+q8_0/int8-dot");
+    expect(models.get("q4_0")!.manifest.weightFormat).toBe("f32+q4_0+q6_k/int8-dot");
+    expect(models.get("q4_k_m")!.manifest.weightFormat).toBe("f32+q4_k+q6_k/int8-dot");
     const fps = new Set([bf16.fingerprint, ...[...models.values()].map((m) => m.fingerprint)]);
     expect(fps.size).toBe(4);
     // The controller's streamed identity equals the worker's full load.
