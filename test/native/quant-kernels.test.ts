@@ -153,7 +153,9 @@ describe("quantized matmul, integer path (Q8_0, Q4_0, Q6_K)", () => {
         }
       }
     // x already on the grid (amax 127): the integer product is exact.
-    const x = Float32Array.from({ length: K }, (_, i) => (i === 5 ? 127 : i === 37 ? -127 : ((i * 13) % 255) - 127));
+    const x = Float32Array.from({ length: K }, (_, i) =>
+      i === 5 ? 127 : i === 37 ? -127 : ((i * 13) % 255) - 127,
+    );
     withEachIsa(() => {
       const y = new Float32Array(product(x, 1, K, w, "q8_0", N, null).buffer);
       for (let n = 0; n < N; n++) {
