@@ -251,8 +251,9 @@ inline void f32_to_f16_row(const float* x, f16* y, int32_t n) {
 // xp: x as PackedRows packed it for this ISA.
 inline void matmul_columns(const float* x, const float* xp, int32_t T, int32_t K, const void* W, DType wt, int32_t N,
                            const float* bias, float* y, int32_t n0, int32_t n1) {
-  // Q4_K weights (the other block formats take matmul's integer path,
-  // quant_dot.h): the f32 product of their exact values (quant.h). The
+  // Block formats no longer get here: matmul and matmul_multi send them to
+  // the integer path (quant_dot.h). This f32 product of their exact values
+  // (quant.h) is the previous path, unreached, until it is removed. The
   // AVX2 tiles dequantize in registers (decode reads only the blocks) and
   // widen a column triplet for 8+ rows; batches the AVX-512 tiles take get
   // the columns' rows dequantized once per call, reused by every row tile.

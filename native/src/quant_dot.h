@@ -1,4 +1,4 @@
-// Integer dot products for Q8_0, Q4_0 and Q6_K weights (llama.cpp's design): the
+// Integer dot products for Q8_0, Q4_0, Q6_K and Q4_K weights (llama.cpp's design): the
 // activation rows are quantized ONCE per product to blocks of 32 int8
 // values with an f32 scale, and each weight block meets each activation
 // block in an exact integer dot product, accumulated in f32 with the two
@@ -14,7 +14,10 @@
 //   output y[t, n], weight values w_j = d_w · q_w,j (q_w,j ∈ [-128, 127] for
 //   Q8_0, (nibble − 8) for Q4_0; Q6_K: w_j = d_w · sc_i · (q_j − 32), and
 //   each lane sum below is multiplied by its 16 values' int8 scale sc_i
-//   before the conversion, |·| ≤ 2^21):
+//   before the conversion, |·| ≤ 2^21; Q4_K: w_j = d_w · sc_s · q_j −
+//   dmin_w · m_s per 32 values s, so each lane takes two FMAs, of
+//   f32(sc_s · Σ q_j · q_x,j) by d_w · d_x, then of f32(m_s · Σ q_x,j) by
+//   −(dmin_w · d_x)):
 //     acc[l] = 0 for the 8 lanes l
 //     for each block b, ascending:
 //       s = d_w,b · d_x,b                                   (f32 product)
@@ -33,9 +36,10 @@
 
 namespace ck {
 
-// The block formats that take the integer path (Q4_K keeps the f32 product
-// of its exact values, quant.h).
-inline bool int8_path(DType t) { return t == DType::Q8_0 || t == DType::Q4_0 || t == DType::Q6_K; }
+// The block formats that take the integer path: all of them.
+inline bool int8_path(DType t) {
+  return t == DType::Q8_0 || t == DType::Q4_0 || t == DType::Q6_K || t == DType::Q4_K;
+}
 
 // x [T, K] quantized (K a multiple of 32): q [T, K]; d [T, K / 32] (+ 8
 // floats of padding: the vector tiles load 8 block scales at a time); s8

@@ -81,7 +81,8 @@ template <int R, int C, DType WT>
 CK_AVX2 void itile(const Q8Rows& x, const uint8_t* Wc, int64_t rb, const float* bias, float* y, int32_t N,
                    int32_t r0, int32_t c0, const uint8_t* pf) {
   // Bytes per activation block (Q6_K: per super-block of 8, read per group).
-  constexpr int BB = WT == DType::Q8_0 ? 34 : WT == DType::Q4_0 ? 18 : 210;
+  constexpr int BB = WT == DType::Q8_0 ? 34 : WT == DType::Q4_0 ? 18 : WT == DType::Q6_K ? 210 : 144;
+  constexpr bool kSuper = WT == DType::Q6_K || WT == DType::Q4_K;
   const int32_t nb = x.K / 32;
   const __m256i ones16 = _mm256_set1_epi16(1);
   const __m256i m4 = _mm256_set1_epi8(0x0F);
@@ -91,10 +92,11 @@ CK_AVX2 void itile(const Q8Rows& x, const uint8_t* Wc, int64_t rb, const float* 
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   alignas(32) float sc[R][C][8];
+  alignas(32) float sm[kSuper ? R : 1][kSuper ? C : 1][8];  // Q4_K: −dmin · d_x
   for (int32_t b0 = 0; b0 < nb; b0 += 8) {
     const int g = std::min<int32_t>(8, nb - b0);
     if (pf != nullptr) {
-      constexpr int kPer = WT == DType::Q6_K ? 8 : 1;  // activation blocks per weight block
+      constexpr int kPer = kSuper ? 8 : 1;  // activation blocks per weight block
       const int64_t lo = b0 == 0 ? 0 : (static_cast<int64_t>(b0 / kPer) * BB + 63) & ~int64_t{63};
       const int64_t hi = static_cast<int64_t>((b0 + g) / kPer) * BB;
       for (int c = 0; c < C; ++c)
@@ -103,10 +105,17 @@ CK_AVX2 void itile(const Q8Rows& x, const uint8_t* Wc, int64_t rb, const float* 
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) {
       __m256 dw;
-      if constexpr (WT == DType::Q6_K) {
+      if constexpr (kSuper) {
         // One f16 d per super-block (a group is one; K is whole super-blocks).
         const uint8_t* p = Wc + c * rb + static_cast<int64_t>(b0 / 8) * BB;
-        dw = _mm256_set1_ps(_cvtsh_ss(static_cast<unsigned short>(u16_at(p + 208))));
+        dw = _mm256_set1_ps(_cvtsh_ss(static_cast<unsigned short>(u16_at(p + (WT == DType::Q6_K ? 208 : 0)))));
+        if constexpr (WT == DType::Q4_K) {
+          const __m256 dm = _mm256_set1_ps(_cvtsh_ss(static_cast<unsigned short>(u16_at(p + 2))));
+#pragma GCC unroll 4
+          for (int r = 0; r < R; ++r)
+            _mm256_store_ps(sm[r][c], _mm256_xor_ps(_mm256_set1_ps(-0.0f),
+                                                    _mm256_mul_ps(dm, _mm256_loadu_ps(x.d + static_cast<int64_t>(r0 + r) * nb + b0))));
+        }
       } else {
         const uint8_t* p = Wc + c * rb + static_cast<int64_t>(b0) * BB;
         dw = g == 8 ? scales8<BB>(p) : scales_part<BB>(p, g);
@@ -119,6 +128,27 @@ CK_AVX2 void itile(const Q8Rows& x, const uint8_t* Wc, int64_t rb, const float* 
       const int64_t b = b0 + k;
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c) {
+        if constexpr (WT == DType::Q4_K) {
+          // Nibbles (0..15) unsigned against x, madd by the 6-bit scale:
+          // lane l = sc · Σ q · x (≤ 2^19); the mins: m · Σ x per lane.
+          const uint8_t* sb = Wc + c * rb + static_cast<int64_t>(b0 / 8) * BB;
+          int scv, mv;
+          q4k_scale_min(k, sb + 4, &scv, &mv);
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 16 + 32 * (k >> 1)));
+          const __m256i nib = _mm256_and_si256((k & 1) != 0 ? _mm256_srli_epi16(v, 4) : v, m4);
+          const __m256i sc16 = _mm256_set1_epi16(static_cast<short>(scv));
+          const __m256i m16 = _mm256_set1_epi16(static_cast<short>(mv));
+#pragma GCC unroll 4
+          for (int r = 0; r < R; ++r) {
+            const int64_t xb = static_cast<int64_t>(r0 + r) * nb + b;
+            const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + xb * 32));
+            const __m256i pa = _mm256_madd_epi16(_mm256_maddubs_epi16(nib, xv), sc16);
+            const __m256i pm = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), xv), m16);
+            acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pa), _mm256_broadcast_ss(&sc[r][c][k]), acc[r][c]);
+            acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pm), _mm256_broadcast_ss(&sm[r][c][k]), acc[r][c]);
+          }
+          continue;
+        }
         if constexpr (WT == DType::Q6_K) {
           // |q − 32| · (x with its sign), pairs ≤ 2 · 32 · 127; madd by the
           // 16-value scales: lane l = sc · Σ (q − 32) · x, ≤ 2^21 (exact).
@@ -247,6 +277,7 @@ CK_AVX2 void int8_matmul_columns(const Q8Rows& x, const void* W, DType wt, int32
     case DType::Q8_0: columns<DType::Q8_0>(x, W, N, bias, y, n0, n1); break;
     case DType::Q4_0: columns<DType::Q4_0>(x, W, N, bias, y, n0, n1); break;
     case DType::Q6_K: columns<DType::Q6_K>(x, W, N, bias, y, n0, n1); break;
+    case DType::Q4_K: columns<DType::Q4_K>(x, W, N, bias, y, n0, n1); break;
     default: break;  // int8_path() types only
   }
 }

@@ -86,11 +86,50 @@ void q6k_columns(const Q8Rows& x, const void* W, int32_t N, const float* bias, f
   }
 }
 
+// Q4_K: lane l of sub-block s is sc_s · Σ q · x, then m_s · Σ x, each with
+// its f32 FMA: s1 = f16(d) · d_x, s2 = −(f16(dmin) · d_x).
+void q4k_columns(const Q8Rows& x, const void* W, int32_t N, const float* bias, float* y, int32_t n0, int32_t n1) {
+  const int32_t nb = x.K / 32;
+  const int64_t rb = bytes_of(DType::Q4_K, x.K);
+  for (int32_t n = n0; n < n1; ++n) {
+    const uint8_t* wr = static_cast<const uint8_t*>(W) + n * rb;
+    for (int32_t t = 0; t < x.T; ++t) {
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int32_t b = 0; b < nb; ++b) {
+        const uint8_t* sb = wr + (b / 8) * 144;
+        const int s = b % 8;
+        int sc, m;
+        q4k_scale_min(s, sb + 4, &sc, &m);
+        const uint8_t* q = sb + 16 + 32 * (s / 2);
+        const int64_t xb = static_cast<int64_t>(t) * nb + b;
+        const int8_t* xq = x.q + xb * 32;
+        const float s1 = half_at(sb) * x.d[xb];
+        const float s2 = -(half_at(sb + 2) * x.d[xb]);
+        for (int l = 0; l < 8; ++l) {
+          int32_t dot = 0, sum = 0;
+          for (int j = 4 * l; j < 4 * l + 4; ++j) {
+            const int qj = (s & 1) != 0 ? q[j] >> 4 : q[j] & 0xF;
+            dot += qj * xq[j];
+            sum += xq[j];
+          }
+          acc[l] = std::fma(static_cast<float>(sc * dot), s1, acc[l]);
+          acc[l] = std::fma(static_cast<float>(m * sum), s2, acc[l]);
+        }
+      }
+      const float h0 = acc[0] + acc[4], h1 = acc[1] + acc[5], h2 = acc[2] + acc[6], h3 = acc[3] + acc[7];
+      float v = (h0 + h2) + (h1 + h3);
+      if (bias != nullptr) v += bias[n];
+      y[static_cast<int64_t>(t) * N + n] = v;
+    }
+  }
+}
+
 }  // namespace
 
 void int8_matmul_columns(const Q8Rows& x, const void* W, DType wt, int32_t N, const float* bias, float* y,
                          int32_t n0, int32_t n1) {
   if (wt == DType::Q6_K) return q6k_columns(x, W, N, bias, y, n0, n1);
+  if (wt == DType::Q4_K) return q4k_columns(x, W, N, bias, y, n0, n1);
   const int32_t K = x.K, nb = K / 32;
   const int64_t rb = bytes_of(wt, K);
   const int64_t bb = wt == DType::Q8_0 ? 34 : 18;

@@ -7,8 +7,7 @@ import { QUANT_BLOCKS, type QuantType, quantize } from "../../worker/model/quant
  * for batch sizes that take every tile shape (single rows, quads, 16-row
  * blocks and their leftovers), so a quantized model keeps the determinism
  * contract (kernels.h): a row's bits never depend on T or on the other rows.
- * Q4_K is the f32 product of the dequantized weights, bit for bit; Q8_0,
- * Q4_0 and Q6_K take the integer path (activations quantized to int8 blocks,
+ * Every block format takes the integer path (activations quantized to int8 blocks,
  * native/src/quant_dot.h): the same bits on every ISA, within its stated
  * bound of the float64 product.
  */
@@ -94,11 +93,11 @@ function referenceWithBound(x: Float32Array, T: number, K: number, wide: Float32
   return { y, bound };
 }
 
-describe("quantized matmul, integer path (Q8_0, Q4_0, Q6_K)", () => {
-  for (const t of ["Q8_0", "Q4_0", "Q6_K"] as const) {
+describe("quantized matmul, integer path", () => {
+  for (const t of ["Q8_0", "Q4_0", "Q6_K", "Q4_K"] as const) {
     it(`${t}: the same bits on every ISA and alone or in any batch, within the activation rounding's bound of the float64 product`, () => {
-      // Q8_0/Q4_0: 10 blocks, a group of 8 and a short one; Q6_K: 2 super-blocks.
-      const K = t === "Q6_K" ? 512 : 320;
+      // Q8_0/Q4_0: 10 blocks, a group of 8 and a short one; K-quants: 2 super-blocks.
+      const K = QUANT_BLOCKS[t].elems === 256 ? 512 : 320;
       const N = 53; // not a multiple of any tile or work-item width
       const { q, f32 } = weights(t, N, K, 13);
       const wide = new Float32Array(f32.buffer);
@@ -167,29 +166,7 @@ describe("quantized matmul, integer path (Q8_0, Q4_0, Q6_K)", () => {
   });
 });
 
-describe("quantized matmul, f32 path (Q4_K)", () => {
-  for (const t of ["Q4_K"] as const) {
-    it(`${t}: equals the f32 product of the dequantized weights, bit for bit, alone or in any batch`, () => {
-      const K = QUANT_BLOCKS[t].elems === 256 ? 512 : 96;
-      const N = 53; // not a multiple of any tile or work-item width
-      const { q, f32 } = weights(t, N, K, 11);
-      const r = rng(5);
-      const TMAX = 33;
-      const x = Float32Array.from({ length: TMAX * K }, () => r());
-      const bias = Float32Array.from({ length: N }, () => r() * 0.01);
-      withEachIsa(() => {
-        for (const T of [1, 3, 4, 8, 16, 17, 33]) {
-          const xs = x.subarray(0, T * K);
-          expect(product(xs, T, K, q, NATIVE[t], N, bias)).toEqual(product(xs, T, K, f32, "f32", N, bias));
-        }
-        // Row 20 alone gives the bits it has in the batch of 33.
-        const all = product(x, TMAX, K, q, NATIVE[t], N, null);
-        const alone = product(x.subarray(20 * K, 21 * K), 1, K, q, NATIVE[t], N, null);
-        expect(alone).toEqual(all.subarray(20 * N, 21 * N));
-      });
-    });
-  }
-
+describe("quantized matmul", () => {
   it("refuses rows that are not whole blocks, and quantized norms", () => {
     const y = new Float32Array(4);
     expect(() =>

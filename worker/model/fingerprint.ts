@@ -73,7 +73,7 @@ export async function readWeightsDigest(
 }
 
 const FLOAT_DTYPES = new Set(["f32", "f16", "bf16"]);
-const INT8_DOT = new Set(["q8_0", "q4_0", "q6_k"]);
+const INT8_DOT = new Set(["q8_0", "q4_0", "q6_k", "q4_k"]);
 
 /**
  * The manifest's weightFormat: the distinct tensor types, lowercase, sorted,
@@ -85,7 +85,7 @@ const INT8_DOT = new Set(["q8_0", "q4_0", "q6_k"]);
 export function weightFormatOf(dtypes: Iterable<string>): string | undefined {
   const formats = [...new Set([...dtypes].map((d) => d.toLowerCase()))].sort();
   if (formats.every((f) => FLOAT_DTYPES.has(f))) return undefined;
-  // Q8_0, Q4_0 and Q6_K products quantize their activations to int8 blocks
+  // Block-format products quantize their activations to int8 blocks
   // (native/src/quant_dot.h): other bits than the f32 product the first
   // GGUF builds computed, so their chunks must not meet under one name.
   const int8 = formats.some((f) => INT8_DOT.has(f));

@@ -37,7 +37,7 @@ import type { ModelWeights } from "./weights.ts";
 export interface ReferenceOptions {
   readonly roundKvToF16?: boolean;
   /**
-   * Rounds the input of every product over Q8_0/Q4_0/Q6_K weights as the
+   * Rounds the input of every product over block-quantized weights as the
    * engine's integer path does (native/src/quant_dot.h: per 32-value block,
    * d = amax / 127, q = round-half-even(x · (127 / amax)), both in f32), so
    * a quantized model is compared with the arithmetic it is specified to do.
@@ -74,7 +74,8 @@ function f64(t: LoadedTensor): Float64Array {
   if (!w) {
     w = decodeValues(t.data, t.dtype);
     widened.set(t.data, w);
-    if (t.dtype === "Q8_0" || t.dtype === "Q4_0" || t.dtype === "Q6_K") int8Weights.add(w);
+    if (t.dtype === "Q8_0" || t.dtype === "Q4_0" || t.dtype === "Q6_K" || t.dtype === "Q4_K")
+      int8Weights.add(w);
   }
   return w;
 }
