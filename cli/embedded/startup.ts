@@ -38,8 +38,9 @@ export function ownDataDirs(
 ): Effect.Effect<FileLock[], unknown, Scope.Scope> {
   return resource(
     () => {
-      const locks = lockDirs(dirs);
+      let locks: FileLock[] = [];
       try {
+        locks = lockDirs(dirs);
         requireFreeSpace(spaceDir);
       } catch (err) {
         for (const l of locks.reverse()) l.release();
