@@ -301,26 +301,36 @@ export class KafkaWriterLease implements WriterLease {
       // time); a failed commit loses the lease (WriterLease contract). The
       // batch returns once its proposals are decided and their offsets
       // resolved, so the next fetch overlaps the commit.
-      // A record is decided whole and joins `pending` at once (a packed record is consumed whole, so
-      // a transaction ends on a record boundary), and each record kicks: a commit starts with the
-      // first record decided instead of after a whole fetch, so deciding, committing and the
-      // replicas' apply overlap. `pending` takes a record only within txLimits (or when it is empty:
-      // a record over them alone forms its own transaction).
+      // A part ends on a record boundary (a packed record is consumed whole) and holds at most
+      // txLimits.maxRecords proposals and maxBytes bytes, unless one record alone exceeds them;
+      // `pending` takes a part only within the same bounds (or when it is empty).
       const units = fresh.map((m) => {
         const items = proposalItems(view(m.value));
         let bytes = 0;
         for (const b of items) bytes += b.byteLength;
         return { kafkaOffset: m.offset, items, bytes };
       });
-      for (const u of units) {
-        const count = u.items.length;
-        const bytes = u.bytes;
+      for (const part of groups(
+        units,
+        this.txLimits,
+        (u) => u.bytes,
+        (u) => u.items.length,
+      )) {
+        let count = 0;
+        let bytes = 0;
+        for (const u of part) {
+          count += u.items.length;
+          bytes += u.bytes;
+        }
         while (this.state === "running" && !this.pendingFits(count, bytes)) {
           await new Promise<void>((r) => this.pendingTaken.push(r));
         }
         if (this.state !== "running" || !isRunning() || isStale()) break;
-        const offset = Number(u.kafkaOffset);
-        const records: LogRecord[] = u.items.map((b) => ({ offset, bytes: b }));
+        const records: LogRecord[] = [];
+        for (const u of part) {
+          const offset = Number(u.kafkaOffset);
+          for (const b of u.items) records.push({ offset, bytes: b });
+        }
         const result = await decideSliced(handler, records);
         if (this.state !== "running") break;
         const consumed = records[records.length - 1]!.offset + 1;
@@ -332,7 +342,7 @@ export class KafkaWriterLease implements WriterLease {
         g.proposals += count;
         g.bytes += bytes;
         this.pending = g;
-        resolveOffset(u.kafkaOffset);
+        resolveOffset(part[part.length - 1]!.kafkaOffset);
         this.kick();
       }
       await heartbeat();

@@ -12,16 +12,6 @@ import { PROPOSAL_BATCH, pack } from "./records.ts";
  */
 export const DEFAULT_PROPOSAL_SEND: BatchLimits = { maxRecords: 2_000, maxBytes: MAX_SEND_BYTES };
 
-/**
- * Proposals per record within one produce request: a larger request goes as
- * several packed records. The writer decides a record whole and may commit
- * it as soon as it is decided, so smaller records let a burst's first
- * commit (and the replicas' apply of it) start after 256 proposals are
- * decided instead of 2,000; kafkajs's fixed cost per record (~30 µs) is
- * ~0.1 µs per proposal at this size. Measurements: bench/catalog.md.
- */
-export const PROPOSALS_PER_RECORD = 256;
-
 /** Bound of the proposal producer's queue (proposals waiting for a send slot). */
 const MAX_PENDING_PROPOSALS = 20_000;
 
@@ -42,8 +32,7 @@ export function checkProposalSend(l: BatchLimits): BatchLimits {
 /**
  * Group commit for proposals: callers queue; one produce request at a time
  * (the idempotent producer allows one in flight) carries the queue's head —
- * at most `limits.maxRecords` proposals and `limits.maxBytes` bytes, packed
- * PROPOSALS_PER_RECORD to a record — with
+ * at most `limits.maxRecords` proposals and `limits.maxBytes` bytes — with
  * acks=all, and answers each of its callers only once the broker acknowledged
  * that request (acknowledged = replicated to the in-sync replicas, never
  * lost). A send starts one event-loop turn after the first proposal of an
@@ -56,8 +45,8 @@ class ProposalBatcher {
   private readonly spaceFreed: Array<() => void> = [];
 
   constructor(
-    /** Appends record values in one produce request (acks=all). */
-    private readonly send: (values: readonly Buffer[]) => Promise<void>,
+    /** Appends one record value (acks=all). */
+    private readonly send: (value: Buffer) => Promise<void>,
     private readonly limits: BatchLimits,
     private readonly onSent?: (proposals: number, bytes: number) => void,
   ) {}
@@ -85,20 +74,15 @@ class ProposalBatcher {
       const taken = this.queue.splice(0, n);
       for (const w of this.spaceFreed.splice(0)) w();
       try {
-        // One proposal goes as it is; several go packed, PROPOSALS_PER_RECORD to a record (the writer unpacks them).
-        const values: Buffer[] = [];
-        for (let i = 0; i < n; i += PROPOSALS_PER_RECORD) {
-          const part = taken.slice(i, i + PROPOSALS_PER_RECORD);
-          values.push(
-            part.length === 1
-              ? part[0]!.value
-              : pack(
-                  PROPOSAL_BATCH,
-                  part.map((m) => m.value),
-                ),
-          );
-        }
-        await this.send(values);
+        // One proposal goes as it is; several go packed in one record (the writer unpacks them).
+        const value =
+          n === 1
+            ? taken[0]!.value
+            : pack(
+                PROPOSAL_BATCH,
+                taken.map((m) => m.value),
+              );
+        await this.send(value);
         this.onSent?.(n, bytes);
         for (const m of taken) m.done();
       } catch (err) {
@@ -132,8 +116,8 @@ export class KafkaProposer {
     this.producer = producer;
     this.ready = producer.connect();
     this.batcher = new ProposalBatcher(
-      async (values) => {
-        await producer.send({ topic, acks: -1, messages: values.map((value) => ({ value })) });
+      async (value) => {
+        await producer.send({ topic, acks: -1, messages: [{ value }] });
       },
       limits,
       onSent,

@@ -1,14 +1,12 @@
 import { afterAll, describe, expect, it } from "vitest";
 import { KafkaLog } from "../../../catalog/kafka/log.ts";
-import { PROPOSALS_PER_RECORD } from "../../../catalog/kafka/proposer.ts";
 import { mayBePacked, PROPOSAL_BATCH, unpack } from "../../../catalog/kafka/records.ts";
 import { bytes, kafkaBrokers, text, uniqueTopics } from "../log-helpers.ts";
 import { committedRecords, openLog, sizes } from "./helpers.ts";
 
 /**
  * The proposer's group commit (catalog/kafka/proposer.ts): proposals queued
- * together go in one produce request, packed in records of at most
- * PROPOSALS_PER_RECORD proposals, within the
+ * together go in one produce request, packed in one record, within the
  * proposalSend bounds; each caller is answered once the broker acknowledged.
  */
 
@@ -46,28 +44,6 @@ describe("Kafka proposer (real broker)", () => {
     expect(records.filter((r) => r.value.includes("catalog.proposal.batch")).length).toBe(
       sends.filter((s) => s.proposals > 1).length,
     );
-    expect(items.flat().map(text)).toEqual(payloads);
-  });
-
-  it("a request of more than PROPOSALS_PER_RECORD proposals goes as several packed records, each within it, in order", async () => {
-    const topics = uniqueTopics();
-    const sends: Array<{ proposals: number; bytes: number }> = [];
-    const log = await openLog(cleanups, topics, {
-      onProposalSend: (proposals, b) => sends.push({ proposals, bytes: b }),
-    });
-    const n = 2 * PROPOSALS_PER_RECORD + 37;
-    const payloads = Array.from({ length: n }, (_, i) => `r${i}`);
-    await Promise.all(payloads.map((p) => log.propose(bytes(p))));
-    expect(sends.reduce((s, x) => s + x.proposals, 0)).toBe(n);
-    // Each request is cut into ⌈proposals / PROPOSALS_PER_RECORD⌉ records.
-    const expected = sends.reduce((s, x) => s + Math.ceil(x.proposals / PROPOSALS_PER_RECORD), 0);
-    expect(expected).toBeGreaterThan(sends.length);
-    const records = await committedRecords(topics.proposals, (r) => r.length >= expected);
-    expect(records).toHaveLength(expected);
-    const items = records.map((r) =>
-      mayBePacked(PROPOSAL_BATCH, r.value) ? unpack(PROPOSAL_BATCH, r.value)! : [r.value],
-    );
-    for (const i of items) expect(i.length).toBeLessThanOrEqual(PROPOSALS_PER_RECORD);
     expect(items.flat().map(text)).toEqual(payloads);
   });
 
