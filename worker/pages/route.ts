@@ -55,11 +55,10 @@ export function windowDeadPages(
 
 /**
  * One continuation's claim on the pool. `pages` is its page table: page i
- * holds rows [i·P, (i+1)·P) of every layer. When every layer is sliding, its
- * first `released` entries are NO_PAGE: pages dead for every layer's window,
- * given back to the pool (cached while findable). A model mixing global and
- * sliding layers would need one table per layer group over the same pool
- * (vLLM's KVCacheCoordinator); not built: it releases nothing.
+ * holds rows [i·P, (i+1)·P) of every layer (or of one layer group's layers,
+ * a route per group: layer-groups.ts). With a window, its first `released`
+ * entries are NO_PAGE: pages dead for the window, given back to the pool
+ * (cached while findable).
  */
 export interface Route {
   readonly id: ContinuationId;
