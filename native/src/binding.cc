@@ -323,7 +323,15 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
   Napi::Value CreatePool(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     Backend* e = live(env);
-    const std::string err = e->create_pool(info[0].As<Napi::Number>().Int64Value(), info[1].As<Napi::Number>().Int32Value());
+    // Optional third argument: the layer group of each layer (Int32Array [nLayers]).
+    std::vector<int32_t> groups;
+    if (info.Length() > 2 && !info[2].IsUndefined()) {
+      need(env, info[2].IsTypedArray() && info[2].As<Napi::TypedArray>().TypedArrayType() == napi_int32_array,
+           "createPool: layerGroups must be an Int32Array");
+      const Napi::Int32Array a = info[2].As<Napi::Int32Array>();
+      groups.assign(a.Data(), a.Data() + a.ElementLength());
+    }
+    const std::string err = e->create_pool(info[0].As<Napi::Number>().Int64Value(), info[1].As<Napi::Number>().Int32Value(), groups);
     need(env, err.empty(), err);
     return env.Undefined();
   }
