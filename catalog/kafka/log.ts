@@ -5,6 +5,7 @@ import {
   type FullCatalogLog,
   type LogRecord,
   type SubscribeFrom,
+  type Subscription,
   type WriterLease,
 } from "../log.ts";
 import { ensureTopics, type KafkaTopics } from "./admin.ts";
@@ -128,14 +129,14 @@ export class KafkaLog implements FullCatalogLog {
     fromOffset: number,
     onBatch: (records: readonly LogRecord[]) => Promise<void>,
     from?: SubscribeFrom,
-  ): Promise<{ stop(): Promise<void> }> {
+  ): Promise<Subscription> {
     return this.follow(this.opts.topics.tx, "subscribe", fromOffset, onBatch, from?.position);
   }
 
   subscribeRejections(
     fromOffset: number,
     onBatch: (records: readonly LogRecord[]) => Promise<void>,
-  ): Promise<{ stop(): Promise<void> }> {
+  ): Promise<Subscription> {
     return this.follow(this.opts.topics.rejections, "subscribeRejections", fromOffset, onBatch);
   }
 
@@ -145,7 +146,7 @@ export class KafkaLog implements FullCatalogLog {
     fromOffset: number,
     onBatch: (records: readonly LogRecord[]) => Promise<void>,
     position?: number,
-  ): Promise<{ stop(): Promise<void> }> {
+  ): Promise<Subscription> {
     this.checkOpen(what);
     checkOffset(what, fromOffset);
     if (position !== undefined) checkOffset(`${what} position`, position);
@@ -163,7 +164,7 @@ export class KafkaLog implements FullCatalogLog {
       await reader.stop();
     };
     this.closers.add(stop);
-    return { stop };
+    return { stop, ended: reader.ended };
   }
 
   async acquireWriter(signal?: AbortSignal): Promise<WriterLease> {

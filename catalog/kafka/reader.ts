@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
 import type { EachBatchPayload, Kafka } from "kafkajs";
-import { CatalogLogError, type LogRecord } from "../log.ts";
+import { CatalogLogError, type LogRecord, type Subscription } from "../log.ts";
 import { logicalOffset, TX_BATCH, txItems, view } from "./records.ts";
 
 /** Records handed to one subscriber callback (default). */
@@ -27,13 +27,16 @@ export interface FollowOptions {
  * out densely (next, next+1, …); a gap means the topic was written by
  * something else and is reported, not skipped.
  */
-export async function followTopic(kafka: Kafka, o: FollowOptions): Promise<{ stop(): Promise<void> }> {
+export async function followTopic(kafka: Kafka, o: FollowOptions): Promise<Subscription> {
   const { topic, packed, maxBatch, onBatch } = o;
   const consumer = kafka.consumer({
     groupId: `${o.clientId}.reader.${randomUUID()}`,
     readUncommitted: false,
     maxBytesPerPartition: 8 << 20,
     maxWaitTimeInMs: 100,
+    // kafkajs's default (5 retries), except that a failure of our own (a gap, onBatch threw) is not
+    // restarted: kafkajs would replay the same records into the same failure forever.
+    retry: { retries: 5, restartOnFailure: async (err: Error) => !ownFailure(err) },
   });
   let next = o.fromOffset;
   // catalog.tx records are packed (at most TX_BATCH.maxItems txs each), so the record holding logical
@@ -45,6 +48,18 @@ export async function followTopic(kafka: Kafka, o: FollowOptions): Promise<{ sto
   // before N (a replica's snapshot does) passes it, and reading starts there.
   // Partition offset to read from at a (re)join: the start above, then one past the last record handed out.
   let kafkaNext = o.position ?? (packed ? Math.floor(o.fromOffset / TX_BATCH.maxItems) : o.fromOffset);
+  // kafkajs restarts a consumer after a retriable crash by itself; any other crash (a gap, onBatch
+  // threw, a non-retriable broker error) ends delivery for good, and a reader nobody tells would
+  // leave its caller waiting for records forever.
+  let end: { resolve: () => void; reject: (e: Error) => void } = { resolve: () => {}, reject: () => {} };
+  const ended = new Promise<void>((resolve, reject) => {
+    end = { resolve, reject };
+  });
+  ended.catch(() => undefined);
+  consumer.on(consumer.events.CRASH, ({ payload }) => {
+    if (!payload.restart)
+      end.reject(new CatalogLogError(`${topic} reader stopped: ${payload.error.message}`));
+  });
   await consumer.connect();
   await consumer.subscribe({ topic, fromBeginning: true });
   consumer.on(consumer.events.GROUP_JOIN, () =>
@@ -81,5 +96,18 @@ export async function followTopic(kafka: Kafka, o: FollowOptions): Promise<{ sto
       if (lastKafka !== "") kafkaNext = Math.max(kafkaNext, Number(lastKafka) + 1);
     },
   });
-  return { stop: () => consumer.disconnect() };
+  return {
+    ended,
+    stop: async () => {
+      await consumer.disconnect();
+      end.resolve();
+    },
+  };
+}
+
+/** Whether a consumer crash comes from this reader's eachBatch (its root cause is not a kafkajs error). */
+function ownFailure(err: Error): boolean {
+  let e: Error = err;
+  while ((e as { cause?: Error }).cause instanceof Error) e = (e as { cause?: Error }).cause!;
+  return !e.name.startsWith("KafkaJS");
 }
