@@ -103,4 +103,19 @@ describe("Kafka writer lease (real broker)", () => {
     const committed = await committedRecords(topics.tx, (rs) => rs.reduce((s, r) => s + txCount(r), 0) >= n);
     expect(committed.reduce((s, r) => s + txCount(r), 0)).toBe(n);
   }, 120_000);
+
+  it("a consumer crash while joining ends acquireWriter with its cause instead of a wait for the partition that never ends", async () => {
+    // Below the broker's group.min.session.timeout.ms (6 s): JoinGroup is refused, the consumer crashes
+    // (as it does on a freshly started broker whose group coordinator is still loading).
+    const log = await openLog(cleanups, uniqueTopics(), { sessionTimeoutMs: 1_000 });
+    const acquired = log.acquireWriter();
+    const outcome = await Promise.race([
+      acquired.then(
+        () => "acquired",
+        (err: Error) => err.message,
+      ),
+      new Promise<string>((r) => setTimeout(() => r("still waiting after 60 s"), 60_000)),
+    ]);
+    expect(outcome).toMatch(/writer lease lost: consumer crashed: .*session timeout/i);
+  }, 90_000);
 });
