@@ -387,13 +387,24 @@ function onCurrent(
   }
 }
 
+/** An attempt's prompt tokens still to prefill as its worker last reported them (undefined: not reported). */
+export type PrefillRemaining = (
+  workerId: WorkerId,
+  requestId: RequestId,
+  attempt: number,
+) => number | undefined;
+
 /**
  * The controller's own count of outstanding work per worker: attempts offered
  * or accepted whose first token has not arrived (with the prompt tokens they
- * still have to prefill) and attempts streaming. Feeds the router's load
- * terms between heartbeats.
+ * still have to prefill: the worker's last report where it gave one, never
+ * more than the routing estimate) and attempts streaming. Feeds the router's
+ * load terms.
  */
-export function outstandingByWorker(states: Iterable<AssignmentState>): Map<WorkerId, Outstanding> {
+export function outstandingByWorker(
+  states: Iterable<AssignmentState>,
+  remaining: PrefillRemaining = () => undefined,
+): Map<WorkerId, Outstanding> {
   const out = new Map<WorkerId, { requests: number; tokens: number; running: number }>();
   for (const s of states) {
     if (s.workerId === null || s.choice === null) continue;
@@ -402,7 +413,9 @@ export function outstandingByWorker(states: Iterable<AssignmentState>): Map<Work
     const o = out.get(s.workerId) ?? { requests: 0, tokens: 0, running: 0 };
     if (waiting) {
       o.requests += 1;
-      o.tokens += Math.max(0, s.promptTokens - s.choice.cachedTokens);
+      const routed = Math.max(0, s.promptTokens - s.choice.cachedTokens);
+      const reported = remaining(s.workerId, s.requestId, s.attempt);
+      o.tokens += reported === undefined ? routed : Math.min(routed, reported);
     } else {
       o.running += 1;
     }

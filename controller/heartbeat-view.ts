@@ -1,5 +1,5 @@
 import { compareVersion, type Heartbeat } from "../schema/control.ts";
-import type { WorkerId } from "../schema/ids.ts";
+import type { RequestId, WorkerId } from "../schema/ids.ts";
 
 /**
  * The controller's view of live workers, built only from heartbeats (never
@@ -100,4 +100,24 @@ export function liveWorkers(view: HeartbeatView, nowMs: number, ttlMs: number): 
 export function isLive(view: HeartbeatView, workerId: WorkerId, nowMs: number, ttlMs: number): boolean {
   const e = view.entries.get(workerId);
   return e !== undefined && e.heartbeat !== null && nowMs - e.receivedAtMs <= ttlMs;
+}
+
+/**
+ * Per attempt, the prompt tokens its worker last reported still to prefill
+ * (heartbeat `queue.prefilling`), for the controller's outstanding count.
+ */
+export function prefillRemaining(
+  view: HeartbeatView,
+): (workerId: WorkerId, requestId: RequestId, attempt: number) => number | undefined {
+  const byWorker = new Map<WorkerId, Map<string, number>>();
+  return (workerId, requestId, attempt) => {
+    let m = byWorker.get(workerId);
+    if (m === undefined) {
+      m = new Map();
+      for (const p of view.entries.get(workerId)?.heartbeat?.queue.prefilling ?? [])
+        m.set(`${p.requestId}#${p.attempt}`, p.remainingTokens);
+      byWorker.set(workerId, m);
+    }
+    return m.get(`${requestId}#${attempt}`);
+  };
 }

@@ -26,11 +26,13 @@ import { type HeartbeatView, liveWorkers } from "./heartbeat-view.ts";
  * need the device). Hard constraints drop a candidate; the rest rank by TTFT,
  * then more cached tokens, then worker id, then source.
  *
- * Load terms. (1) Between heartbeats the controller's own count of
- * outstanding assignments (offered or accepted, first token not yet seen)
- * feeds the queue as max(heartbeat queue, outstanding) — max, not sum,
- * because a heartbeat sent after an accept already counts that work — so each
- * assignment raises a worker's predicted queue at once. (2) Bounded load
+ * Load terms. (1) The controller's own count of outstanding assignments
+ * (offered or accepted, first token not yet seen), with each attempt's
+ * tokens still to prefill as its worker last reported them, is the queue: so
+ * each assignment raises a worker's predicted queue at once, and a first
+ * token lowers it at once (a worker that reports no per-attempt progress
+ * gets max(heartbeat queue, outstanding) — max, not sum, because a
+ * heartbeat sent after an accept already counts that work). (2) Bounded load
  * (consistent hashing with bounded loads, Mirrokni et al. 2018): with
  * load_w = requests in flight on w (queued + running, the larger of the
  * heartbeat's and the controller's count) and n eligible workers, a worker
@@ -102,10 +104,22 @@ export const defaultRouterPolicy: RouterPolicy = {
   peers: true,
 };
 
-/** Requests in flight on a worker: the larger of its heartbeat's and the controller's count. */
+/**
+ * Whether the controller's outstanding count is the worker's load: the
+ * worker reports progress per attempt (`queue.prefilling`), so the count's
+ * tokens are joined to it, and its membership is fresher than any heartbeat
+ * (a heartbeat sent just before an attempt's first token still counts it: in
+ * a closed loop the client's next request arrives inside that window). A
+ * worker that does not report per attempt gets the larger of both.
+ */
+function ownCountIsLoad(hb: Heartbeat): boolean {
+  return hb.queue.prefilling !== undefined;
+}
+
+/** Requests in flight on a worker (see ownCountIsLoad). */
 export function inFlight(hb: Heartbeat, out: Outstanding | undefined): number {
-  const seen = hb.queue.queuedRequests + hb.queue.runningRequests;
-  return Math.max(seen, (out?.requests ?? 0) + (out?.running ?? 0));
+  const own = (out?.requests ?? 0) + (out?.running ?? 0);
+  return ownCountIsLoad(hb) ? own : Math.max(hb.queue.queuedRequests + hb.queue.runningRequests, own);
 }
 
 export interface RouteInput {
@@ -138,8 +152,13 @@ export function predictTerms(
   outstanding: Outstanding | undefined,
 ): TtftTerms {
   const c = hb.costs;
-  const queuedTokens = Math.max(hb.queue.queuedTokens, outstanding?.tokens ?? 0);
-  const queuedRequests = Math.max(hb.queue.queuedRequests, outstanding?.requests ?? 0);
+  const own = ownCountIsLoad(hb);
+  const queuedTokens = own
+    ? (outstanding?.tokens ?? 0)
+    : Math.max(hb.queue.queuedTokens, outstanding?.tokens ?? 0);
+  const queuedRequests = own
+    ? (outstanding?.requests ?? 0)
+    : Math.max(hb.queue.queuedRequests, outstanding?.requests ?? 0);
   const b = candidate.bytesByTier;
   const r = c.restoreMsPerMiB;
   const fetchMs = (b.ram * r.ram + b.ssd * r.ssd + b.peer * r.peer + b.s3 * r.s3) / MIB;

@@ -131,12 +131,32 @@ const CalibratedCosts = Schema.Struct({
   samples: Count,
 });
 
+/** Bound on the attempts one heartbeat reports the prefill progress of (the rest count as not started). */
+export const MAX_PREFILLING_ATTEMPTS = 1024;
+
+/** One accepted attempt whose first token is not out yet: the prompt tokens it still has to prefill. */
+const PrefillProgress = Schema.Struct({
+  requestId: RequestIdField,
+  attempt: Attempt,
+  remainingTokens: TokenCountField,
+});
+export type PrefillProgress = (typeof PrefillProgress)["Type"];
+
 const QueueState = Schema.Struct({
   /** Prompt tokens admitted but not yet prefilled. */
   queuedTokens: TokenCountField,
   queuedRequests: Count,
   /** Requests decoding now. */
   runningRequests: Count,
+  /**
+   * The same tokens per attempt, so the router can join the worker's
+   * progress to its own, fresher list of outstanding attempts: a heartbeat
+   * sent before an attempt's first token still counts it, the controller's
+   * list does not. Absent from workers built before the field.
+   */
+  prefilling: Schema.optional(
+    Schema.Array(PrefillProgress).check(Schema.isMaxLength(MAX_PREFILLING_ATTEMPTS)),
+  ),
 });
 
 const TierCounts = Schema.Struct({ ram: Count, ssd: Count, peer: Count, s3: Count });

@@ -86,7 +86,12 @@ export function decisionContext(input: {
         id: hb.workerId,
         ageMs,
         costs: hb.costs,
-        queue: hb.queue,
+        // The per-attempt list stays out: the outstanding count below already holds what the router read of it.
+        queue: {
+          queuedTokens: hb.queue.queuedTokens,
+          queuedRequests: hb.queue.queuedRequests,
+          runningRequests: hb.queue.runningRequests,
+        },
         freePages: hb.freePages,
         evictablePages: hb.evictablePages,
         pageTokens: hb.pageTokens,

@@ -27,7 +27,7 @@ import {
 } from "../assignments.ts";
 import { type ChainBoundary, noCatalogAnswer, planChain, type RouteRequest } from "../candidates.ts";
 import { catalogAnswer } from "../catalog-answer.ts";
-import { liveWorkers } from "../heartbeat-view.ts";
+import { liveWorkers, prefillRemaining } from "../heartbeat-view.ts";
 import { type RouterPolicy, route } from "../router.ts";
 import type { RecentDecisions } from "../ui/recent-decisions.ts";
 import { type DecisionContext, decisionContext, type MeasuredOutcome } from "./decision-text.ts";
@@ -359,6 +359,7 @@ export class FleetService implements InferenceService {
       this.opts.demand?.window.observe(f.routeRequest.chain[published - 1]!.nodeId, f.req.tenant);
     const outstanding = outstandingByWorker(
       [...this.active.values()].filter((x) => x !== f).map((x) => x.state),
+      prefillRemaining(this.hub.view),
     );
     const turn = attempt === 1 ? this.turn++ : this.turn - 1;
     const decision = route({

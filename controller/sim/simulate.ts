@@ -11,7 +11,14 @@ import {
   startAssignment,
   stepAssignment,
 } from "../assignments.ts";
-import { disconnect, emptyView, expire, type HeartbeatView, observe } from "../heartbeat-view.ts";
+import {
+  disconnect,
+  emptyView,
+  expire,
+  type HeartbeatView,
+  observe,
+  prefillRemaining,
+} from "../heartbeat-view.ts";
 import { defaultRouterPolicy, type RouterPolicy, route } from "../router.ts";
 import { Agenda } from "./heap.ts";
 import { Prng } from "./prng.ts";
@@ -315,7 +322,10 @@ export function simulate(opts: SimOptions): SimSummary {
           view,
           nowMs: now,
           catalog: catalog.answer(rec.req.chain),
-          outstanding: outstandingByWorker([...active].map((r) => r.state)),
+          outstanding: outstandingByWorker(
+            [...active].map((r) => r.state),
+            prefillRemaining(view),
+          ),
           exclude: new Set(c.exclude),
           // Baselines route without the bounded-load term (they are what it is compared to).
           policy:

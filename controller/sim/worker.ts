@@ -12,11 +12,13 @@ import type {
   Cancel,
   Decline,
   Heartbeat,
+  PrefillProgress,
   ResidentPrefix,
   Result,
   StoreTier,
   Tokens,
 } from "../../schema/control.ts";
+import { MAX_PREFILLING_ATTEMPTS } from "../../schema/control.ts";
 import type { ModelFingerprint, NodeId, RequestId, TokenCount, WorkerId } from "../../schema/ids.ts";
 import {
   type CatalogAnswer,
@@ -209,10 +211,17 @@ export class SimWorker {
     for (const c of this.cache.values()) if (c.pins === 0) evictable += c.pages;
     let queuedTokens = 0;
     let queuedRequests = 0;
+    const prefilling: PrefillProgress[] = [];
     for (const j of [...(this.current ? [this.current] : []), ...this.queue]) {
       if (j.released) continue;
       queuedTokens += j.missingTokens;
       queuedRequests++;
+      if (prefilling.length < MAX_PREFILLING_ATTEMPTS)
+        prefilling.push({
+          requestId: j.requestId,
+          attempt: j.attempt,
+          remainingTokens: j.missingTokens as TokenCount,
+        });
     }
     return {
       workerId: this.id,
@@ -231,6 +240,7 @@ export class SimWorker {
         queuedTokens: queuedTokens as TokenCount,
         queuedRequests,
         runningRequests: this.jobs.size - queuedRequests,
+        prefilling,
       },
       costs: {
         prefillPerTokenMs: this.reported.prefillPerTokenMs,

@@ -208,6 +208,17 @@ describe("fenced assignments", () => {
       running: 1,
     });
   });
+
+  it("joins each outstanding attempt to its worker's reported progress, never above the routing estimate", () => {
+    const a = new Driver(["a"]);
+    const reported = (remaining: number | undefined) =>
+      outstandingByWorker([a.state], (w, r, attempt) =>
+        w === wid("a") && r === a.state.requestId && attempt === 1 ? remaining : undefined,
+      ).get(wid("a"))!.tokens;
+    expect(reported(undefined)).toBe(1000);
+    expect(reported(250)).toBe(250);
+    expect(reported(5000)).toBe(1000);
+  });
 });
 
 describe("worker admission", () => {

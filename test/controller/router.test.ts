@@ -137,6 +137,26 @@ describe("TTFT router", () => {
     expect(rc.predictedTtftMs).toBeCloseTo(190 + 2148 * 0.15 + 20);
   });
 
+  it("a worker reporting per-attempt progress is loaded by the controller's own count: a stale heartbeat's finished prefill does not count", () => {
+    // The heartbeat was sent before its one attempt's first token; the controller has seen that token since.
+    const stale = { queuedTokens: 1000 as never, queuedRequests: 1, runningRequests: 0 };
+    const reporting = heartbeat("a", {
+      queue: {
+        ...stale,
+        prefilling: [{ requestId: "r1" as never, attempt: 1, remainingTokens: 1000 as never }],
+      },
+    });
+    const none = new Map<WorkerId, Outstanding>();
+    const q = (hb: Heartbeat, outstanding = none) =>
+      routeWith(viewOf(hb), { outstanding }).ranked.find((c) => c.source === "recompute")!.terms.queueMs;
+    expect(q(reporting)).toBe(0);
+    // An older worker (no per-attempt list) keeps the larger of both.
+    expect(q(heartbeat("a", { queue: stale }))).toBeCloseTo(1000 * 0.15 + 20);
+    // What the controller still counts is the queue.
+    const out = new Map<WorkerId, Outstanding>([[wid("a"), { requests: 2, tokens: 300, running: 1 }]]);
+    expect(q(reporting, out)).toBeCloseTo(300 * 0.15 + 2 * 20);
+  });
+
   it("locality beats a farther durable prefix", () => {
     // a holds 6 chunks resident; b can fetch all 8 from S3 (longer, but far).
     const a = heartbeat("a", { residentPrefixes: resident(6) });

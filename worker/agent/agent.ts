@@ -18,9 +18,11 @@ import {
   type FinishReason,
   type Heartbeat,
   HeartbeatMessage,
+  MAX_PREFILLING_ATTEMPTS,
   MAX_RESIDENT_PREFIXES,
   MAX_TOKENS_PER_FRAME,
   type Offer,
+  type PrefillProgress,
   ResultMessage,
   type StoreTier,
   TokensMessage,
@@ -348,7 +350,20 @@ export class WorkerAgent {
     const MIB = 1024 * 1024;
     const pool = this.pagePool([]);
     let queuedTokens = 0;
-    for (const r of this.running.values()) if (r.firstTokenAt === null) queuedTokens += r.queuedTokens;
+    const prefilling: PrefillProgress[] = [];
+    for (const r of this.running.values()) {
+      if (r.firstTokenAt !== null) continue;
+      // Still to prefill: the accepted estimate, less what the runtime has put through the forward since.
+      const done = this.runtime.prefilled(runtimeId(r.requestId, r.attempt)) ?? 0;
+      const remaining = Math.max(0, Math.min(r.queuedTokens, r.prompt.length - done));
+      queuedTokens += remaining;
+      if (prefilling.length < MAX_PREFILLING_ATTEMPTS)
+        prefilling.push({
+          requestId: r.requestId,
+          attempt: r.attempt,
+          remainingTokens: TokenCount(remaining),
+        });
+    }
     return {
       workerId: this.opts.workerId,
       epoch: this.epoch,
@@ -366,6 +381,7 @@ export class WorkerAgent {
         queuedTokens: TokenCount(queuedTokens),
         queuedRequests: stats.waiting,
         runningRequests: stats.running,
+        prefilling,
       },
       costs: {
         prefillPerTokenMs: c.prefillPerTokenMs.value,

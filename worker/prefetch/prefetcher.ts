@@ -395,7 +395,7 @@ export class Prefetcher {
           ),
         ]);
         if (got === undefined) continue;
-        const wrong = metaMismatch(got.meta, expected);
+        const wrong = metaMismatch(got.meta, expected(got.meta.parent as PrefixHash));
         if (wrong === null) return got;
         this.opts.logger.log("warn", "prefetch.wrong_chunk", { node, source: s.what, detail: wrong });
       } catch (err) {
@@ -411,19 +411,28 @@ export class Prefetcher {
     return null;
   }
 
-  private descriptor(node: NodeId, c: number): ChunkDescriptor {
+  /**
+   * What the catalog promises of the chunk, given the parent its verified
+   * metadata names. The catalog links a chunk to its parent chunk, but a
+   * chain's root has none: its parent is the tenant's salted root
+   * (worker/pages/page-hashes.ts), which the catalog does not record, so at a
+   * root the chunk's own parent stands: the read was verified against the
+   * content id the catalog holds, which covers the metadata.
+   */
+  private descriptor(node: NodeId, c: number): (rootParent: PrefixHash) => ChunkDescriptor {
     const db = this.db;
     const parent = db.get(c, "chunk/parent") as number | undefined;
-    return {
+    const linked = parent === undefined ? undefined : (db.get(parent, "chunk/prefix") as PrefixHash);
+    return (rootParent) => ({
       node,
       prefix: db.get(c, "chunk/prefix") as PrefixHash,
-      parent: (parent === undefined ? "0".repeat(64) : db.get(parent, "chunk/prefix")) as PrefixHash,
+      parent: linked ?? rootParent,
       fingerprint: this.opts.catalog.id.fingerprint as ModelFingerprint,
       start: db.get(c, "chunk/start") as number,
       tokens: db.get(c, "chunk/tokens") as number,
       layout: db.get(c, "chunk/layout") as string,
       bytes: db.get(c, "chunk/bytes") as number,
-    };
+    });
   }
 
   /**

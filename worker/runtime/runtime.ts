@@ -323,6 +323,12 @@ export class WorkerRuntime {
     };
   }
 
+  /** Prompt tokens through the forward (resident, restored or computed) of a request here; undefined when it is not. */
+  prefilled(id: RequestId): number | undefined {
+    const seq = this.seqs.get(id);
+    return seq === undefined ? undefined : Math.min(seq.processed, seq.promptLength);
+  }
+
   stats(): RuntimeStats {
     let waiting = 0;
     for (const s of this.seqs.values()) if (s.state === "waiting") waiting++;

@@ -103,6 +103,13 @@ describe("the heartbeat's queue", () => {
     const hb = agent.heartbeat();
     expect(hb.queue.queuedRequests + hb.queue.runningRequests).toBe(1);
     expect(hb.queue.queuedTokens).toBe(300 - 256);
+    // The same, per attempt: what the router joins to its own list of outstanding attempts.
+    expect(hb.queue.prefilling).toEqual([{ requestId: "q-1", attempt: 1, remainingTokens: 300 - 256 }]);
     release();
+    while (agent.counters.completed === 0) {
+      if (Date.now() > deadline) throw new Error("the request did not complete");
+      await new Promise((r) => setTimeout(r, 10));
+    }
+    expect(agent.heartbeat().queue.prefilling).toEqual([]);
   });
 });

@@ -89,8 +89,10 @@ describe.skipIf(!brokers)("prefetch: placements pulled ahead of demand (real Kaf
       })),
     ]);
   };
-  const nodesOf = (w: TestWorker, prompt: readonly number[]) =>
-    prefixChain(prompt.slice(0, -1), CHUNK).map((n) => catalogNodeId(w.cache.catalog.id.fingerprint, n.hash));
+  const nodesOf = (w: TestWorker, prompt: readonly number[], salt?: string) =>
+    prefixChain(prompt.slice(0, -1), CHUNK, salt).map((n) =>
+      catalogNodeId(w.cache.catalog.id.fingerprint, n.hash),
+    );
 
   const worker = async (id: string, ramBytes?: number) => {
     const log = await open(id);
@@ -125,15 +127,18 @@ describe.skipIf(!brokers)("prefetch: placements pulled ahead of demand (real Kaf
    * its S3 copies uploaded.
    */
   let publishers = 0;
-  const computed = async (seed: number): Promise<{ prompt: number[]; nodes: NodeId[]; by: string }> => {
+  const computed = async (
+    seed: number,
+    salt?: string,
+  ): Promise<{ prompt: number[]; nodes: NodeId[]; by: string }> => {
     const by = `pf-a${++publishers}`;
     const a = await worker(by);
     const prompt = promptOf(420, seed);
-    await generate(a.runtime, prompt, 2);
+    await generate(a.runtime, prompt, 2, salt);
     await a.cache.idle();
     await a.cache.tiers.store.drain();
-    await waitPublished(a, prompt, 3);
-    return { prompt, nodes: nodesOf(a, prompt), by };
+    await waitPublished(a, prompt, 3, salt);
+    return { prompt, nodes: nodesOf(a, prompt, salt), by };
   };
   /** Polls `pred` (catalog state or log lines) every 20 ms, for at most 30 s. */
   const waitFor = async (what: string, pred: () => boolean) => {
@@ -172,6 +177,24 @@ describe.skipIf(!brokers)("prefetch: placements pulled ahead of demand (real Kaf
     expect(after.chunks.s3 - before.chunks.s3).toBe(0);
     expect(after.chunks.peer - before.chunks.peer).toBe(0);
     // The placed copies served those reads.
+    expect(pf.stats().hits).toBe(3);
+  });
+
+  it("a tenant's salted prefix is pulled too: its root chunk's parent is the salted root, which the catalog does not hold", async () => {
+    const b = await worker("pf-salted");
+    const salt = "tenant-7";
+    const { prompt, nodes } = await computed(44, salt);
+    const log = recordingLogger();
+    const pf = prefetcher(b, { logger: log });
+    await place("pf-salted", nodes, "ram", true);
+    await waitFor("the salted chunks held in RAM", () =>
+      nodes.every((n) => b.cache.catalog.holdsReady(n, "ram")),
+    );
+    await pf.idle();
+    expect(pf.stats().fetched.ram).toBe(3);
+    expect(log.lines.filter((l) => l.event === "prefetch.wrong_chunk")).toHaveLength(0);
+    const out = await generate(b.runtime, prompt, 2, salt);
+    expect(out.cachedTokens).toBe(390);
     expect(pf.stats().hits).toBe(3);
   });
 

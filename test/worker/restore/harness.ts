@@ -165,10 +165,11 @@ export async function generate(
   runtime: WorkerRuntime,
   prompt: readonly number[],
   maxTokens: number,
+  salt?: string,
 ): Promise<{ tokens: number[]; cachedTokens: number }> {
   const gen = runtime.submit({
     requestId: RequestId(`q-${randomUUID().slice(0, 8)}`),
-    salt: undefined,
+    salt,
     prompt,
     maxTokens,
     temperature: 0,
@@ -309,9 +310,10 @@ export async function waitPublished(
   worker: TestWorker,
   prompt: readonly number[],
   chunks: number,
+  salt?: string,
 ): Promise<void> {
   const fp = worker.cache.catalog.id.fingerprint;
-  const nodes = prefixChain(prompt.slice(0, -1), CHUNK).map((n) => catalogNodeId(fp, n.hash));
+  const nodes = prefixChain(prompt.slice(0, -1), CHUNK, salt).map((n) => catalogNodeId(fp, n.hash));
   const ok = await worker.cache.catalog.waitUntil(
     () => longestPublishedPrefix(worker.cache.catalog.db, nodes).length >= chunks,
     30_000,
