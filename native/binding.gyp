@@ -25,6 +25,8 @@
         "src/attention_simd.cc",
         "src/quant_cpu.cc",
         "src/quant_avx2.cc",
+        "src/quant_dot_cpu.cc",
+        "src/quant_dot_avx2.cc",
         "src/fma_peak.cc",
         "src/backend.cc",
         "src/engine.cc",

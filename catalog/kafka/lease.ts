@@ -12,7 +12,7 @@ import { type KafkaTopics, MAX_SEND_BYTES, writerGroupId, writerTransactionalId 
 import { stickyWriterAssigner } from "./assignor.ts";
 import { retryConcurrent } from "./client.ts";
 import { producerWithCachedCoordinators } from "./coordinators.ts";
-import { type BatchLimits, groups } from "./grouping.ts";
+import { type BatchLimits, groupEnd, groups } from "./grouping.ts";
 import { OFFSET_HEADER, packTxs, proposalItems, view } from "./records.ts";
 import { type WriterState, writerStateMetadata } from "./writer-state.ts";
 
@@ -23,8 +23,14 @@ import { type WriterState, writerStateMetadata } from "./writer-state.ts";
  * decided while k commits). Measurements: bench/catalog.md.
  */
 export const DEFAULT_WRITER_TX: BatchLimits = { maxRecords: 2_000, maxBytes: 4 << 20 };
-/** Proposals decided between two event-loop yields, so an in-flight commit's responses are read promptly (a few ms of deciding). */
-const DECIDE_SLICE = 64;
+/**
+ * Proposals decided between two event-loop yields, so an in-flight commit's
+ * responses are read promptly: at most 32 proposals and 16 KiB (about 1 ms of
+ * deciding, whatever the proposals' size). Counted in proposals alone (64),
+ * a slice of 16-chunk proposals held the loop ~40 ms, and each of a commit's
+ * five round trips waited for one. Measurements: bench/catalog.md.
+ */
+const DECIDE_SLICE: BatchLimits = { maxRecords: 32, maxBytes: 16 << 10 };
 
 /** How long the writer's producer trusts a coordinator lookup (catalog/kafka/coordinators.ts): a moved coordinator costs at most this much retrying. */
 const COORDINATOR_TTL_MS = 1_000;
@@ -50,7 +56,7 @@ const WRITER_FETCH_MIN_BYTES = 32 << 10;
 const MIN_COMMIT_INTERVAL_MS = 20;
 
 /**
- * Runs the handler over `records` in slices of DECIDE_SLICE, yielding to the
+ * Runs the handler over `records` in slices within DECIDE_SLICE, yielding to the
  * event loop between slices (so a commit in flight progresses while the next
  * group is decided), and concatenates the results in order.
  */
@@ -58,12 +64,17 @@ async function decideSliced(
   handler: (p: readonly LogRecord[]) => Promise<WriterCommit> | WriterCommit,
   records: readonly LogRecord[],
 ): Promise<WriterCommit> {
-  if (records.length <= DECIDE_SLICE) return handler(records);
+  const bytesAt = (i: number) => records[i]!.bytes.byteLength;
+  let end = groupEnd(records.length, 0, DECIDE_SLICE, bytesAt);
+  if (end === records.length) return handler(records);
   const tx: Uint8Array[] = [];
   const rejections: Uint8Array[] = [];
-  for (let i = 0; i < records.length; i += DECIDE_SLICE) {
-    if (i > 0) await new Promise<void>((r) => setImmediate(r));
-    const out = await handler(records.slice(i, i + DECIDE_SLICE));
+  for (let i = 0; i < records.length; i = end) {
+    if (i > 0) {
+      await new Promise<void>((r) => setImmediate(r));
+      end = groupEnd(records.length, i, DECIDE_SLICE, bytesAt);
+    }
+    const out = await handler(records.slice(i, end));
     for (const t of out.tx) tx.push(t);
     for (const r of out.rejections) rejections.push(r);
   }

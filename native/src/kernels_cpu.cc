@@ -14,6 +14,7 @@
 #include "attention_simd.h"
 #include "cpu.h"
 #include "quant.h"
+#include "quant_dot.h"
 #include "thread_pool.h"
 
 namespace ck {
@@ -266,7 +267,9 @@ inline void f32_to_f16_row(const float* x, f16* y, int32_t n) {
 // xp: x as PackedRows packed it for this ISA.
 inline void matmul_columns(const float* x, const float* xp, int32_t T, int32_t K, const void* W, DType wt, int32_t N,
                            const float* bias, float* y, int32_t n0, int32_t n1) {
-  // Quantized weights: the f32 product of their exact values (quant.h). The
+  // Block formats no longer get here: matmul and matmul_multi send them to
+  // the integer path (quant_dot.h). This f32 product of their exact values
+  // (quant.h) is the previous path, unreached, until it is removed. The
   // AVX2 tiles dequantize in registers (decode reads only the blocks) and
   // widen a column triplet for 8+ rows; batches the AVX-512 tiles take get
   // the columns' rows dequantized once per call, reused by every row tile.
@@ -581,6 +584,17 @@ constexpr int32_t kMatmulBlock = 48;
 void matmul(const float* x, int32_t T, int32_t K, const void* W, DType wt, int32_t N, const float* bias,
             float* y, ThreadPool* pool) {
   const int64_t blocks = (N + kMatmulBlock - 1) / kMatmulBlock;
+  if (int8_path(wt)) {
+    // x quantized once for every work item and batch size (quant_dot.h).
+    const Q8Rows xq = quantize_rows(x, T, K);
+    parallel_for(pool, blocks, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const int32_t n0 = static_cast<int32_t>(b * kMatmulBlock);
+        int8_matmul_columns(xq, W, wt, N, bias, y, n0, std::min(N, n0 + kMatmulBlock));
+      }
+    });
+    return;
+  }
   const PackedRows xp(x, T, K);
   parallel_for(pool, blocks, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
@@ -596,6 +610,9 @@ void matmul_multi(const float* x, int32_t T, int32_t K, const MatmulOut* outs, i
   std::vector<int64_t> first(static_cast<size_t>(n_outs) + 1, 0);  // first[i] = items before output i
   for (int32_t i = 0; i < n_outs; ++i)
     first[static_cast<size_t>(i) + 1] = first[static_cast<size_t>(i)] + (outs[i].N + kMatmulBlock - 1) / kMatmulBlock;
+  bool any_int8 = false;
+  for (int32_t i = 0; i < n_outs; ++i) any_int8 = any_int8 || int8_path(outs[i].wt);
+  const Q8Rows xq = any_int8 ? quantize_rows(x, T, K) : Q8Rows{};
   const PackedRows xp(x, T, K);
   parallel_for(pool, first.back(), 1, [&](int64_t b0, int64_t b1) {
     int32_t i = 0;
@@ -603,6 +620,10 @@ void matmul_multi(const float* x, int32_t T, int32_t K, const MatmulOut* outs, i
       while (b >= first[static_cast<size_t>(i) + 1]) ++i;
       const MatmulOut& o = outs[i];
       const int32_t n0 = static_cast<int32_t>((b - first[static_cast<size_t>(i)]) * kMatmulBlock);
+      if (int8_path(o.wt)) {
+        int8_matmul_columns(xq, o.W, o.wt, o.N, o.bias, o.y, n0, std::min(o.N, n0 + kMatmulBlock));
+        continue;
+      }
       matmul_columns(x, xp.data(), T, K, o.W, o.wt, o.N, o.bias, o.y, n0, std::min(o.N, n0 + kMatmulBlock));
     }
   });

@@ -14,9 +14,9 @@
 // ≤ 11 + 7 + 5 bits) and d·sc, dmin·m, (d·sc)·q (Q4_K: ≤ 21 bits) fit f32's 24
 // bits, and Q4_K's difference of two exact values is rounded once. So every
 // path (scalar, vector, CUDA) that computes these operations gets the same
-// bits, and a quantized matmul is computed as the f32 matmul of these exact
-// values: the same bits as the f32 engine on the dequantized weights
-// (kernels.h's determinism contract carries over unchanged).
+// bits (the embedding rows). The matmuls take the integer path of
+// quant_dot.h (activations rounded to int8 blocks), with numerics of their
+// own, as fixed per output (kernels.h's determinism contract holds).
 #pragma once
 
 #include <cstddef>

@@ -73,6 +73,7 @@ export async function readWeightsDigest(
 }
 
 const FLOAT_DTYPES = new Set(["f32", "f16", "bf16"]);
+const INT8_DOT = new Set(["q8_0", "q4_0", "q6_k", "q4_k"]);
 
 /**
  * The manifest's weightFormat: the distinct tensor types, lowercase, sorted,
@@ -83,7 +84,12 @@ const FLOAT_DTYPES = new Set(["f32", "f16", "bf16"]);
  */
 export function weightFormatOf(dtypes: Iterable<string>): string | undefined {
   const formats = [...new Set([...dtypes].map((d) => d.toLowerCase()))].sort();
-  return formats.every((f) => FLOAT_DTYPES.has(f)) ? undefined : formats.join("+");
+  if (formats.every((f) => FLOAT_DTYPES.has(f))) return undefined;
+  // Block-format products quantize their activations to int8 blocks
+  // (native/src/quant_dot.h): other bits than the f32 product the first
+  // GGUF builds computed, so their chunks must not meet under one name.
+  const int8 = formats.some((f) => INT8_DOT.has(f));
+  return `${formats.join("+")}${int8 ? "/int8-dot" : ""}`;
 }
 
 /** u32 len ‖ name ‖ u32 len ‖ dtype ‖ u32 rank ‖ u64 dims… ‖ u64 byteLength. */

@@ -36,7 +36,36 @@ import type { ModelWeights } from "./weights.ts";
  */
 export interface ReferenceOptions {
   readonly roundKvToF16?: boolean;
+  /**
+   * Rounds the input of every product over block-quantized weights as the
+   * engine's integer path does (native/src/quant_dot.h: per 32-value block,
+   * d = amax / 127, q = round-half-even(x · (127 / amax)), both in f32), so
+   * a quantized model is compared with the arithmetic it is specified to do.
+   */
+  readonly int8Activations?: boolean;
 }
+
+/** x [T, K] on the int8 grid of ReferenceOptions.int8Activations, as f64. */
+function int8Grid(x: Float64Array, K: number): Float64Array {
+  const y = new Float64Array(x.length);
+  for (let o = 0; o < x.length; o += 32) {
+    let amax = 0;
+    for (let j = 0; j < 32; j++) amax = Math.max(amax, Math.abs(Math.fround(x[o + j]!)));
+    const id = amax > 0 ? Math.fround(127 / amax) : 0;
+    const d = Math.fround(amax / 127);
+    for (let j = 0; j < 32; j++) {
+      const v = Math.fround(Math.fround(x[o + j]!) * id);
+      let q = Math.round(v);
+      if (q - v === 0.5 && q % 2 !== 0) q -= 1; // half to even (Math.round takes halves up)
+      y[o + j] = d * q;
+    }
+  }
+  if (K % 32 !== 0) throw new RangeError(`int8 activations need rows of whole 32-blocks, got ${K}`);
+  return y;
+}
+
+/** The widened tensors of the types the engine multiplies on its integer path. */
+const int8Weights = new WeakSet<Float64Array>();
 
 /** Weights widened to f64 once per tensor. */
 const widened = new WeakMap<Buffer, Float64Array>();
@@ -45,6 +74,8 @@ function f64(t: LoadedTensor): Float64Array {
   if (!w) {
     w = decodeValues(t.data, t.dtype);
     widened.set(t.data, w);
+    if (t.dtype === "Q8_0" || t.dtype === "Q4_0" || t.dtype === "Q6_K" || t.dtype === "Q4_K")
+      int8Weights.add(w);
   }
   return w;
 }
@@ -155,6 +186,8 @@ export function referenceForward(
     return t;
   };
   const W = (name: string) => f64(tensor(name));
+  const lin = (x: Float64Array, T: number, K: number, w: Float64Array, N: number, b?: Float64Array, r0 = 0) =>
+    linear(opts.int8Activations && int8Weights.has(w) ? int8Grid(x, K) : x, T, K, w, N, b, r0);
   const Wopt = (name: string) => (weights.tensors.has(name) ? W(name) : undefined);
   const gemma = spec.family === "gemma2" || spec.family === "gemma3";
   const phi3 = spec.family === "phi3";
@@ -189,13 +222,13 @@ export function referenceForward(
     let q: Float64Array, k: Float64Array, v: Float64Array;
     if (phi3) {
       const qkv = W(`${p}self_attn.qkv_proj.weight`);
-      q = linear(h, T, D, qkv, H * d, undefined, 0);
-      k = linear(h, T, D, qkv, KV * d, undefined, H * d);
-      v = linear(h, T, D, qkv, KV * dv, undefined, H * d + KV * d);
+      q = lin(h, T, D, qkv, H * d, undefined, 0);
+      k = lin(h, T, D, qkv, KV * d, undefined, H * d);
+      v = lin(h, T, D, qkv, KV * dv, undefined, H * d + KV * d);
     } else {
-      q = linear(h, T, D, W(`${p}self_attn.q_proj.weight`), H * d, Wopt(`${p}self_attn.q_proj.bias`));
-      k = linear(h, T, D, W(`${p}self_attn.k_proj.weight`), KV * d, Wopt(`${p}self_attn.k_proj.bias`));
-      v = linear(h, T, D, W(`${p}self_attn.v_proj.weight`), KV * dv, Wopt(`${p}self_attn.v_proj.bias`));
+      q = lin(h, T, D, W(`${p}self_attn.q_proj.weight`), H * d, Wopt(`${p}self_attn.q_proj.bias`));
+      k = lin(h, T, D, W(`${p}self_attn.k_proj.weight`), KV * d, Wopt(`${p}self_attn.k_proj.bias`));
+      v = lin(h, T, D, W(`${p}self_attn.v_proj.weight`), KV * dv, Wopt(`${p}self_attn.v_proj.bias`));
     }
     if (qkNorm) {
       q = norm(q, d, `${p}self_attn.q_norm.weight`);
@@ -239,7 +272,7 @@ export function referenceForward(
         }
       }
     }
-    let o = linear(a, T, H * dv, W(`${p}self_attn.o_proj.weight`), D);
+    let o = lin(a, T, H * dv, W(`${p}self_attn.o_proj.weight`), D);
     if (gemma) o = norm(o, D, `${p}post_attention_layernorm.weight`);
     for (let i = 0; i < x.length; i++) x[i] = x[i]! + o[i]!;
 
@@ -251,19 +284,19 @@ export function referenceForward(
     let g: Float64Array, u: Float64Array;
     if (phi3) {
       const gu = W(`${p}mlp.gate_up_proj.weight`);
-      g = linear(h2, T, D, gu, F, undefined, 0);
-      u = linear(h2, T, D, gu, F, undefined, F);
+      g = lin(h2, T, D, gu, F, undefined, 0);
+      u = lin(h2, T, D, gu, F, undefined, F);
     } else {
-      g = linear(h2, T, D, W(`${p}mlp.gate_proj.weight`), F);
-      u = linear(h2, T, D, W(`${p}mlp.up_proj.weight`), F);
+      g = lin(h2, T, D, W(`${p}mlp.gate_proj.weight`), F);
+      u = lin(h2, T, D, W(`${p}mlp.up_proj.weight`), F);
     }
     for (let i = 0; i < g.length; i++) g[i] = (gemma ? geluTanh(g[i]!) : silu(g[i]!)) * u[i]!;
-    let m = linear(g, T, F, W(`${p}mlp.down_proj.weight`), D);
+    let m = lin(g, T, F, W(`${p}mlp.down_proj.weight`), D);
     if (gemma) m = norm(m, D, `${p}post_feedforward_layernorm.weight`);
     for (let i = 0; i < x.length; i++) x[i] = x[i]! + m[i]!;
   }
   const xn = norm(x, D, "model.norm.weight");
-  const logits = linear(xn, T, D, spec.tiedEmbeddings ? emb : W("lm_head.weight"), V);
+  const logits = lin(xn, T, D, spec.tiedEmbeddings ? emb : W("lm_head.weight"), V);
   if (spec.finalSoftcap !== null) {
     const cap = spec.finalSoftcap;
     for (let i = 0; i < logits.length; i++) logits[i] = Math.tanh(logits[i]! / cap) * cap;

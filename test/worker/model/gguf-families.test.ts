@@ -17,11 +17,13 @@ import { dequantized, expectReferenceGreedy, writeBlockModel } from "./gguf-fixt
  * GGUF rows of the families beyond llama/qwen2: a Qwen3 model (per-head q/k
  * RMSNorms, explicit head_dim, no biases) quantized to Q8_0, loaded back:
  * the same config as its config.json, its q/k norm weights bit for bit, and
- * its logits equal to the f32 engine on the dequantized weights bit for bit,
- * greedy ids and logits within 1e-3 of the float64 reference (the bound of
- * gguf-model.test.ts).
+ * greedy ids and logits within GRID_BOUND of the float64 reference on the
+ * same int8 activation grid, the first logits within ACT_BOUND of the f32
+ * engine on the dequantized weights (the bounds of gguf-model.test.ts, which
+ * says why).
  */
-const REF_BOUND = 1e-3;
+const GRID_BOUND = 0.25;
+const ACT_BOUND = 0.25;
 const VARIANT = "cpu-f32acc/v1";
 
 let root: string;
@@ -57,7 +59,7 @@ describe("GGUF qwen3", () => {
     }
   });
 
-  it("generates: logits equal the f32 engine on the dequantized weights; greedy ids and logits match the float64 reference", async () => {
+  it("generates: greedy ids and logits match the float64 reference on its int8 activations, and the f32 engine on the dequantized weights within the activation rounding", async () => {
     const spec = gguf.config.spec;
     const open = async (t = gguf.weights) => {
       const e = await openEngine(spec, t, { threads: 2 });
@@ -69,9 +71,11 @@ describe("GGUF qwen3", () => {
     const greedy = initialSamplerState(samplingParams({ maxTokens: 5 }));
     const [a] = await generate(await open(), [p], [greedy]);
     const [b] = await generate(await open(dequantized(gguf)), [p], [greedy]);
-    expect(a!.tokens).toEqual(b!.tokens);
-    for (let i = 0; i < a!.logits.length; i++)
-      expect(Buffer.from(a!.logits[i]!.buffer).equals(Buffer.from(b!.logits[i]!.buffer))).toBe(true);
-    expectReferenceGreedy(spec, gguf.weights, p, a!, REF_BOUND);
+    let worst = 0;
+    for (let v = 0; v < spec.vocab; v++)
+      worst = Math.max(worst, Math.abs(a!.logits[0]![v]! - b!.logits[0]![v]!));
+    expect(worst).toBeLessThan(ACT_BOUND);
+    expect(worst).toBeGreaterThan(0);
+    expectReferenceGreedy(spec, gguf.weights, p, a!, GRID_BOUND, { int8Activations: true });
   }, 120_000);
 });

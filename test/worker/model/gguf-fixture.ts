@@ -59,7 +59,9 @@ export function dequantized(m: LoadedModel): ModelWeights {
 /**
  * A greedy generation of `out.tokens` after `prompt` against the float64
  * reference forward on the same weights (K/V rounded to f16 as the pages
- * hold them): the same argmax at every step, every logit within `bound`.
+ * hold them; `int8Activations`: the inputs of the Q8_0/Q4_0/Q6_K products on
+ * the engine's int8 grid, reference.ts): the same argmax at every step,
+ * every logit within `bound`. Returns the largest difference.
  */
 export function expectReferenceGreedy(
   spec: EngineSpec,
@@ -67,9 +69,11 @@ export function expectReferenceGreedy(
   prompt: readonly number[],
   out: { tokens: readonly number[]; logits: readonly Float32Array[] },
   bound: number,
-): void {
+  opts: { int8Activations?: boolean } = {},
+): number {
   const ref = referenceForward(spec, weights, [...prompt, ...out.tokens.slice(0, -1)], {
     roundKvToF16: true,
+    ...opts,
   });
   let worst = 0;
   for (let i = 0; i < out.tokens.length; i++) {
@@ -80,4 +84,5 @@ export function expectReferenceGreedy(
     for (let v = 0; v < row.length; v++) worst = Math.max(worst, Math.abs(row[v]! - out.logits[i]![v]!));
   }
   expect(worst).toBeLessThan(bound);
+  return worst;
 }
