@@ -398,6 +398,7 @@ interface Addon {
   readonly defaultThreads: number;
   readonly kernels: Kernels;
   lockFileExclusive(fd: number): boolean;
+  rowLogprobs(row: Float32Array, token: number, top: Int32Array, out: Float64Array): void;
 }
 
 const addonPath = new URL("./build/Release/continuum_native.node", import.meta.url).pathname;
@@ -469,6 +470,15 @@ export function nativeBackends(): NativeBackends {
  */
 export function cudaCopyGbPerS(bytes: number = 2 ** 31): number {
   return addon.cudaCopyGbPerS(bytes);
+}
+
+/**
+ * One row's log-probability reduction (native/src/logprobs.h), synchronous:
+ * top ← the top.length most likely ids (value descending, ties by lower id);
+ * out ← [max, Σ exp(x − max) (f32 exp, f64 sum, fixed order), rank of token].
+ */
+export function rowLogprobs(row: Float32Array, token: number, top: Int32Array, out: Float64Array): void {
+  addon.rowLogprobs(row, token, top, out);
 }
 
 /**
