@@ -1,8 +1,15 @@
 import type { Engine } from "../native/index.ts";
 import { ContinuationId, TokenCount } from "../schema/ids.ts";
 import { openEngine } from "../worker/model/engine.ts";
-import { GLOBAL_LAYER, releaseWindow } from "../worker/model/layout.ts";
+import {
+  type AttentionLayout,
+  GLOBAL_LAYER,
+  type LayerGroups,
+  layerGroups,
+  releaseWindow,
+} from "../worker/model/layout.ts";
 import { Rng, seedRng } from "../worker/model/prng.ts";
+import { buildGroupedBatch, GroupedRoutes } from "../worker/pages/layer-groups.ts";
 import { PageHashChain } from "../worker/pages/page-hashes.ts";
 import { PageManager } from "../worker/pages/page-manager.ts";
 import { buildBatch } from "../worker/runtime/batch.ts";
@@ -24,6 +31,13 @@ import { percentile, round } from "./contract.ts";
  * weight reads both pay. The K/V pages each holds at context 8 windows,
  * sliding over global, is what the release saves in memory (goal: the share
  * of global layers, 0 here, plus the window's own pages, 1/8).
+ *
+ * A third run, mixed: the same weights with Gemma 3's pattern (every 6th
+ * layer global, the rest sliding), on a route per layer group over one pool
+ * (worker/pages/layer-groups.ts). Its memory is counted in layer-pages (pages
+ * held × layers a page holds), against the all-global run's pages × every
+ * layer: mixed_layer_pages_over_global_layer_pages (goal: the share of global
+ * layers, plus the sliding layers' window pages).
  */
 const MODEL_NAME = "small-mistral-sw";
 const PAGE = 16;
@@ -71,6 +85,52 @@ class RoutedSequence {
   }
 }
 
+/** One sequence on a route per layer group (GroupedRoutes), stepping the engine through every group's table. */
+class GroupedSequence {
+  private readonly routes: GroupedRoutes;
+  private readonly chain = new PageHashChain(PAGE, undefined);
+  private readonly tokens: number[] = [];
+  private readonly route = ContinuationId("bench-mixed");
+
+  constructor(
+    private readonly engine: Engine,
+    private readonly groups: LayerGroups,
+    capacity: number,
+  ) {
+    const physicalPages = groups.groups.length * Math.ceil(capacity / PAGE);
+    engine.createPool(physicalPages, PAGE, groups.groupOf);
+    this.routes = new GroupedRoutes(new PageManager({ pageTokens: PAGE, physicalPages }), groups);
+    this.routes.open(this.route, { reserveTokens: TokenCount(capacity) });
+  }
+
+  async step(tokens: readonly number[]): Promise<void> {
+    const first = this.tokens.length;
+    const plans = this.routes.beginAppend(this.route, TokenCount(tokens.length));
+    this.tokens.push(...tokens);
+    await this.engine.step(
+      buildGroupedBatch(
+        [{ tokens, firstPosition: first, plans, wantLogits: true }],
+        this.groups.groups.length,
+      ),
+    );
+    const sealed = this.chain.extend(this.tokens, this.tokens.length).slice(Math.floor(first / PAGE));
+    this.routes.commitAppend(this.route, sealed);
+  }
+
+  /** K/V pages held over every group, and in layer-pages (each page holds `slots` layers' rows). */
+  get heldPages(): number {
+    return this.routes.heldPages(this.route);
+  }
+  get heldLayerPages(): number {
+    return this.heldPages * this.groups.slots;
+  }
+}
+
+/** Gemma 3's pattern over these layers: every 6th global, the others as they are. */
+function gemma3Pattern(layers: readonly AttentionLayout[]): AttentionLayout[] {
+  return layers.map((l, i) => (i % 6 === 5 ? GLOBAL_LAYER : l));
+}
+
 export async function slidingDecode(quick: boolean, log: (l: string) => void): Promise<SlidingFigures> {
   const model = await benchModel(MODEL_NAME, { preset: "small", arch: "mistral-sw" }, log);
   const spec = model.config.spec;
@@ -84,23 +144,30 @@ export async function slidingDecode(quick: boolean, log: (l: string) => void): P
   const layouts = {
     sliding: spec,
     global: { ...spec, layers: spec.layers.map(() => GLOBAL_LAYER) },
+    mixed: { ...spec, layers: gemma3Pattern(spec.layers) },
   };
   const rng = new Rng(seedRng(2, "bench-sliding"));
   const prompt = Array.from({ length: context }, () => rng.nextU32() % spec.vocab);
   const engines: Engine[] = [];
   try {
-    const runs: Record<string, { seq: RoutedSequence; stepMs: number[] }> = {};
+    const runs: Record<string, { seq: RoutedSequence | GroupedSequence; stepMs: number[] }> = {};
     const figures: Record<string, number> = {};
     for (const [name, s] of Object.entries(layouts)) {
       const engine = await openEngine(s, model.weights);
       engines.push(engine);
-      const seq = new RoutedSequence(engine, releaseWindow(s.layers), context + rounds * steps + 1);
+      const capacity = context + rounds * steps + 1;
+      const seq =
+        name === "mixed"
+          ? new GroupedSequence(engine, layerGroups(s.layers), capacity)
+          : new RoutedSequence(engine, releaseWindow(s.layers), capacity);
       const t0 = performance.now();
       await seq.step(prompt);
       figures[`${name}_ctx${windows}w_prefill_tok_per_s`] = round(
         context / ((performance.now() - t0) / 1000),
       );
       figures[`${name}_ctx${windows}w_kv_pages_held`] = seq.heldPages;
+      figures[`${name}_ctx${windows}w_kv_layer_pages_held`] =
+        seq instanceof GroupedSequence ? seq.heldLayerPages : seq.heldPages * s.layers.length;
       runs[name] = { seq, stepMs: [] };
     }
     for (let r = 0; r < rounds; r++) {
@@ -132,8 +199,20 @@ export async function slidingDecode(quick: boolean, log: (l: string) => void): P
         sliding_pages_over_global_pages: round(
           f(`sliding_ctx${windows}w_kv_pages_held`) / f(`global_ctx${windows}w_kv_pages_held`),
         ),
+        mixed_over_global_decode: round(
+          f(`mixed_ctx${windows}w_decode_tok_per_s`) / f(`global_ctx${windows}w_decode_tok_per_s`),
+        ),
+        mixed_layer_pages_over_global_layer_pages: round(
+          f(`mixed_ctx${windows}w_kv_layer_pages_held`) / f(`global_ctx${windows}w_kv_layer_pages_held`),
+        ),
       },
-      env: { sliding_window: window, sliding_context_tokens: context, sliding_decode_steps: steps * rounds },
+      env: {
+        sliding_window: window,
+        sliding_context_tokens: context,
+        sliding_decode_steps: steps * rounds,
+        mixed_global_layers: layouts.mixed.layers.filter((l) => l.kind === "global").length,
+        mixed_layers: layouts.mixed.layers.length,
+      },
     };
   } finally {
     for (const e of engines) e.free();

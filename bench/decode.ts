@@ -38,7 +38,8 @@ const median = (xs: readonly number[]): number => percentile(xs, 50);
  * The model is generated once under .continuum/models/small (seed 0) and
  * reused. Then a sliding-window run (bench/_sliding.ts): decode tokens/s of
  * the small shape with a 256-position window on every layer at a context of
- * 8 windows, beside the same weights with every layer global.
+ * 8 windows, beside the same weights with every layer global, and with
+ * Gemma 3's pattern (every 6th layer global) on a route per layer group.
  */
 /** The same model in GGUF block formats, beside bf16 (issue 22). */
 const QUANTIZED = ["q8_0", "q4_0"] as const;
@@ -132,7 +133,7 @@ async function measure(
 
 const bench: Bench = {
   summary:
-    "prefill/decode tokens/s, paged vs contiguous, batch 1/4/16, vs measured memory bandwidth; sliding-window vs all-global decode",
+    "prefill/decode tokens/s, paged vs contiguous, batch 1/4/16, vs measured memory bandwidth; sliding-window and mixed sliding/global vs all-global decode and K/V held",
   async run({ quick, log }) {
     const promptLen = quick ? 16 : 128;
     const steps = quick ? 4 : 32;

@@ -7,6 +7,7 @@ import {
   checkOffset,
   type FullCatalogLog,
   type LogRecord,
+  type Subscription as LogSubscription,
   type WriterCommit,
   type WriterLease,
 } from "./log.ts";
@@ -135,14 +136,14 @@ export class EmbeddedLog implements FullCatalogLog {
   subscribe(
     fromOffset: number,
     onBatch: (records: readonly LogRecord[]) => Promise<void>,
-  ): Promise<{ stop(): Promise<void> }> {
+  ): Promise<LogSubscription> {
     return this.follow(this.tx, "subscribe", fromOffset, onBatch);
   }
 
   subscribeRejections(
     fromOffset: number,
     onBatch: (records: readonly LogRecord[]) => Promise<void>,
-  ): Promise<{ stop(): Promise<void> }> {
+  ): Promise<LogSubscription> {
     return this.follow(this.rejections, "subscribeRejections", fromOffset, onBatch);
   }
 
@@ -151,7 +152,7 @@ export class EmbeddedLog implements FullCatalogLog {
     what: string,
     fromOffset: number,
     onBatch: (records: readonly LogRecord[]) => Promise<void>,
-  ): Promise<{ stop(): Promise<void> }> {
+  ): Promise<LogSubscription> {
     this.checkOpen(what);
     checkOffset(what, fromOffset);
     const sub: Subscription = { stopped: false, done: Promise.resolve() };
@@ -172,6 +173,7 @@ export class EmbeddedLog implements FullCatalogLog {
     sub.done = loop();
     this.subscriptions.add(sub);
     return {
+      ended: sub.done,
       stop: async () => {
         sub.stopped = true;
         this.changed.notify();

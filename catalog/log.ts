@@ -40,6 +40,18 @@ export interface SubscribeFrom {
   readonly position?: number;
 }
 
+/** A running subscription to catalog.tx or catalog.rejections. */
+export interface Subscription {
+  /** Stops delivery; the onBatch call in progress finishes first. */
+  stop(): Promise<void>;
+  /**
+   * Pending while records are delivered; rejects with the cause when delivery
+   * ends without stop() (onBatch threw, a gap, the transport gave up), so a
+   * caller waiting for records can stop waiting; resolves after stop().
+   */
+  readonly ended: Promise<void>;
+}
+
 export interface TxLogReader {
   /**
    * Delivers catalog.tx records from `fromOffset` in order, in batches, until
@@ -52,7 +64,7 @@ export interface TxLogReader {
     fromOffset: number,
     onBatch: (records: readonly LogRecord[]) => Promise<void>,
     from?: SubscribeFrom,
-  ): Promise<{ stop(): Promise<void> }>;
+  ): Promise<Subscription>;
   /** Offset one past the last record of catalog.tx. */
   endOffset(): Promise<number>;
 }
@@ -123,7 +135,7 @@ export interface RejectionReader {
   subscribeRejections(
     fromOffset: number,
     onBatch: (records: readonly LogRecord[]) => Promise<void>,
-  ): Promise<{ stop(): Promise<void> }>;
+  ): Promise<Subscription>;
 }
 
 /** The whole log as the writer process and the test suites see it. */

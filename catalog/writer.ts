@@ -226,7 +226,7 @@ export class CatalogWriter<D extends WriterDb> {
         try {
           granted = await log.acquireWriter(this.stopping.signal);
           lease = granted;
-          await caughtUp.reach(granted.txEnd, this.stopping.signal);
+          await caughtUp.reach(granted.txEnd, this.stopping.signal, tail.ended);
         } finally {
           await tail.stop();
         }
@@ -285,9 +285,17 @@ class Tail {
     for (const w of this.waiters.splice(0)) w();
   }
 
-  async reach(txEnd: number, signal: AbortSignal): Promise<void> {
+  /** Waits until the db holds `txEnd` txs; rejects if the subscription feeding it ends first (it never would). */
+  async reach(txEnd: number, signal: AbortSignal, ended: Promise<void>): Promise<void> {
+    const gone = ended.then(() => {
+      throw new CatalogLogError(`the writer's catalog.tx tail ended at ${this.db.lastTxNo} of ${txEnd} txs`);
+    });
+    gone.catch(() => undefined);
     while (this.db.lastTxNo < txEnd) {
-      await abortable(new Promise<void>((resolve) => this.waiters.push(resolve)), signal);
+      await abortable(
+        Promise.race([new Promise<void>((resolve) => this.waiters.push(resolve)), gone]),
+        signal,
+      );
     }
   }
 }

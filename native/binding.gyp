@@ -21,6 +21,7 @@
         "src/thread_pool.cc",
         "src/kernels_cpu.cc",
         "src/kernels_avx2.cc",
+        "src/logprobs.cc",
         "src/attention_simd.cc",
         "src/quant_cpu.cc",
         "src/quant_avx2.cc",

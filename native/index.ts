@@ -126,13 +126,17 @@ export type Weights = ReadonlyMap<string, WeightTensor> | Readonly<Record<string
  * (checked). Attention reads keys 0..positions[t] of the row's sequence
  * through its page table, so earlier keys must already be in the pool (or be
  * rows of this batch). Logits are returned for `logitRows`, in that order.
+ * With G layer groups (createPool) pageTable is [G, S, ptStride] and
+ * slotMapping [G, T], group-major: group g's layers use block g of each. A
+ * group's entries before its widest window's first key of every row may be
+ * released (negative).
  */
 export interface StepBatch {
   readonly tokens: Int32Array;
   readonly positions: Int32Array;
   readonly rowSeq: Int32Array;
   readonly slotMapping: Int32Array;
-  /** [S, ptStride] physical page ids; entries past a sequence's last page are ignored (use -1). */
+  /** [G, S, ptStride] physical page ids; entries past a sequence's last page are ignored (use -1). */
   readonly pageTable: Int32Array;
   readonly ptStride: number;
   readonly logitRows: Int32Array;
@@ -187,20 +191,29 @@ export interface NativeBackends {
 
 /**
  * Byte layout of downloadPages/uploadPages: for each page id in the order
- * given, for each layer ascending: the K page [pageSize, nKvHeads, headDim]
- * then the V page [pageSize, nKvHeads, vHeadDim], fp16 little-endian. One page
- * is `pageBytes` = nLayers * pageSize * nKvHeads * (headDim + vHeadDim) * 2.
+ * given, for each storage slot ascending (each layer, with one layer group;
+ * else the layers of the group owning the page, by rank): the K page
+ * [pageSize, nKvHeads, headDim] then the V page [pageSize, nKvHeads,
+ * vHeadDim], fp16 little-endian. One page is `pageBytes` = slots * pageSize *
+ * nKvHeads * (headDim + vHeadDim) * 2.
  */
 export interface Engine {
   readonly backend: BackendName;
   readonly spec: ModelSpec;
   /** Host threads that compute (the CUDA backend: 1, the one that queues device work). */
   readonly threads: number;
-  /** Bytes of one page across all layers (0 before createPool). */
+  /** Bytes of one page across its storage slots (every layer with one group; 0 before createPool). */
   readonly pageBytes: number;
   readonly freed: boolean;
-  /** Allocates the per-layer K/V page pools, zeroed; once per engine. */
-  createPool(numPages: number, pageSize: number): void;
+  /**
+   * Allocates the K/V page pools, zeroed; once per engine. `layerGroups`
+   * (default: one group of every layer) gives each layer's group
+   * (worker/model/layout.ts layerGroups): each group has its own page table
+   * and slot mapping in a batch, and a page id holds, for the group that owns
+   * it, one storage slot per layer of that group (a layer's slot is its rank
+   * in its group), so the pool holds max(group size) layers' K/V per page.
+   */
+  createPool(numPages: number, pageSize: number, layerGroups?: Int32Array | readonly number[]): void;
   /** Allocates the contiguous oracle cache [numSeqs, ctxCap] per layer, zeroed; once per engine. */
   createContiguousCache(numSeqs: number, ctxCap: number): void;
   /** Full forward over the paged pools; resolves with logits [logitRows.length, vocab]. */
@@ -240,7 +253,7 @@ export interface StepProfile {
 interface NativeEngine {
   loadWeights(tensors: { dtype: WeightDType; data: Uint8Array }[]): Promise<void>;
   tensorNames(): { name: string; shape: number[] }[];
-  createPool(numPages: number, pageSize: number): void;
+  createPool(numPages: number, pageSize: number, layerGroups?: Int32Array): void;
   createContiguousCache(numSeqs: number, ctxCap: number): void;
   step(batch: StepBatch): Promise<Float32Array>;
   stepContiguous(batch: ContiguousBatch): Promise<Float32Array>;
@@ -385,6 +398,7 @@ interface Addon {
   readonly defaultThreads: number;
   readonly kernels: Kernels;
   lockFileExclusive(fd: number): boolean;
+  rowLogprobs(row: Float32Array, token: number, top: Int32Array, out: Float64Array): void;
 }
 
 const addonPath = new URL("./build/Release/continuum_native.node", import.meta.url).pathname;
@@ -456,6 +470,15 @@ export function nativeBackends(): NativeBackends {
  */
 export function cudaCopyGbPerS(bytes: number = 2 ** 31): number {
   return addon.cudaCopyGbPerS(bytes);
+}
+
+/**
+ * One row's log-probability reduction (native/src/logprobs.h), synchronous:
+ * top ← the top.length most likely ids (value descending, ties by lower id);
+ * out ← [max, Σ exp(x − max) (f32 exp, f64 sum, fixed order), rank of token].
+ */
+export function rowLogprobs(row: Float32Array, token: number, top: Int32Array, out: Float64Array): void {
+  addon.rowLogprobs(row, token, top, out);
 }
 
 /**
@@ -737,8 +760,12 @@ class NativeBackedEngine implements Engine {
     return this.#hasPool ? n.pageBytes : 0;
   }
 
-  createPool(numPages: number, pageSize: number): void {
-    this.#live().createPool(numPages, pageSize);
+  createPool(numPages: number, pageSize: number, layerGroups?: Int32Array | readonly number[]): void {
+    this.#live().createPool(
+      numPages,
+      pageSize,
+      layerGroups === undefined ? undefined : Int32Array.from(layerGroups),
+    );
     this.#hasPool = true;
   }
   createContiguousCache(numSeqs: number, ctxCap: number): void {

@@ -9,7 +9,7 @@ import {
   type TokenCount,
   WorkerId,
 } from "./ids.ts";
-import { defineMessage, type MessageKind, MessageRegistry } from "./wire.ts";
+import { defineMessage, MAX_MESSAGE_BYTES, type MessageKind, MessageRegistry } from "./wire.ts";
 
 /**
  * The control plane between workers and the controller (a WebSocket per
@@ -326,6 +326,19 @@ const DeclineBody = Schema.Struct({
   detail: Schema.String,
 });
 export type Decline = (typeof DeclineBody)["Type"];
+
+/**
+ * The most prompt positions whose scores (`top` alternatives each) fit the
+ * one tokens frame that carries them. An entry encodes (plain msgpack maps) in
+ * at most 44 + 15 · top bytes: a 4-key map, the keys (21 bytes), id and rank
+ * as uint32 (5 each), logprob as float64 (9), and per alternative a 2-array of
+ * uint32 and float64 (15). 2 MiB of the message stay for the envelope and the
+ * frame's generated tokens (≤ MAX_TOKENS_PER_FRAME, with their own entries).
+ * The front door refuses longer prompts that ask for scores, naming the bound.
+ */
+export function maxScoredPromptTokens(top: number): number {
+  return Math.floor((MAX_MESSAGE_BYTES - 2 * 1024 * 1024) / (44 + 15 * top));
+}
 
 /** Generated tokens of one attempt; `index` is the position of `tokens[0]` in the output stream. */
 const TokensBody = Schema.Struct({

@@ -12,7 +12,7 @@ import { type KafkaTopics, MAX_SEND_BYTES, writerGroupId, writerTransactionalId 
 import { stickyWriterAssigner } from "./assignor.ts";
 import { retryConcurrent } from "./client.ts";
 import { producerWithCachedCoordinators } from "./coordinators.ts";
-import { type BatchLimits, groups } from "./grouping.ts";
+import { type BatchLimits, groupEnd, groups } from "./grouping.ts";
 import { OFFSET_HEADER, packTxs, proposalItems, view } from "./records.ts";
 import { type WriterState, writerStateMetadata } from "./writer-state.ts";
 
@@ -23,8 +23,14 @@ import { type WriterState, writerStateMetadata } from "./writer-state.ts";
  * decided while k commits). Measurements: bench/catalog.md.
  */
 export const DEFAULT_WRITER_TX: BatchLimits = { maxRecords: 2_000, maxBytes: 4 << 20 };
-/** Proposals decided between two event-loop yields, so an in-flight commit's responses are read promptly (a few ms of deciding). */
-const DECIDE_SLICE = 64;
+/**
+ * Proposals decided between two event-loop yields, so an in-flight commit's
+ * responses are read promptly: at most 32 proposals and 16 KiB (about 1 ms of
+ * deciding, whatever the proposals' size). Counted in proposals alone (64),
+ * a slice of 16-chunk proposals held the loop ~40 ms, and each of a commit's
+ * five round trips waited for one. Measurements: bench/catalog.md.
+ */
+const DECIDE_SLICE: BatchLimits = { maxRecords: 32, maxBytes: 16 << 10 };
 
 /** How long the writer's producer trusts a coordinator lookup (catalog/kafka/coordinators.ts): a moved coordinator costs at most this much retrying. */
 const COORDINATOR_TTL_MS = 1_000;
@@ -50,7 +56,7 @@ const WRITER_FETCH_MIN_BYTES = 32 << 10;
 const MIN_COMMIT_INTERVAL_MS = 20;
 
 /**
- * Runs the handler over `records` in slices of DECIDE_SLICE, yielding to the
+ * Runs the handler over `records` in slices within DECIDE_SLICE, yielding to the
  * event loop between slices (so a commit in flight progresses while the next
  * group is decided), and concatenates the results in order.
  */
@@ -58,12 +64,17 @@ async function decideSliced(
   handler: (p: readonly LogRecord[]) => Promise<WriterCommit> | WriterCommit,
   records: readonly LogRecord[],
 ): Promise<WriterCommit> {
-  if (records.length <= DECIDE_SLICE) return handler(records);
+  const bytesAt = (i: number) => records[i]!.bytes.byteLength;
+  let end = groupEnd(records.length, 0, DECIDE_SLICE, bytesAt);
+  if (end === records.length) return handler(records);
   const tx: Uint8Array[] = [];
   const rejections: Uint8Array[] = [];
-  for (let i = 0; i < records.length; i += DECIDE_SLICE) {
-    if (i > 0) await new Promise<void>((r) => setImmediate(r));
-    const out = await handler(records.slice(i, i + DECIDE_SLICE));
+  for (let i = 0; i < records.length; i = end) {
+    if (i > 0) {
+      await new Promise<void>((r) => setImmediate(r));
+      end = groupEnd(records.length, i, DECIDE_SLICE, bytesAt);
+    }
+    const out = await handler(records.slice(i, end));
     for (const t of out.tx) tx.push(t);
     for (const r of out.rejections) rejections.push(r);
   }
@@ -146,7 +157,11 @@ export class KafkaWriterLease implements WriterLease {
   /** Offset in catalog.proposals of the first proposal not yet decided (≥ proposalsOffset: decided groups may be committing). */
   private decidedEnd = 0;
   private readonly topics: KafkaTopics;
-  private owner = false;
+  /** The group member id under which this lease got partition 0 (undefined: not the owner). */
+  private ownerMemberId: string | undefined;
+  /** Rejected by lose(): acquire() waits on it beside the partition, so a loss while joining ends the wait. */
+  private readonly lost: Promise<never>;
+  private rejectLost: (err: Error) => void = () => undefined;
   private readonly stateChanged: Array<() => void> = [];
 
   private readonly txLimits: BatchLimits;
@@ -157,12 +172,16 @@ export class KafkaWriterLease implements WriterLease {
     this.txLimits = opts.txLimits;
     this.readState = opts.readState;
     const sessionTimeout = opts.sessionTimeoutMs ?? 6_000;
+    this.lost = new Promise<never>((_, reject) => {
+      this.rejectLost = reject;
+    });
+    this.lost.catch(() => undefined);
     this.consumer = kafka.consumer({
       groupId: writerGroupId(opts.topics),
       sessionTimeout,
       rebalanceTimeout: Math.max(10_000, sessionTimeout * 2),
       heartbeatInterval: Math.max(100, Math.floor(sessionTimeout / 6)),
-      partitionAssigners: [stickyWriterAssigner(() => this.owner)],
+      partitionAssigners: [stickyWriterAssigner(() => this.ownerMemberId)],
       maxBytesPerPartition: 8 << 20,
       maxWaitTimeInMs: WRITER_FETCH_WAIT_MS,
       minBytes: WRITER_FETCH_MIN_BYTES,
@@ -205,13 +224,27 @@ export class KafkaWriterLease implements WriterLease {
     });
     this.consumer.on(this.consumer.events.GROUP_JOIN, ({ payload }) => {
       const mine = (payload.memberAssignment[proposals] ?? []).includes(0);
-      if (mine) {
-        this.owner = true;
-        assigned();
-      } else if (this.owner) {
+      const held = this.ownerMemberId;
+      if (held === undefined) {
+        if (mine && this.state === "joining") {
+          this.ownerMemberId = payload.memberId;
+          assigned();
+        }
+      } else if (!mine) {
         // A rebalance moved the partition away: another member takes over and fences us.
-        this.owner = false;
+        this.ownerMemberId = undefined;
         this.lose(new CatalogLogError("writer lease lost: the proposals partition was reassigned"));
+      } else if (payload.memberId !== held) {
+        // Rejoined under a new member id: the old membership expired (a frozen or partitioned
+        // process), so another member may have held the partition and fenced our producer in
+        // between. Holding partition 0 again proves nothing; an idle zombie would otherwise never
+        // learn it was fenced (it finds out only on its next commit).
+        this.ownerMemberId = undefined;
+        this.lose(
+          new CatalogLogError(
+            `writer lease lost: the group membership expired (rejoined as ${payload.memberId}, was ${held})`,
+          ),
+        );
       }
     });
     this.consumer.on(this.consumer.events.CRASH, ({ payload }) => {
@@ -226,20 +259,37 @@ export class KafkaWriterLease implements WriterLease {
       eachBatch: (payload) => this.onProposals(payload),
     });
     try {
-      await abortable(gotPartition, signal);
-      // Fencing: bumps the epoch of the transactional id and aborts (or waits out) the previous holder's open transaction.
-      await this.producer.connect();
-      const st = await this.readState();
+      // A loss while waiting (the consumer crashed, the membership expired) ends the wait with its cause.
+      await abortable(Promise.race([gotPartition, this.lost]), signal);
+      await abortable(Promise.race([this.fence(), this.lost]), signal);
+      const st = await Promise.race([this.readState(), this.lost]);
       this.txEnd = st.txEnd;
       this.rejEnd = st.rejEnd;
       this.proposalsOffset = st.proposalsOffset;
       this.decidedEnd = st.proposalsOffset;
       this.consumer.seek({ topic: proposals, partition: 0, offset: String(st.proposalsOffset) });
+      // Lost after the last wait (a rejoin between two awaits): never turn a lost lease back into a ready one.
+      if (this.state !== "joining") throw new CatalogLogError(`writer lease ${this.state} while acquiring`);
       this.setState("ready");
     } catch (err) {
       await this.shutdown();
       throw err;
     }
+  }
+
+  /**
+   * Fences the previous holder before any state is read: InitProducerId with the transactional id
+   * bumps its epoch and aborts (or waits out) its open transaction, so its later commits fail.
+   * kafkajs 2.2.4's connect() does not do this (it asks for a plain idempotent producer id); it
+   * does it on the first transaction() only. Fencing there, at the first commit, left a window
+   * after readState in which a thawed zombie could still commit: both then committed txs under
+   * the same logical offsets, and every reader of catalog.tx stopped at the duplicate. A
+   * transaction begun and aborted with nothing in it sends only the InitProducerId.
+   */
+  private async fence(): Promise<void> {
+    await this.producer.connect();
+    const txn = await this.producer.transaction();
+    await txn.abort();
   }
 
   run(handler: (proposals: readonly LogRecord[]) => Promise<WriterCommit> | WriterCommit): Promise<void> {
@@ -262,9 +312,17 @@ export class KafkaWriterLease implements WriterLease {
     resolveOffset,
   }: EachBatchPayload): Promise<void> {
     // Before run(): hold the batch (heartbeating) until the writer has caught up and calls run().
+    // A heartbeat that fails (the group rebalances) gives the batch back at once, so kafkajs can
+    // rejoin under the same member id in time; swallowing it would hold the rejoin off until the
+    // group dropped us, and a member rejoining under a new id has lost its lease.
     while (this.state === "joining" || this.state === "ready") {
       await Promise.race([this.waitState(), sleep(1_000)]);
-      if (isRunning()) await heartbeat().catch(() => undefined);
+      if (!isRunning() || isStale()) return;
+      try {
+        await heartbeat();
+      } catch {
+        return;
+      }
     }
     if (this.state !== "running" || !isRunning() || isStale()) return;
     const handler = this.handler!;
@@ -334,7 +392,10 @@ export class KafkaWriterLease implements WriterLease {
         resolveOffset(part[part.length - 1]!.kafkaOffset);
         this.kick();
       }
-      await heartbeat();
+      // A heartbeat that fails here means the group rebalances (a standby joined, a zombie came
+      // back): not a loss. kafkajs rejoins after this batch; the assignor keeps partition 0 with
+      // this member, and GROUP_JOIN reports a move or a new member id, which are losses.
+      await heartbeat().catch(() => undefined);
     } catch (err) {
       // A decide that failed while the previous group commits: let that commit settle (it is whole either way) before the lease shuts down.
       await this.inFlight.catch(() => undefined);
@@ -435,6 +496,7 @@ export class KafkaWriterLease implements WriterLease {
   private lose(err: Error): void {
     if (this.state === "stopped" || this.state === "lost") return;
     this.setState("lost");
+    this.rejectLost(err);
     this.runResult?.reject(err);
     // Not awaited: disconnect waits for eachBatch, which may be the caller.
     void this.shutdown();

@@ -1,10 +1,13 @@
+import { Cause, Effect, Exit, Scope } from "effect";
 import type { Admin, Kafka } from "kafkajs";
+import { resource } from "../../schema/scope.ts";
 import {
   CatalogLogError,
   checkOffset,
   type FullCatalogLog,
   type LogRecord,
   type SubscribeFrom,
+  type Subscription,
   type WriterLease,
 } from "../log.ts";
 import { ensureTopics, type KafkaTopics } from "./admin.ts";
@@ -37,6 +40,14 @@ import { readWriterState, type WriterState } from "./writer-state.ts";
  *
  * Logical offsets: the n-th committed tx is offset n in Kafka as in the
  * embedded log, so a snapshot at offset N means the same in both.
+ *
+ * Resources (README, "Owning resources"): one Effect scope per log holds the
+ * admin client (acquired at open), the proposer (at the first proposal) and a
+ * child scope per subscription and per writer lease, each closed by its own
+ * stop() or with the log. close() closes the scope: the newest first —
+ * leases and readers, the proposer — and the admin client last. A reader's,
+ * lease's or the proposer's failure to close is ignored (the rest still
+ * close); the admin client's is thrown.
  */
 
 export interface KafkaLogOptions {
@@ -65,7 +76,7 @@ export class KafkaLog implements FullCatalogLog {
   private readonly maxBatch: number;
   private readonly proposalSend: BatchLimits;
   private readonly writerTx: BatchLimits;
-  private readonly closers = new Set<() => Promise<void>>();
+  private readonly scope: Scope.Closeable = Scope.makeUnsafe();
   private closed = false;
 
   private constructor(private readonly opts: KafkaLogOptions) {
@@ -90,8 +101,39 @@ export class KafkaLog implements FullCatalogLog {
     if (opts.writerTx) checkBatchLimits("writerTx", opts.writerTx);
     await ensureTopics(opts.brokers, opts.topics);
     const log = new KafkaLog(opts);
-    await log.admin.connect();
+    // The scope's first resource, so released last.
+    const connected = await Effect.runPromiseExit(
+      Scope.provide(log.scope)(
+        resource(
+          async () => {
+            await log.admin.connect();
+            return log.admin;
+          },
+          (admin) => admin.disconnect(),
+        ),
+      ),
+    );
+    if (Exit.isFailure(connected)) throw Cause.squash(connected.cause);
     return log;
+  }
+
+  /**
+   * A child scope of the log's whose close runs `release`; returns its close, which throws what
+   * `release` threw. Closing the log closes it too, and ignores that error.
+   */
+  private child(release: () => Promise<void>): () => Promise<void> {
+    const scope = Scope.forkUnsafe(this.scope);
+    let failed: { readonly error: unknown } | undefined;
+    const finalizer = Effect.promise(() =>
+      release().catch((error: unknown) => {
+        failed = { error };
+      }),
+    );
+    Effect.runSync(Scope.addFinalizer(scope, finalizer));
+    return async () => {
+      await Effect.runPromise(Scope.close(scope, Exit.void));
+      if (failed !== undefined) throw failed.error;
+    };
   }
 
   private checkOpen(what: string): void {
@@ -108,7 +150,12 @@ export class KafkaLog implements FullCatalogLog {
         this.proposalSend,
         this.opts.onProposalSend,
       );
-      this.closers.add(() => proposer.close());
+      Effect.runSync(
+        Scope.addFinalizer(
+          this.scope,
+          Effect.promise(() => proposer.close().catch(() => undefined)),
+        ),
+      );
       this.proposer = proposer;
     }
     await this.proposer.propose(bytes);
@@ -128,14 +175,14 @@ export class KafkaLog implements FullCatalogLog {
     fromOffset: number,
     onBatch: (records: readonly LogRecord[]) => Promise<void>,
     from?: SubscribeFrom,
-  ): Promise<{ stop(): Promise<void> }> {
+  ): Promise<Subscription> {
     return this.follow(this.opts.topics.tx, "subscribe", fromOffset, onBatch, from?.position);
   }
 
   subscribeRejections(
     fromOffset: number,
     onBatch: (records: readonly LogRecord[]) => Promise<void>,
-  ): Promise<{ stop(): Promise<void> }> {
+  ): Promise<Subscription> {
     return this.follow(this.opts.topics.rejections, "subscribeRejections", fromOffset, onBatch);
   }
 
@@ -145,7 +192,7 @@ export class KafkaLog implements FullCatalogLog {
     fromOffset: number,
     onBatch: (records: readonly LogRecord[]) => Promise<void>,
     position?: number,
-  ): Promise<{ stop(): Promise<void> }> {
+  ): Promise<Subscription> {
     this.checkOpen(what);
     checkOffset(what, fromOffset);
     if (position !== undefined) checkOffset(`${what} position`, position);
@@ -158,12 +205,12 @@ export class KafkaLog implements FullCatalogLog {
       maxBatch: this.maxBatch,
       onBatch,
     });
-    const stop = async (): Promise<void> => {
-      this.closers.delete(stop);
+    if (this.closed) {
+      // Closed while the reader connected: it never joined the log's scope.
       await reader.stop();
-    };
-    this.closers.add(stop);
-    return { stop };
+      throw new CatalogLogError(`${what}: the Kafka log is closed`);
+    }
+    return { stop: this.child(() => reader.stop()), ended: reader.ended };
   }
 
   async acquireWriter(signal?: AbortSignal): Promise<WriterLease> {
@@ -174,16 +221,33 @@ export class KafkaLog implements FullCatalogLog {
       txLimits: this.writerTx,
       readState: () => this.writerState(),
     });
-    this.closers.add(() => lease.stop());
-    await lease.acquire(signal);
-    return lease;
+    const close = this.child(() => lease.stop());
+    try {
+      await lease.acquire(signal);
+    } catch (err) {
+      await close();
+      throw err;
+    }
+    // The holder's stop() closes the lease's scope (which then leaves the log's).
+    return {
+      get txEnd() {
+        return lease.txEnd;
+      },
+      get proposalsOffset() {
+        return lease.proposalsOffset;
+      },
+      get commits() {
+        return lease.commits;
+      },
+      run: (handler) => lease.run(handler),
+      stop: close,
+    };
   }
 
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
-    for (const c of [...this.closers]) await c().catch(() => undefined);
-    this.closers.clear();
-    await this.admin.disconnect();
+    const exit = await Effect.runPromiseExit(Scope.close(this.scope, Exit.void));
+    if (Exit.isFailure(exit)) throw Cause.squash(exit.cause);
   }
 }

@@ -52,10 +52,16 @@ export function textCodec(
       );
     return t;
   };
+  let bytesOf: readonly (Uint8Array | null)[] | null = null;
   return {
     encode: (text, opts) => encodeText(tok, text, opts),
     decode: (ids, opts) => tok.decode(ids, { skipSpecialTokens: opts?.skipSpecialTokens ?? true }),
     tokenString: (id) => tok.idToToken(id) ?? "",
+    tokenBytes(id) {
+      // The whole table once, on first use (only chat logprobs read it).
+      bytesOf ??= tok.tokenBytes();
+      return bytesOf[id] ?? null;
+    },
     renderChat(req) {
       try {
         return choose(req).render(

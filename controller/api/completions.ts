@@ -1,5 +1,6 @@
 import { randomBytes } from "node:crypto";
 import type { ServerResponse } from "node:http";
+import { maxScoredPromptTokens } from "../../schema/control.ts";
 import { RequestId, type TenantId } from "../../schema/ids.ts";
 import type { Counter, Histogram } from "../metrics.ts";
 import { type ChoiceDelta, ChoiceRun, endTokenIds } from "./choice.ts";
@@ -119,6 +120,17 @@ export class Completions {
     // best_of ranks choices by their tokens' log-probabilities.
     const logprobs = lp.logprobs ?? (parsed.bestOf > parsed.n ? 0 : null);
     const promptLogprobs = promptScoring(lp, parsed.kind);
+    if (promptLogprobs !== null) {
+      // The scores travel in one fleet message (schema/control.ts): bounded here, in every mode alike.
+      const most = maxScoredPromptTokens(promptLogprobs) + 1;
+      const long = plans.find((p) => p.ids.length > most);
+      if (long)
+        throw badRequest(
+          `scoring a ${long.ids.length}-token prompt with ${promptLogprobs} alternatives per position is more than ` +
+            `one response carries: at most ${most} prompt tokens at ${promptLogprobs} alternatives`,
+          lp.promptLogprobs !== null ? "prompt_logprobs" : "echo",
+        );
+    }
     const stopTokenIds = endTokenIds(parsed.stop, codec.eosTokenIds);
     const perPrompt = parsed.bestOf;
     const runs: ChoiceRun[] = [];

@@ -17,6 +17,22 @@ export function tokenText(codec: TextCodec, asIds: boolean): TokenText {
   return asIds ? (id) => `token_id:${id}` : (id) => codec.decode([id], { skipSpecialTokens: false });
 }
 
+export type TokenBytes = (id: number) => number[];
+
+/**
+ * The chat shape's `bytes`: the token's own output bytes, as OpenAI returns
+ * them, so a token that is part of a UTF-8 sequence shows its bytes, not
+ * U+FFFD's (which its text decodes to alone); a special token (no output
+ * bytes) and "token_id:N" show their text's UTF-8.
+ */
+export function tokenBytes(codec: TextCodec, text: TokenText, asIds: boolean): TokenBytes {
+  if (asIds) return (id) => utf8(text(id));
+  return (id) => {
+    const b = codec.tokenBytes(id);
+    return b === null ? utf8(text(id)) : [...b];
+  };
+}
+
 export interface LegacyLogprobs {
   tokens: string[];
   token_logprobs: (number | null)[];
@@ -70,19 +86,20 @@ export interface ChatLogprob {
 const utf8 = (s: string) => [...Buffer.from(s, "utf8")];
 
 /** The chat shape: one entry per generated token, with its `topN` most likely alternatives in rank order. */
-export function chatLogprobs(entries: readonly TokenLogprob[], topN: number, text: TokenText): ChatLogprob[] {
-  return entries.map((e) => {
-    const t = text(e.token);
-    return {
-      token: t,
-      logprob: clamp(e.logprob),
-      bytes: utf8(t),
-      top_logprobs: e.top.slice(0, topN).map(([id, lp]) => {
-        const s = text(id);
-        return { token: s, logprob: clamp(lp), bytes: utf8(s) };
-      }),
-    };
-  });
+export function chatLogprobs(
+  entries: readonly TokenLogprob[],
+  topN: number,
+  text: TokenText,
+  bytes: TokenBytes,
+): ChatLogprob[] {
+  return entries.map((e) => ({
+    token: text(e.token),
+    logprob: clamp(e.logprob),
+    bytes: bytes(e.token),
+    top_logprobs: e.top
+      .slice(0, topN)
+      .map(([id, lp]) => ({ token: text(id), logprob: clamp(lp), bytes: bytes(id) })),
+  }));
 }
 
 export interface VllmLogprob {

@@ -3,7 +3,9 @@ import {
   chatLogprobs,
   legacyLogprobs,
   promptLogprobsJson,
+  type TokenBytes,
   type TokenText,
+  tokenBytes,
   tokenText,
 } from "./logprobs-format.ts";
 import type { ChatRequest, CompletionRequest } from "./request.ts";
@@ -18,6 +20,7 @@ import { ToolStream, toolCallsJson, toolMessage } from "./tools.ts";
  */
 export class ResponseShape {
   private readonly text: TokenText;
+  private readonly bytes: TokenBytes;
   /** Characters of token text already streamed per run (the legacy text_offset). */
   private readonly offsets = new Map<ChoiceRun, number>();
   private readonly toolStreams = new Map<ChoiceRun, ToolStream>();
@@ -34,6 +37,7 @@ export class ResponseShape {
     private readonly toolParser: ToolParserName | null = null,
   ) {
     this.text = tokenText(codec, parsed.lp.tokensAsIds);
+    this.bytes = tokenBytes(codec, this.text, parsed.lp.tokensAsIds);
   }
 
   /** A non-streamed choice, shown at `index`. */
@@ -62,7 +66,9 @@ export class ResponseShape {
         finish_reason: m?.toolCallsFinish ? "tool_calls" : run.finish,
         message,
         logprobs:
-          lp.logprobs === null ? null : { content: chatLogprobs(run.logprobs, lp.logprobs, this.text) },
+          lp.logprobs === null
+            ? null
+            : { content: chatLogprobs(run.logprobs, lp.logprobs, this.text, this.bytes) },
       };
     }
     return {
@@ -131,7 +137,7 @@ export class ResponseShape {
         logprobs:
           lp.logprobs === null || d.logprobs.length === 0
             ? null
-            : { content: chatLogprobs(d.logprobs, lp.logprobs, this.text) },
+            : { content: chatLogprobs(d.logprobs, lp.logprobs, this.text, this.bytes) },
         finish_reason: d.finish !== null && this.toolFinish.has(run) ? "tool_calls" : d.finish,
         stop_reason: d.stopReason,
         ...ids,

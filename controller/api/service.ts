@@ -54,6 +54,8 @@ export interface TextCodec {
   decode(ids: readonly number[], opts?: { readonly skipSpecialTokens?: boolean }): string;
   /** The vocabulary's string for an id (e.g. "Ġthe"), as convert_ids_to_tokens gives it. */
   tokenString(id: number): string;
+  /** The bytes an id adds to the output (a partial UTF-8 sequence included); null: a special token. */
+  tokenBytes(id: number): Uint8Array | null;
   /**
    * Compiles an output constraint (throws an ApiError 400 naming what it
    * cannot enforce) and returns the fewest tokens its shortest output needs.

@@ -244,18 +244,18 @@ std::string CudaEngine::allocate_pool(int64_t num_pages, int32_t page_size) {
   const size_t vb = static_cast<size_t>(page_size) * spec_.n_kv * spec_.v_head_dim * sizeof(f16);
   std::vector<DeviceBuffer> k, v;
   try {
-    for (int32_t l = 0; l < spec_.n_layers; ++l) {
+    for (int32_t l = 0; l < groups_.n_slots; ++l) {
       k.emplace_back(kb * static_cast<size_t>(num_pages));
       v.emplace_back(vb * static_cast<size_t>(num_pages));
       CK_CUDA(cudaMemset(k.back().get(), 0, k.back().bytes()));
       CK_CUDA(cudaMemset(v.back().get(), 0, v.back().bytes()));
     }
     std::vector<f16*> kp, vp;
-    for (int32_t l = 0; l < spec_.n_layers; ++l) {
+    for (int32_t l = 0; l < groups_.n_slots; ++l) {
       kp.push_back(k[static_cast<size_t>(l)].as<f16>());
       vp.push_back(v[static_cast<size_t>(l)].as<f16>());
     }
-    const KvPools pools{spec_.n_layers, num_pages, kb, vb, kp.data(), vp.data()};
+    const KvPools pools{groups_.n_slots, num_pages, kb, vb, kp.data(), vp.data()};
     const size_t bpp = host_bytes_per_page(pools);
     const size_t pages_per_slab = std::clamp<size_t>(kTransferSlabTarget / bpp, 1, static_cast<size_t>(num_pages));
     transfer_ = std::make_unique<PageTransfer>(pools, compute_, kTransferSlabs, pages_per_slab * bpp);
@@ -300,7 +300,7 @@ std::string check_rows(const StepBatch& b) {
 }  // namespace
 
 std::string CudaEngine::validate_paged(const StepBatch& b) const {
-  const std::string err = validate_paged_batch(b, spec_, num_pages_, page_size_);
+  const std::string err = validate_paged_batch(b, spec_, groups_, num_pages_, page_size_);
   return err.empty() ? check_rows(b) : err;
 }
 
@@ -367,6 +367,8 @@ void CudaEngine::forward(const StepBatch& b, Mode mode, float* logits) {
     upload(slots_, ctx_slots);
   }
   const int64_t num_slots = mode == Mode::Paged ? num_pages_ * page_size_ : int64_t{ctx_seqs_} * ctx_cap_;
+  // Paged: layer l goes through its group's slot mapping and page table ([groups, T], [groups, S, ptStride]).
+  const int64_t S = mode == Mode::Paged ? static_cast<int64_t>(b.page_table.size()) / (int64_t{groups_.n_groups} * b.pt_stride) : 0;
   const AttentionLaunch launch{max_keys, workspace_.get(), workspace_.bytes(), compute_};
   float* x = x_.as<float>();
   float* h = h_.as<float>();
@@ -388,8 +390,11 @@ void CudaEngine::forward(const StepBatch& b, Mode mode, float* logits) {
   for (int32_t l = 0; l < m.n_layers; ++l) {
     const DeviceLayer& L = layers_[static_cast<size_t>(l)];
     const float* inv_freq = inv_freq_.as<float>() + static_cast<size_t>(l) * half;
-    f16* kc = (mode == Mode::Paged ? k_pages_ : k_ctx_)[static_cast<size_t>(l)].as<f16>();
-    f16* vc = (mode == Mode::Paged ? v_pages_ : v_ctx_)[static_cast<size_t>(l)].as<f16>();
+    const size_t store = mode == Mode::Paged ? static_cast<size_t>(groups_.slot[static_cast<size_t>(l)]) : static_cast<size_t>(l);
+    const int64_t grp = mode == Mode::Paged ? groups_.group[static_cast<size_t>(l)] : 0;
+    f16* kc = (mode == Mode::Paged ? k_pages_ : k_ctx_)[store].as<f16>();
+    f16* vc = (mode == Mode::Paged ? v_pages_ : v_ctx_)[store].as<f16>();
+    const int32_t* slots = slots_.as<int32_t>() + grp * T;
     norm(x, L.input_norm, T, m.hidden, h);
     gemm(h, T, m.hidden, L.q, qn, L.q_bias.as<float>(), q);
     gemm(h, T, m.hidden, L.k, kn, L.k_bias.as<float>(), k);
@@ -404,11 +409,11 @@ void CudaEngine::forward(const StepBatch& b, Mode mode, float* logits) {
       scale(q, int64_t{T} * qn, m.rope_scale, compute_);
       scale(k, int64_t{T} * kn, m.rope_scale, compute_);
     }
-    routed_append(k, slots_.as<int32_t>(), T, kn, num_slots, kc, compute_);
-    routed_append(v, slots_.as<int32_t>(), T, vn, num_slots, vc, compute_);
+    routed_append(k, slots, T, kn, num_slots, kc, compute_);
+    routed_append(v, slots, T, vn, num_slots, vc, compute_);
     profiler_.begin(StepPart::Attention, compute_);
     if (mode == Mode::Paged) {
-      const PagedAttention a{q, kc, vc, page_table_.as<int32_t>(), row_seq_.as<int32_t>(), pos, attn,
+      const PagedAttention a{q, kc, vc, page_table_.as<int32_t>() + grp * S * b.pt_stride, row_seq_.as<int32_t>(), pos, attn,
                              T, m.n_heads, m.n_kv, m.head_dim, m.v_head_dim, page_size_, b.pt_stride, num_pages_, attn_scale,
                              m.window_of(l), m.attn_softcap};
       paged_attention(a, launch);

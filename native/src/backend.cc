@@ -136,8 +136,42 @@ std::string validate_contiguous_shape(const ModelSpec& spec, int32_t num_seqs, i
   return "";
 }
 
-int64_t page_bytes_of(const ModelSpec& spec, int32_t page_size) {
-  return static_cast<int64_t>(spec.n_layers) * page_size * spec.n_kv * (spec.head_dim + spec.v_head_dim) *
+std::string make_layer_groups(const ModelSpec& spec, const std::vector<int32_t>& ids, LayerGroups* out) {
+  const size_t L = static_cast<size_t>(spec.n_layers);
+  LayerGroups g;
+  if (ids.empty()) {
+    g.group.assign(L, 0);
+    for (size_t l = 0; l < L; ++l) g.slot.push_back(static_cast<int32_t>(l));
+    g.n_groups = 1;
+  } else {
+    if (ids.size() != L)
+      return "createPool: layerGroups has " + std::to_string(ids.size()) + " entries, the model has " + std::to_string(L) + " layers";
+    int32_t G = 0;
+    for (size_t l = 0; l < L; ++l) {
+      if (ids[l] < 0 || ids[l] >= spec.n_layers)
+        return "createPool: " + at("layerGroups", l) + " = " + std::to_string(ids[l]) + " is not a group id in [0, nLayers)";
+      G = std::max(G, ids[l] + 1);
+    }
+    std::vector<int32_t> size(static_cast<size_t>(G), 0);
+    g.group = ids;
+    for (size_t l = 0; l < L; ++l) g.slot.push_back(size[static_cast<size_t>(ids[l])]++);
+    for (int32_t i = 0; i < G; ++i)
+      if (size[static_cast<size_t>(i)] == 0) return "createPool: layerGroups names no layer of group " + std::to_string(i) + " (groups are numbered 0..G-1)";
+    g.n_groups = G;
+  }
+  for (int32_t s : g.slot) g.n_slots = std::max(g.n_slots, s + 1);
+  g.widest.assign(static_cast<size_t>(g.n_groups), -1);
+  for (size_t l = 0; l < L; ++l) {
+    int32_t& w = g.widest[static_cast<size_t>(g.group[l])];
+    const int32_t lw = spec.window_of(static_cast<int32_t>(l));
+    w = w < 0 ? lw : (lw == 0 || w == 0 ? 0 : std::max(w, lw));
+  }
+  *out = std::move(g);
+  return "";
+}
+
+int64_t page_bytes_of(const ModelSpec& spec, int32_t page_size, int32_t n_slots) {
+  return static_cast<int64_t>(n_slots) * page_size * spec.n_kv * (spec.head_dim + spec.v_head_dim) *
          static_cast<int64_t>(sizeof(f16));
 }
 
@@ -175,25 +209,31 @@ std::string validate_common(const StepBatch& b, const ModelSpec& spec) {
 }
 }  // namespace
 
-std::string validate_paged_batch(const StepBatch& b, const ModelSpec& spec, int64_t num_pages, int32_t page_size) {
+std::string validate_paged_batch(const StepBatch& b, const ModelSpec& spec, const LayerGroups& groups,
+                                 int64_t num_pages, int32_t page_size) {
   if (num_pages <= 0) return "step: the engine has no page pool (call createPool first)";
   std::string err = validate_common(b, spec);
   if (!err.empty()) return err;
   const size_t T = b.tokens.size();
-  if (b.slots.size() != T) return "batch: slotMapping has " + std::to_string(b.slots.size()) + " rows, tokens has " + std::to_string(T);
+  const size_t G = static_cast<size_t>(groups.n_groups);
+  if (b.slots.size() != G * T)
+    return G == 1 ? "batch: slotMapping has " + std::to_string(b.slots.size()) + " rows, tokens has " + std::to_string(T)
+                  : "batch: slotMapping has " + std::to_string(b.slots.size()) + " entries, want " + std::to_string(G) + " layer groups x " + std::to_string(T) + " rows";
   if (b.pt_stride < 1) return "batch: ptStride must be >= 1";
-  if (b.page_table.size() % static_cast<size_t>(b.pt_stride) != 0)
-    return "batch: pageTable length " + std::to_string(b.page_table.size()) + " is not a multiple of ptStride " + std::to_string(b.pt_stride);
-  const int64_t S = static_cast<int64_t>(b.page_table.size() / static_cast<size_t>(b.pt_stride));
-  // The widest window, or 0 when some layer is global: a row at pos reads no
-  // layer's key below max(0, pos - widest + 1), so the page-table entries
-  // before that one may be released (negative).
-  int32_t widest = spec.window.empty() ? 0 : spec.window[0];
-  for (int32_t w : spec.window) widest = w == 0 || widest == 0 ? 0 : std::max(widest, w);
+  if (b.page_table.size() % (G * static_cast<size_t>(b.pt_stride)) != 0)
+    return "batch: pageTable length " + std::to_string(b.page_table.size()) + " is not a multiple of " + (G == 1 ? std::string() : std::to_string(G) + " layer groups x ") + "ptStride " + std::to_string(b.pt_stride);
+  const int64_t S = static_cast<int64_t>(b.page_table.size() / (G * static_cast<size_t>(b.pt_stride)));
+  const auto entry = [&](size_t g, int64_t s, int64_t i) { return b.page_table[static_cast<size_t>((static_cast<int64_t>(g) * S + s) * b.pt_stride + i)]; };
+  const auto table_at = [&](size_t g, int64_t s, int64_t i) {
+    return "batch: pageTable[" + (G > 1 ? std::to_string(g) + "][" : std::string()) + std::to_string(s) + "][" + std::to_string(i) + "]";
+  };
+  const auto slot_at = [&](size_t g, size_t t) { return G > 1 ? "slotMapping[" + std::to_string(g) + "][" + std::to_string(t) + "]" : at("slotMapping", t); };
   std::vector<int32_t> max_pos(static_cast<size_t>(S), -1);
-  std::vector<int32_t> min_lo(static_cast<size_t>(S), INT32_MAX);
+  // Per group and sequence, the first key any of its rows reads: a group's
+  // page-table entries before it may be released (negative).
+  std::vector<int32_t> min_lo(G * static_cast<size_t>(S), INT32_MAX);
   std::unordered_set<int64_t> seen;
-  seen.reserve(T * 2);
+  seen.reserve(G * T * 2);
   for (size_t t = 0; t < T; ++t) {
     const int32_t s = b.row_seq[t];
     if (s < 0 || s >= S)
@@ -203,31 +243,39 @@ std::string validate_paged_batch(const StepBatch& b, const ModelSpec& spec, int6
     if (pidx >= b.pt_stride)
       return "batch: " + at("positions", t) + " = " + std::to_string(pos) + " needs page-table entry " + std::to_string(pidx) + " but ptStride is " + std::to_string(b.pt_stride);
     max_pos[static_cast<size_t>(s)] = std::max(max_pos[static_cast<size_t>(s)], pos);
-    const int32_t lo = widest > 0 ? std::max(0, pos - widest + 1) : 0;
-    min_lo[static_cast<size_t>(s)] = std::min(min_lo[static_cast<size_t>(s)], lo);
-    const int64_t slot = b.slots[t];
-    if (slot < 0 || slot >= num_pages * page_size)
-      return "batch: " + at("slotMapping", t) + " = " + std::to_string(slot) + " is outside the pool [0, " + std::to_string(num_pages * page_size) + ")";
-    if (!seen.insert(slot).second) return "batch: " + at("slotMapping", t) + " = " + std::to_string(slot) + " is a duplicate slot";
-  }
-  // Every page a row reads (entries lo/page_size..pos/page_size of its
-  // sequence, lo its widest window's first key) must be a real page; then
-  // each row's slot must be where its sequence's table puts its position, or
-  // attention would read a key other than the one appended.
-  for (int64_t s = 0; s < S; ++s) {
-    if (max_pos[static_cast<size_t>(s)] < 0) continue;
-    for (int32_t i = min_lo[static_cast<size_t>(s)] / page_size; i <= max_pos[static_cast<size_t>(s)] / page_size; ++i) {
-      const int32_t page = b.page_table[static_cast<size_t>(s * b.pt_stride + i)];
-      if (page < 0 || page >= num_pages)
-        return "batch: pageTable[" + std::to_string(s) + "][" + std::to_string(i) + "] = " + std::to_string(page) + " is not a page of the pool [0, " + std::to_string(num_pages) + ")";
+    for (size_t g = 0; g < G; ++g) {
+      const int32_t widest = groups.widest[g];
+      const int32_t lo = widest > 0 ? std::max(0, pos - widest + 1) : 0;
+      int32_t& m = min_lo[g * static_cast<size_t>(S) + static_cast<size_t>(s)];
+      m = std::min(m, lo);
+      // Groups share the pool's storage slots, so no slot is written twice in a step, whatever the group.
+      const int64_t slot = b.slots[g * T + t];
+      if (slot < 0 || slot >= num_pages * page_size)
+        return "batch: " + slot_at(g, t) + " = " + std::to_string(slot) + " is outside the pool [0, " + std::to_string(num_pages * page_size) + ")";
+      if (!seen.insert(slot).second) return "batch: " + slot_at(g, t) + " = " + std::to_string(slot) + " is a duplicate slot";
     }
   }
-  for (size_t t = 0; t < T; ++t) {
-    const int32_t pos = b.positions[t];
-    const int64_t page = b.page_table[static_cast<size_t>(static_cast<int64_t>(b.row_seq[t]) * b.pt_stride + pos / page_size)];
-    const int64_t want = page * page_size + pos % page_size;
-    if (b.slots[t] != want)
-      return "batch: " + at("slotMapping", t) + " = " + std::to_string(b.slots[t]) + " disagrees with the page table, which puts sequence " + std::to_string(b.row_seq[t]) + " position " + std::to_string(pos) + " at slot " + std::to_string(want);
+  // Every page a row reads (entries lo/page_size..pos/page_size of its
+  // sequence in each group, lo the group's widest window's first key) must
+  // be a real page; then each row's slot must be where its sequence's table
+  // puts its position, or attention would read a key other than the one
+  // appended.
+  for (size_t g = 0; g < G; ++g) {
+    for (int64_t s = 0; s < S; ++s) {
+      if (max_pos[static_cast<size_t>(s)] < 0) continue;
+      for (int32_t i = min_lo[g * static_cast<size_t>(S) + static_cast<size_t>(s)] / page_size; i <= max_pos[static_cast<size_t>(s)] / page_size; ++i) {
+        const int32_t page = entry(g, s, i);
+        if (page < 0 || page >= num_pages)
+          return table_at(g, s, i) + " = " + std::to_string(page) + " is not a page of the pool [0, " + std::to_string(num_pages) + ")";
+      }
+    }
+    for (size_t t = 0; t < T; ++t) {
+      const int32_t pos = b.positions[t];
+      const int64_t page = entry(g, b.row_seq[t], pos / page_size);
+      const int64_t want = page * page_size + pos % page_size;
+      if (b.slots[g * T + t] != want)
+        return "batch: " + slot_at(g, t) + " = " + std::to_string(b.slots[g * T + t]) + " disagrees with the page table, which puts sequence " + std::to_string(b.row_seq[t]) + " position " + std::to_string(pos) + " at slot " + std::to_string(want);
+    }
   }
   return "";
 }

@@ -102,9 +102,26 @@ struct TensorSlot {
 // A ragged batch as the engine reads it (owned copies of the caller's arrays).
 struct StepBatch {
   std::vector<int32_t> tokens, positions, row_seq, slots, page_table, logit_rows;
-  int32_t pt_stride = 0;
+  int32_t pt_stride = 0;  // page_table is [groups, S, pt_stride], slots [groups, T]
   int32_t T() const { return static_cast<int32_t>(tokens.size()); }
 };
+
+// Layers that share one page table (worker/model/layout.ts layerGroups, after
+// vLLM's hybrid KV cache groups): layer l reads and writes its K/V through
+// group[l]'s page table and slot mapping, in storage slot slot[l] of the pool
+// (its rank within its group). A page id thus holds n_slots layers' rows for
+// whichever group owns it, and a group whose pages fall outside its window
+// can give them back while another group keeps its own.
+struct LayerGroups {
+  std::vector<int32_t> group, slot;
+  int32_t n_groups = 0, n_slots = 0;
+  // The widest window of group g's layers, 0 when one of them is global: a
+  // row at pos reads none of the group's keys below max(0, pos - widest + 1).
+  std::vector<int32_t> widest;
+};
+// ids: the group of each layer, [n_layers], groups numbered 0..G-1 each used
+// (empty: one group of every layer, slot = layer). Empty string when valid.
+std::string make_layer_groups(const ModelSpec& spec, const std::vector<int32_t>& ids, LayerGroups* out);
 
 // ---- the canonical tensor order (Hugging Face names) ---------------------------
 std::vector<TensorSlot> tensor_slots(const ModelSpec& spec);
@@ -120,8 +137,10 @@ WeightPlace weight_place(const ModelSpec& spec, size_t index);
 std::string check_weight(const ModelSpec& spec, size_t index, DType dtype, size_t bytes);
 
 // ---- validation shared by the backends (empty string = valid) -------------------
-// Paged batch against a pool of num_pages pages of page_size slots (num_pages 0: no pool).
-std::string validate_paged_batch(const StepBatch& b, const ModelSpec& spec, int64_t num_pages, int32_t page_size);
+// Paged batch against a pool of num_pages pages of page_size slots (num_pages 0: no pool)
+// whose layers share page tables by `groups`.
+std::string validate_paged_batch(const StepBatch& b, const ModelSpec& spec, const LayerGroups& groups,
+                                 int64_t num_pages, int32_t page_size);
 // Contiguous batch against a cache of ctx_seqs sequences of ctx_cap positions (ctx_seqs 0: no cache).
 std::string validate_contiguous_batch(const StepBatch& b, const ModelSpec& spec, int32_t ctx_seqs, int32_t ctx_cap);
 // Page ids of a transfer: each a page of the pool, none twice.
@@ -129,8 +148,8 @@ std::string validate_page_ids(const std::vector<int32_t>& ids, int64_t num_pages
 // Arguments of create_pool / create_contiguous.
 std::string validate_pool_shape(int64_t num_pages, int32_t page_size);
 std::string validate_contiguous_shape(const ModelSpec& spec, int32_t num_seqs, int32_t ctx_cap);
-// Bytes of one page across all layers, K then V per layer (the transfer unit).
-int64_t page_bytes_of(const ModelSpec& spec, int32_t page_size);
+// Bytes of one page across its n_slots storage slots, K then V per slot (the transfer unit).
+int64_t page_bytes_of(const ModelSpec& spec, int32_t page_size, int32_t n_slots);
 // inv_freq as every layer's table, [n_layers, head_dim / 2]: a single
 // [head_dim / 2] table repeated, or the per-layer tables as given. Throws
 // std::invalid_argument for any other length.
@@ -161,17 +180,25 @@ class Backend {
   std::vector<TensorSlot> tensor_slots() const { return ck::tensor_slots(spec()); }
   virtual std::string set_weight(size_t index, DType dtype, const uint8_t* data, size_t bytes) = 0;
 
-  // Paged K/V pools, one K and one V per layer: [num_pages, page_size, n_kv,
-  // head_dim]. Once per engine; the shape is checked here, for every backend.
-  std::string create_pool(int64_t num_pages, int32_t page_size) {
+  // Paged K/V pools, one K and one V per storage slot (layer_groups(): one
+  // per layer with a single group): [num_pages, page_size, n_kv, head_dim].
+  // Once per engine; the shape is checked here, for every backend.
+  std::string create_pool(int64_t num_pages, int32_t page_size, const std::vector<int32_t>& group_ids = {}) {
     if (has_pool()) return "createPool: the engine already has a page pool";
-    const std::string err = validate_pool_shape(num_pages, page_size);
-    return err.empty() ? allocate_pool(num_pages, page_size) : err;
+    std::string err = validate_pool_shape(num_pages, page_size);
+    LayerGroups g;
+    if (err.empty()) err = make_layer_groups(spec(), group_ids, &g);
+    if (!err.empty()) return err;
+    groups_ = std::move(g);
+    err = allocate_pool(num_pages, page_size);
+    if (!err.empty()) groups_ = LayerGroups{};
+    return err;
   }
+  const LayerGroups& layer_groups() const { return groups_; }
   virtual int64_t num_pages() const = 0;
   virtual int32_t page_size() const = 0;
   bool has_pool() const { return num_pages() > 0; }
-  int64_t page_bytes() const { return page_bytes_of(spec(), page_size()); }
+  int64_t page_bytes() const { return page_bytes_of(spec(), page_size(), groups_.n_slots); }
   // Contiguous oracle cache: [num_seqs, ctx_cap, n_kv, head_dim] per layer.
   // Once per engine; the shape is checked here, for every backend.
   std::string create_contiguous(int32_t num_seqs, int32_t ctx_cap) {
@@ -205,6 +232,8 @@ class Backend {
   // (on failure nothing stays allocated).
   virtual std::string allocate_pool(int64_t num_pages, int32_t page_size) = 0;
   virtual std::string allocate_contiguous(int32_t num_seqs, int32_t ctx_cap) = 0;
+  // Set by create_pool before allocate_pool (which allocates n_slots K and V pools).
+  LayerGroups groups_;
 };
 
 // ---- the CUDA backend as the binding sees it --------------------------------------

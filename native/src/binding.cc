@@ -22,6 +22,7 @@
 #include "file_lock.h"
 #include "fma_peak.h"
 #include "kernels.h"
+#include "logprobs.h"
 #include "quant.h"
 #include "thread_pool.h"
 
@@ -323,7 +324,15 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
   Napi::Value CreatePool(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     Backend* e = live(env);
-    const std::string err = e->create_pool(info[0].As<Napi::Number>().Int64Value(), info[1].As<Napi::Number>().Int32Value());
+    // Optional third argument: the layer group of each layer (Int32Array [nLayers]).
+    std::vector<int32_t> groups;
+    if (info.Length() > 2 && !info[2].IsUndefined()) {
+      need(env, info[2].IsTypedArray() && info[2].As<Napi::TypedArray>().TypedArrayType() == napi_int32_array,
+           "createPool: layerGroups must be an Int32Array");
+      const Napi::Int32Array a = info[2].As<Napi::Int32Array>();
+      groups.assign(a.Data(), a.Data() + a.ElementLength());
+    }
+    const std::string err = e->create_pool(info[0].As<Napi::Number>().Int64Value(), info[1].As<Napi::Number>().Int32Value(), groups);
     need(env, err.empty(), err);
     return env.Undefined();
   }
@@ -707,6 +716,30 @@ Napi::Value SoftcapJs(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
+// rowLogprobs(row: Float32Array, token, top: Int32Array, out: Float64Array(3)):
+// top <- the top.length most likely ids; out <- [max, sum_exp, rank]
+// (logprobs.h). Synchronous on the caller's thread: one row is microseconds.
+Napi::Value RowLogprobsJs(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Napi::Float32Array row = f32(env, info[0], "row");
+  need(env, info[1].IsNumber(), "rowLogprobs: token must be a number");
+  const double token = info[1].As<Napi::Number>().DoubleValue();
+  Napi::Int32Array top = i32(env, info[2], "top");
+  Napi::Float64Array out = typed<Napi::Float64Array>(env, info[3], "out", napi_float64_array, "a Float64Array");
+  const size_t n = row.ElementLength();
+  need(env, n >= 1 && n <= static_cast<size_t>(INT32_MAX), "rowLogprobs: row must hold 1 to 2^31 - 1 logits");
+  need(env, token >= 0 && token < static_cast<double>(n) && std::floor(token) == token,
+       "rowLogprobs: token must be an id of the row");
+  need(env, top.ElementLength() <= n, "rowLogprobs: top must not be longer than the row");
+  need(env, out.ElementLength() == 3, "rowLogprobs: out must hold 3 numbers");
+  const RowLogprobs r = row_logprobs(row.Data(), static_cast<int32_t>(n), static_cast<int32_t>(token),
+                                     static_cast<int32_t>(top.ElementLength()), top.Data());
+  out[0] = r.max;
+  out[1] = r.sum_exp;
+  out[2] = r.rank;
+  return env.Undefined();
+}
+
 // embed(ids: Int32Array, table: Uint8Array [vocab, D] in dtype, dtype, D, out)
 Napi::Value EmbedJs(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
@@ -871,6 +904,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("features", Features(env));
   exports.Set("defaultThreads", Napi::Number::New(env, default_threads()));
   exports.Set("lockFileExclusive", Napi::Function::New(env, LockFileExclusiveJs));
+  exports.Set("rowLogprobs", Napi::Function::New(env, RowLogprobsJs));
   Napi::Object k = Napi::Object::New(env);
   k.Set("setThreads", Napi::Function::New(env, SetThreads));
   k.Set("threads", Napi::Function::New(env, GetThreads));

@@ -106,6 +106,10 @@ void axpy_f16(float p, const f16* v, float* acc, int32_t n);
 void f32_to_f16_row(const float* x, f16* y, int32_t n);
 void matmul_columns(const float* x, int32_t T, int32_t K, const void* W, DType wt, int32_t N,
                     const float* bias, float* y, int32_t n0, int32_t n1);
+// sum_i e_i in f64, e_i = expf_poly(x[i] - m) (0 where x[i] - m < kExpLo, so
+// -inf entries add nothing): 8 partial sums (lane i % 8) over i < n & ~7,
+// combined as sum_squares combines them, then the tail in order.
+double exp_sum(const float* x, int32_t n, float m);
 }  // namespace generic
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -132,6 +136,8 @@ void matmul_columns_pairs(const float* x, const float* xp, int32_t T, int32_t K,
 // (0 when there are none).
 int64_t packed_rows_floats(int32_t T, int32_t K);
 void pack_rows(const float* x, int32_t T, int32_t K, float* xp);
+// generic::exp_sum, bit for bit.
+double exp_sum(const float* x, int32_t n, float m);
 }  // namespace avx2
 #endif
 

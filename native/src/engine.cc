@@ -98,7 +98,7 @@ std::string Engine::set_weight(size_t index, DType dtype, const uint8_t* data, s
 
 std::string Engine::allocate_pool(int64_t num_pages, int32_t page_size) {
   const int64_t slots = num_pages * page_size;
-  for (int32_t l = 0; l < spec_.n_layers; ++l) {
+  for (int32_t l = 0; l < groups_.n_slots; ++l) {
     k_pages_.push_back(F16Buffer::zeroed(slots * spec_.n_kv * spec_.head_dim));
     v_pages_.push_back(F16Buffer::zeroed(slots * spec_.n_kv * spec_.v_head_dim));
     if (!k_pages_.back().ptr || !v_pages_.back().ptr) {
@@ -129,7 +129,7 @@ std::string Engine::allocate_contiguous(int32_t num_seqs, int32_t ctx_cap) {
 }
 
 std::string Engine::validate_paged(const StepBatch& b) const {
-  return validate_paged_batch(b, spec_, num_pages_, page_size_);
+  return validate_paged_batch(b, spec_, groups_, num_pages_, page_size_);
 }
 
 std::string Engine::validate_contiguous(const StepBatch& b) const {
@@ -171,7 +171,8 @@ void Engine::forward(const StepBatch& b, Mode mode, float* logits) {
     ctx_slots.resize(static_cast<size_t>(T));
     for (int32_t t = 0; t < T; ++t) ctx_slots[static_cast<size_t>(t)] = b.row_seq[static_cast<size_t>(t)] * ctx_cap_ + b.positions[static_cast<size_t>(t)];
   }
-  const int32_t* slots = mode == Mode::Paged ? b.slots.data() : ctx_slots.data();
+  // Paged: layer l goes through its group's slot mapping and page table ([groups, T], [groups, S, ptStride]).
+  const int64_t S = mode == Mode::Paged ? static_cast<int64_t>(b.page_table.size()) / (static_cast<int64_t>(groups_.n_groups) * b.pt_stride) : 0;
 
   // x = embed_tokens[id] * embed_scale (Gemma; 1 otherwise, and then skipped)
   embed(b.tokens.data(), T, embed_.data(), embed_.dtype, m.hidden, x.data(), &pool_);
@@ -180,8 +181,12 @@ void Engine::forward(const StepBatch& b, Mode mode, float* logits) {
   for (int32_t l = 0; l < m.n_layers; ++l) {
     const LayerWeights& L = layers_[static_cast<size_t>(l)];
     const float* inv_freq = inv_freq_.data() + static_cast<size_t>(l) * half;
-    f16* kc = mode == Mode::Paged ? k_pages_[static_cast<size_t>(l)].ptr.get() : k_ctx_[static_cast<size_t>(l)].ptr.get();
-    f16* vc = mode == Mode::Paged ? v_pages_[static_cast<size_t>(l)].ptr.get() : v_ctx_[static_cast<size_t>(l)].ptr.get();
+    const size_t store = mode == Mode::Paged ? static_cast<size_t>(groups_.slot[static_cast<size_t>(l)]) : static_cast<size_t>(l);
+    const int64_t grp = mode == Mode::Paged ? groups_.group[static_cast<size_t>(l)] : 0;
+    f16* kc = mode == Mode::Paged ? k_pages_[store].ptr.get() : k_ctx_[store].ptr.get();
+    f16* vc = mode == Mode::Paged ? v_pages_[store].ptr.get() : v_ctx_[store].ptr.get();
+    const int32_t* slots = mode == Mode::Paged ? b.slots.data() + grp * T : ctx_slots.data();
+    const int32_t* table = mode == Mode::Paged ? b.page_table.data() + grp * S * b.pt_stride : nullptr;
     // attention block: x += [norm](o_proj(attn(rope(q), rope(k), v))) of norm(x)
     norm(x.data(), L.input_norm, T, m.hidden, h.data());
     const MatmulOut qkv[3] = {
@@ -204,7 +209,7 @@ void Engine::forward(const StepBatch& b, Mode mode, float* logits) {
     routed_append(k.data(), slots, T, kn, kc, &pool_);
     routed_append(v.data(), slots, T, vn, vc, &pool_);
     if (mode == Mode::Paged) {
-      PagedAttention a{q.data(), kc, vc, b.page_table.data(), b.row_seq.data(), b.positions.data(), attn.data(),
+      PagedAttention a{q.data(), kc, vc, table, b.row_seq.data(), b.positions.data(), attn.data(),
                        T, m.n_heads, m.n_kv, m.head_dim, m.v_head_dim, page_size_, b.pt_stride, num_pages_, scale,
                        m.window_of(l), m.attn_softcap};
       paged_attention(a, &pool_);
@@ -245,14 +250,14 @@ std::string Engine::validate_pages(const std::vector<int32_t>& ids) const {
   return validate_page_ids(ids, num_pages_);
 }
 
-// Byte layout of a transfer: for each requested page in order, for each layer
-// l ascending: K page [page_size, n_kv, head_dim] f16, then V page
+// Byte layout of a transfer: for each requested page in order, for each
+// storage slot ascending (a layer of the page's group; every layer with one group): K page [page_size, n_kv, head_dim] f16, then V page
 // [page_size, n_kv, v_head_dim] f16 (little-endian binary16).
 void Engine::download_pages(const std::vector<int32_t>& ids, uint8_t* out) {
   const int64_t kb = static_cast<int64_t>(page_size_) * spec_.n_kv * spec_.head_dim * 2;
   const int64_t vb = static_cast<int64_t>(page_size_) * spec_.n_kv * spec_.v_head_dim * 2;
   for (int32_t id : ids) {
-    for (int32_t l = 0; l < spec_.n_layers; ++l) {
+    for (int32_t l = 0; l < groups_.n_slots; ++l) {
       std::memcpy(out, reinterpret_cast<const uint8_t*>(k_pages_[static_cast<size_t>(l)].ptr.get()) + id * kb, static_cast<size_t>(kb));
       out += kb;
       std::memcpy(out, reinterpret_cast<const uint8_t*>(v_pages_[static_cast<size_t>(l)].ptr.get()) + id * vb, static_cast<size_t>(vb));
@@ -265,7 +270,7 @@ void Engine::upload_pages(const std::vector<int32_t>& ids, const uint8_t* in) {
   const int64_t kb = static_cast<int64_t>(page_size_) * spec_.n_kv * spec_.head_dim * 2;
   const int64_t vb = static_cast<int64_t>(page_size_) * spec_.n_kv * spec_.v_head_dim * 2;
   for (int32_t id : ids) {
-    for (int32_t l = 0; l < spec_.n_layers; ++l) {
+    for (int32_t l = 0; l < groups_.n_slots; ++l) {
       std::memcpy(reinterpret_cast<uint8_t*>(k_pages_[static_cast<size_t>(l)].ptr.get()) + id * kb, in, static_cast<size_t>(kb));
       in += kb;
       std::memcpy(reinterpret_cast<uint8_t*>(v_pages_[static_cast<size_t>(l)].ptr.get()) + id * vb, in, static_cast<size_t>(vb));
@@ -277,7 +282,7 @@ void Engine::upload_pages(const std::vector<int32_t>& ids, const uint8_t* in) {
 void Engine::copy_page(int32_t src, int32_t dst) {
   const int64_t kb = static_cast<int64_t>(page_size_) * spec_.n_kv * spec_.head_dim * 2;
   const int64_t vb = static_cast<int64_t>(page_size_) * spec_.n_kv * spec_.v_head_dim * 2;
-  for (int32_t l = 0; l < spec_.n_layers; ++l) {
+  for (int32_t l = 0; l < groups_.n_slots; ++l) {
     auto* kp = reinterpret_cast<uint8_t*>(k_pages_[static_cast<size_t>(l)].ptr.get());
     auto* vp = reinterpret_cast<uint8_t*>(v_pages_[static_cast<size_t>(l)].ptr.get());
     std::memcpy(kp + dst * kb, kp + src * kb, static_cast<size_t>(kb));

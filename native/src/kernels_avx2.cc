@@ -717,6 +717,29 @@ CK_AVX512BW void matmul_columns_pairs(const float* x, const float* xp, int32_t T
   }
 }
 
+CK_AVX2 double exp_sum(const float* x, int32_t n, float m) {
+  // Lanes 0-3 and 4-7 of the 8 partial sums, each adding its f32 term
+  // widened to f64, as the portable loop does.
+  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+  const __m256 mv = _mm256_set1_ps(m);
+  const __m256 lim = _mm256_set1_ps(kExpLo);
+  const int32_t n8 = n & ~7;
+  for (int32_t i = 0; i < n8; i += 8) {
+    const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + i), mv);
+    const __m256 e = _mm256_andnot_ps(_mm256_cmp_ps(d, lim, _CMP_LT_OQ), exp8(d));
+    lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+    hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+  }
+  const __m256d s = _mm256_add_pd(lo, hi);
+  const __m128d t = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
+  double r = _mm_cvtsd_f64(_mm_add_sd(t, _mm_unpackhi_pd(t, t)));
+  for (int32_t i = n8; i < n; ++i) {
+    const float d = x[i] - m;
+    r += d < kExpLo ? 0.0f : generic::expf_poly(d);
+  }
+  return r;
+}
+
 }  // namespace avx2
 }  // namespace ck
 

@@ -216,6 +216,22 @@ void matmul_columns(const float* x, int32_t T, int32_t K, const void* W, DType w
   }
 }
 
+double exp_sum(const float* x, int32_t n, float m) {
+  double l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  const int32_t n8 = n & ~7;
+  for (int32_t i = 0; i < n8; i += 8)
+    for (int j = 0; j < 8; ++j) {
+      const float d = x[i + j] - m;
+      l[j] += d < kExpLo ? 0.0f : expf_poly(d);
+    }
+  double r = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+  for (int32_t i = n8; i < n; ++i) {
+    const float d = x[i] - m;
+    r += d < kExpLo ? 0.0f : expf_poly(d);
+  }
+  return r;
+}
+
 }  // namespace generic
 
 namespace {

@@ -43,7 +43,9 @@ export async function collect(
     which === "tx"
       ? await log.subscribe(from, onBatch)
       : await (log as unknown as RejectionReader).subscribeRejections(from, onBatch);
-  if (count > 0) await enough;
+  // A reader that stops delivering (a gap, a transport that gave up) fails the wait instead of hanging it.
+  if (count > 0)
+    await Promise.race([enough, sub.ended.then(() => Promise.reject(new Error("subscription ended")))]);
   await sub.stop();
   return out;
 }
@@ -51,6 +53,24 @@ export async function collect(
 /** Polls `cond` every 20 ms until it holds (the test's timeout bounds it). */
 export async function until(cond: () => boolean | Promise<boolean>): Promise<void> {
   while (!(await cond())) await new Promise((r) => setTimeout(r, 20));
+}
+
+/**
+ * Polls `cond` every 20 ms until it holds; after `ms` fails naming `what` it waited for, with
+ * `explain()` (e.g. the processes' last log lines) in the message, so a wait that never ends
+ * says where it stopped instead of running into the test's timeout.
+ */
+export async function within(
+  ms: number,
+  what: string,
+  cond: () => boolean | Promise<boolean>,
+  explain: () => string = () => "",
+): Promise<void> {
+  const deadline = performance.now() + ms;
+  while (!(await cond())) {
+    if (performance.now() > deadline) throw new Error(`waited ${ms} ms for ${what}\n${explain()}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
 }
 
 export const bytes = (s: string): Uint8Array => new TextEncoder().encode(s);

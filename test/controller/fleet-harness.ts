@@ -49,6 +49,7 @@ const codec = (vocab: number): TextCodec => ({
   decode: () => "",
   renderChat: () => "",
   tokenString: (id) => String(id),
+  tokenBytes: () => null,
   checkConstraint: () => 0,
   toolParser: null,
   eosTokenIds: [],

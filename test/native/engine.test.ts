@@ -287,6 +287,131 @@ describe("engine input validation: a clear error and nothing written", () => {
     expect(() => mixed.step(batch(row, [[-1, -1, 6, 7, 3]], [0]))).toThrow(/pageTable\[0\]\[0\] = -1/);
   });
 
+  it("layer groups: a Gemma-style model whose sliding group gives back its pages keeps the contiguous oracle's bits", async () => {
+    // Sliding (window 6) and global layers alternating, as Gemma 2; group 0 the
+    // global layers, group 1 the sliding ones, so a page holds 2 layers' rows.
+    const W = 6;
+    const spec = { ...SPEC, nLayers: 4, layerWindows: Int32Array.from([W, 0, W, 0]) };
+    const groups = [1, 0, 1, 0];
+    const m = makeModel(spec, 21);
+    const e = await createEngine(m.spec, m.weights, {});
+    live.push(e);
+    // 11 global pages reach position 43; the sliding group needs at most 3 at a time: 14 in all, reused.
+    e.createPool(14, PAGE, groups);
+    e.createContiguousCache(1, 64);
+    const one = await createEngine(m.spec, m.weights, {});
+    live.push(one);
+    one.createPool(14, PAGE);
+    expect(e.pageBytes * 2).toBe(one.pageBytes);
+    const free = shuffle(rng(5), [...Array(14).keys()]);
+    const tables: number[][] = [[], []];
+    // Pages for positions < n in both groups; for a decode row at n − 1, the
+    // sliding group's pages wholly before its window go back to the free list.
+    const grow = (n: number, release: boolean) => {
+      for (const t of tables) while (t.length * PAGE < n) t.push(free.pop()!);
+      if (!release) return;
+      const dead = Math.max(0, Math.floor((n - W) / PAGE));
+      for (let i = 0; i < dead; i++)
+        if (tables[1]![i]! >= 0) {
+          free.push(tables[1]![i]!);
+          tables[1]![i] = -1;
+        }
+    };
+    const rowsBatch = (rows: Row[], logitRows: number[]): StepBatch => {
+      const pageTable = new Int32Array(2 * STRIDE).fill(-1);
+      tables.forEach((t, g) => {
+        pageTable.set(t, g * STRIDE);
+      });
+      const slotMapping = new Int32Array(2 * rows.length);
+      tables.forEach((t, g) => {
+        rows.forEach((r, i) => {
+          slotMapping[g * rows.length + i] = t[Math.floor(r.pos / PAGE)]! * PAGE + (r.pos % PAGE);
+        });
+      });
+      return {
+        tokens: Int32Array.from(rows.map((r) => r.token)),
+        positions: Int32Array.from(rows.map((r) => r.pos)),
+        rowSeq: Int32Array.from(rows.map((r) => r.seq)),
+        slotMapping,
+        pageTable,
+        ptStride: STRIDE,
+        logitRows: Int32Array.from(logitRows),
+      };
+    };
+    const contiguous = (rows: Row[], logitRows: number[]) =>
+      e.stepContiguous({
+        tokens: Int32Array.from(rows.map((r) => r.token)),
+        positions: Int32Array.from(rows.map((r) => r.pos)),
+        rowSeq: Int32Array.from(rows.map((r) => r.seq)),
+        logitRows: Int32Array.from(logitRows),
+      });
+    const toks = prompt(7, 11);
+    grow(11, false);
+    let p = await e.step(rowsBatch(prefillRows(0, toks), [10]));
+    let c = await contiguous(prefillRows(0, toks), [10]);
+    expect(sameBits(p, c)).toBe(true);
+    let released = 0;
+    for (let pos = 11; pos < 44; pos++) {
+      const token = argmax(p);
+      expect(argmax(c)).toBe(token);
+      // The row at pos reads the sliding layers' keys from pos − W + 1 on: entries before are released.
+      grow(pos + 1, true);
+      const row = [{ seq: 0, pos, token }];
+      if (pos === 30) {
+        // A sliding entry still inside the window, or any global entry, may not be left out.
+        const inWindow = Math.floor((pos - W + 1) / PAGE);
+        const held = tables[1]![inWindow]!;
+        tables[1]![inWindow] = -1;
+        expect(() => e.step(rowsBatch(row, [0]))).toThrow(
+          new RegExp(`pageTable\\[1\\]\\[0\\]\\[${inWindow}\\] = -1`),
+        );
+        tables[1]![inWindow] = held;
+        const g0 = tables[0]![0]!;
+        tables[0]![0] = -1;
+        expect(() => e.step(rowsBatch(row, [0]))).toThrow(/pageTable\[0\]\[0\]\[0\] = -1/);
+        tables[0]![0] = g0;
+      }
+      p = await e.step(rowsBatch(row, [0]));
+      c = await contiguous(row, [0]);
+      expect(sameBits(p, c)).toBe(true);
+      released = tables[1]!.filter((x) => x < 0).length;
+    }
+    // 11 pages of the 44 positions: the sliding group holds 2 of them, the global group all 11.
+    expect(released).toBe(9);
+    expect(tables[0]!.every((x) => x >= 0)).toBe(true);
+  });
+
+  it("layer groups: createPool refuses a bad grouping, and groups never write one slot twice", async () => {
+    const spec = { ...SPEC, nLayers: 4, layerWindows: Int32Array.from([6, 0, 6, 0]) };
+    const m = makeModel(spec, 22);
+    const e = await createEngine(m.spec, m.weights, {});
+    live.push(e);
+    expect(() => e.createPool(8, PAGE, [0, 1, 0])).toThrow(
+      /layerGroups has 3 entries, the model has 4 layers/,
+    );
+    expect(() => e.createPool(8, PAGE, [0, 2, 0, 2])).toThrow(/names no layer of group 1/);
+    expect(() => e.createPool(8, PAGE, [0, -1, 0, 1])).toThrow(/layerGroups\[1\] = -1/);
+    e.createPool(8, PAGE, [1, 0, 1, 0]);
+    const row = (slots: number[], table: number[]): StepBatch => ({
+      tokens: Int32Array.from([5]),
+      positions: Int32Array.from([0]),
+      rowSeq: Int32Array.from([0]),
+      slotMapping: Int32Array.from(slots),
+      pageTable: Int32Array.from(table),
+      ptStride: 2,
+      logitRows: Int32Array.from([0]),
+    });
+    // Both groups' row 0 in page 3: storage slots are shared, so this is one slot written twice.
+    expect(() => e.step(row([12, 12], [3, -1, 3, -1]))).toThrow(
+      /slotMapping\[1\]\[0\] = 12 is a duplicate slot/,
+    );
+    expect(() => e.step(row([12], [3, -1, 4, -1]))).toThrow(
+      /slotMapping has 1 entries, want 2 layer groups x 1 rows/,
+    );
+    expect(() => e.step(row([12, 16], [3, -1, 4]))).toThrow(/not a multiple of 2 layer groups x ptStride 2/);
+    expect(allFinite(await e.step(row([12, 16], [3, -1, 4, -1])))).toBe(true);
+  });
+
   it("names the tensor that is missing, extra, misshapen, mistyped or short, and creates nothing", async () => {
     const m = makeModel(SPEC, 17);
     const w = (edit: (w: Map<string, typeof m.weights extends Map<string, infer V> ? V : never>) => void) => {

@@ -4,10 +4,14 @@ import {
   AcceptMessage,
   controllerToWorker,
   HeartbeatMessage,
+  MAX_TOKENS_PER_FRAME,
+  MAX_TOP_LOGPROBS,
+  maxScoredPromptTokens,
   OfferMessage,
+  TokensMessage,
   workerToController,
 } from "../../schema/control.ts";
-import { encodeMessage, WIRE_VERSION, WireError } from "../../schema/wire.ts";
+import { encodeMessage, MAX_MESSAGE_BYTES, WIRE_VERSION, WireError } from "../../schema/wire.ts";
 import { FP, heartbeat, rid, wid } from "../controller/fixtures.ts";
 
 const plain = new Packr({ useRecords: false, mapsAsObjects: true });
@@ -51,5 +55,31 @@ describe("control-plane messages", () => {
     });
     expect(() => workerToController.decode(hb)).toThrow(WireError);
     expect(() => workerToController.decode(hb)).toThrow(/modelFingerprint/);
+  });
+
+  it("a tokens frame with the most prompt scores the front door admits still fits one message", () => {
+    // Worst case per entry: ids past 2^16 (uint32), ranks too, logprobs that need a float64.
+    const entry = (top: number, i: number) => ({
+      token: 100_000 + i,
+      logprob: -1.2345678901234567 - i,
+      rank: 100_000 + i,
+      top: Array.from({ length: top }, (_, k) => [200_000 + k, -0.1234567890123 - k] as const),
+    });
+    for (const top of [0, MAX_TOP_LOGPROBS]) {
+      const n = maxScoredPromptTokens(top);
+      const frame = {
+        requestId: rid("r1"),
+        attempt: 1,
+        workerId: wid("w1"),
+        index: 0,
+        tokens: Array.from({ length: MAX_TOKENS_PER_FRAME }, (_, i) => 100_000 + i),
+        logprobs: Array.from({ length: MAX_TOKENS_PER_FRAME }, (_, i) => entry(MAX_TOP_LOGPROBS, i)),
+        promptLogprobs: Array.from({ length: n }, (_, i) => entry(top, i)),
+      };
+      const bytes = encodeMessage(TokensMessage, frame as never);
+      expect(bytes.length).toBeLessThanOrEqual(MAX_MESSAGE_BYTES);
+      // The bound is not loose by much: the scores fill most of the message.
+      expect(bytes.length).toBeGreaterThan(0.8 * MAX_MESSAGE_BYTES);
+    }
   });
 });

@@ -1,5 +1,6 @@
 import type { Engine } from "../../native/index.ts";
 import type { PageId } from "../../schema/ids.ts";
+import { NO_PAGE, windowDeadPages } from "../pages/route.ts";
 import {
   checkWork,
   DecodeError,
@@ -8,6 +9,7 @@ import {
   type SequenceId,
   splitLogits,
 } from "./decoder.ts";
+import type { LayerGroups } from "./layout.ts";
 
 /**
  * A minimal page allocator for the paged decoder until the worker's page
@@ -53,30 +55,41 @@ export class PageAllocator {
 
 /**
  * The paged decoder: each sequence's K/V live in fixed-size pages named by
- * its page table; a step appends rows through the slot mapping
- * (slot = page × pageSize + position mod pageSize) and attention reads
- * through the page tables. Pages for a step are taken before it runs and
- * given back if it fails.
+ * its page tables, one per layer group (layout.ts layerGroups; one group of
+ * every layer unless the decoder is given groups); a step appends rows
+ * through each group's slot mapping (slot = page × pageSize + position mod
+ * pageSize) and attention reads through the group's page table. After each
+ * step a sliding group's pages wholly before its window are given back
+ * (their entries become −1), while a global group keeps every page. Pages for
+ * a step are taken before it runs and given back if it fails.
  */
 export class PagedDecoder implements Decoder {
   readonly vocab: number;
-  private readonly seqs = new Map<SequenceId, { length: number; pages: PageId[] }>();
+  private readonly seqs = new Map<SequenceId, { length: number; tables: PageId[][] }>();
   private nextId = 0;
+  /** Each group's window (null: global), in group order. */
+  private readonly windows: readonly (number | null)[];
+  /** Page-table entries given back outside a sliding group's window, since the decoder was made. */
+  releasedPages = 0;
 
   constructor(
     private readonly engine: Engine,
     private readonly pages: PageAllocator,
     readonly pageSize: number,
     readonly maxSeqs: number,
+    groups?: LayerGroups,
   ) {
     this.vocab = engine.spec.vocab;
-    engine.createPool(pages.numPages, pageSize);
+    this.windows = groups
+      ? groups.groups.map((g) => (g.layout.kind === "sliding" ? g.layout.window : null))
+      : [null];
+    engine.createPool(pages.numPages, pageSize, groups?.groupOf);
   }
 
   open(): SequenceId {
     if (this.seqs.size >= this.maxSeqs) throw new DecodeError(`all ${this.maxSeqs} sequences are open`);
     const id = this.nextId++ as SequenceId;
-    this.seqs.set(id, { length: 0, pages: [] });
+    this.seqs.set(id, { length: 0, tables: this.windows.map(() => []) });
     return id;
   }
 
@@ -90,19 +103,25 @@ export class PagedDecoder implements Decoder {
     return this.state(seq).length;
   }
 
-  /** The sequence's page table (physical page per 16/32-token block). */
-  pageTable(seq: SequenceId): readonly PageId[] {
-    return this.state(seq).pages;
+  /** The sequence's page table in `group` (physical page per block; −1 where released). */
+  pageTable(seq: SequenceId, group = 0): readonly PageId[] {
+    return this.state(seq).tables[group]!;
+  }
+
+  /** Pages the sequence holds, over every group. */
+  heldPages(seq: SequenceId): number {
+    return this.state(seq).tables.reduce((n, t) => n + t.filter((p) => p !== NO_PAGE).length, 0);
   }
 
   close(seq: SequenceId): void {
     const s = this.state(seq);
-    for (const p of s.pages) this.pages.release(p);
+    for (const t of s.tables) for (const p of t) if (p !== NO_PAGE) this.pages.release(p);
     this.seqs.delete(seq);
   }
 
   async step(work: readonly DecodeWork[]): Promise<Float32Array[]> {
     const P = this.pageSize;
+    const G = this.windows.length;
     const T = checkWork(work, (s) => this.length(s), this.vocab, this.engine.spec.maxPosition);
     // Take the pages this step grows into; undo on any failure.
     const taken: [PageId[], number][] = [];
@@ -110,27 +129,33 @@ export class PagedDecoder implements Decoder {
       for (const w of work) {
         const s = this.state(w.seq);
         const need = Math.ceil((s.length + w.tokens.length) / P);
-        const before = s.pages.length;
-        while (s.pages.length < need) s.pages.push(this.pages.alloc());
-        taken.push([s.pages, before]);
+        for (const t of s.tables) {
+          const before = t.length;
+          while (t.length < need) t.push(this.pages.alloc());
+          taken.push([t, before]);
+        }
       }
-      const ptStride = Math.max(...work.map((w) => this.state(w.seq).pages.length));
-      const pageTable = new Int32Array(work.length * ptStride).fill(-1);
+      const ptStride = Math.max(...work.map((w) => this.state(w.seq).tables[0]!.length));
+      const S = work.length;
+      const pageTable = new Int32Array(G * S * ptStride).fill(-1);
       const tokens = new Int32Array(T);
       const positions = new Int32Array(T);
       const rowSeq = new Int32Array(T);
-      const slotMapping = new Int32Array(T);
+      const slotMapping = new Int32Array(G * T);
       const logitRows = new Int32Array(work.length);
       let t = 0;
       for (const [i, w] of work.entries()) {
         const s = this.state(w.seq);
-        pageTable.set(s.pages, i * ptStride);
+        s.tables.forEach((table, g) => {
+          pageTable.set(table, (g * S + i) * ptStride);
+        });
         for (let j = 0; j < w.tokens.length; j++, t++) {
           const pos = s.length + j;
           tokens[t] = w.tokens[j]!;
           positions[t] = pos;
           rowSeq[t] = i;
-          slotMapping[t] = s.pages[Math.floor(pos / P)]! * P + (pos % P);
+          for (let g = 0; g < G; g++)
+            slotMapping[g * T + t] = s.tables[g]![Math.floor(pos / P)]! * P + (pos % P);
         }
         logitRows[i] = t - 1;
       }
@@ -145,9 +170,23 @@ export class PagedDecoder implements Decoder {
       });
       for (const w of work) this.state(w.seq).length += w.tokens.length;
       taken.length = 0;
+      for (const w of work) this.releaseOutsideWindows(this.state(w.seq));
       return splitLogits(block, work.length, this.vocab);
     } finally {
       for (const [pages, before] of taken) for (const p of pages.splice(before)) this.pages.release(p);
     }
+  }
+
+  /** A sliding group's leading pages no later query reads (route.ts windowDeadPages) go back to the allocator. */
+  private releaseOutsideWindows(s: { length: number; tables: PageId[][] }): void {
+    this.windows.forEach((window, g) => {
+      const t = s.tables[g]!;
+      const dead = windowDeadPages(s.length, window, this.pageSize, t.length);
+      for (let i = dead - 1; i >= 0 && t[i] !== NO_PAGE; i--) {
+        this.pages.release(t[i]!);
+        t[i] = NO_PAGE;
+        this.releasedPages++;
+      }
+    });
   }
 }

@@ -11,8 +11,10 @@
  * only, so once a sequence has reached position n every row below n − W + 1
  * is dead for that layer. When every layer is sliding, a page of rows dead
  * for the widest window is dead for all of them and the page pool releases
- * it (releaseWindow); with a global layer nothing is released, since one
- * page holds every layer's rows. The layout is part of the model
+ * it (releaseWindow). With global layers too, layerGroups gives each layout
+ * its own page tables, so a sliding group's pages can go while the global
+ * group keeps its own (the engine and PagedDecoder do; the worker's page
+ * manager still holds one table of every layer's rows). The layout is part of the model
  * fingerprint (fingerprint.ts), so workers whose layers attend differently
  * never share attention state.
  */
@@ -73,4 +75,52 @@ export function releaseWindow(layers: readonly AttentionLayout[]): number | null
     widest = Math.max(widest, l.window);
   }
   return layers.length === 0 ? null : widest;
+}
+
+/** Layers that share one page table: all global, or all sliding with one window. */
+export interface LayerGroup {
+  readonly layout: AttentionLayout;
+  /** Layer indices, ascending; a layer's storage slot in a page is its index here. */
+  readonly layers: readonly number[];
+}
+
+/** How a model's layers share page tables (native createPool's layerGroups). */
+export interface LayerGroups {
+  readonly groups: readonly LayerGroup[];
+  /** The group of each layer, as the engine's createPool takes it. */
+  readonly groupOf: Int32Array;
+  /** Layers' K/V one page holds: the largest group. */
+  readonly slots: number;
+}
+
+/**
+ * The page-table groups of a layout, after vLLM's hybrid KV cache manager:
+ * layers of one layout form its kind (the global layers first, then each
+ * window by first appearance), and every kind is cut, in layer order, into
+ * groups of k layers, k the smallest kind's size, so every group fills
+ * (almost) every slot of the pages it owns. A uniform layout is one group
+ * of every layer, the table every model had before; Gemma 3's 5 sliding to
+ * 1 global makes groups of the global count, so a sequence long past the
+ * window holds pages in proportion to its global layers.
+ */
+export function layerGroups(layers: readonly AttentionLayout[]): LayerGroups {
+  if (layers.length === 0) return { groups: [], groupOf: new Int32Array(0), slots: 0 };
+  const key = (l: AttentionLayout) => (l.kind === "global" ? "g" : `s${l.window}`);
+  const kinds = new Map<string, number[]>();
+  if (layers.some((l) => l.kind === "global")) kinds.set("g", []);
+  layers.forEach((l, i) => {
+    const k = key(l);
+    if (!kinds.has(k)) kinds.set(k, []);
+    kinds.get(k)!.push(i);
+  });
+  const size = Math.min(...[...kinds.values()].map((ls) => ls.length));
+  const groups: LayerGroup[] = [];
+  for (const ls of kinds.values())
+    for (let i = 0; i < ls.length; i += size)
+      groups.push({ layout: layers[ls[0]!]!, layers: ls.slice(i, i + size) });
+  const groupOf = new Int32Array(layers.length);
+  groups.forEach((g, gi) => {
+    for (const l of g.layers) groupOf[l] = gi;
+  });
+  return { groups, groupOf, slots: size };
 }

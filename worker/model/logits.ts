@@ -1,3 +1,5 @@
+import { rowLogprobs } from "../../native/index.ts";
+
 /**
  * What a request's own rules do to one row of logits before the draw, and
  * the log-probabilities it can ask for. Pure over the row it is given (the
@@ -179,34 +181,23 @@ export interface TokenLogprob {
   readonly top: readonly (readonly [token: number, logprob: number])[];
 }
 
-/**
- * log Σ exp(row), stabilised by the row's largest value and accumulated in
- * float64: log_softmax(row)[i] = row[i] − logSumExp(row).
- */
-export function logSumExp(row: ArrayLike<number>): number {
-  let max = Number.NEGATIVE_INFINITY;
-  for (let i = 0; i < row.length; i++) if (row[i]! > max) max = row[i]!;
-  if (max === Number.NEGATIVE_INFINITY) return max;
-  let sum = 0;
-  for (let i = 0; i < row.length; i++) sum += Math.exp(row[i]! - max);
-  return max + Math.log(sum);
-}
+/** [max, Σ exp(x − max), rank] of the last rowLogprobs call (one reusable buffer: the call is synchronous). */
+const rowScratch = new Float64Array(3);
 
 /**
  * Log-probabilities at one position for `token`, with the `topN` most likely
- * ids (0: none). `order(row, k)` gives the k most likely ids in rank order.
+ * ids (0: none), in one native reduction over the row (native/src/logprobs.h:
+ * max, rank and top ids in one pass, Σ exp(x − max) in a second, in a fixed
+ * order: the same bits in any batch). exp is f32 and the sum f64, as vLLM's
+ * f32 log_softmax: log_softmax(row)[i] = row[i] − (max + log Σ).
  */
-export function tokenLogprob(
-  row: ArrayLike<number>,
-  token: number,
-  topN: number,
-  order: (row: ArrayLike<number>, k: number) => number[],
-): TokenLogprob {
-  const lse = logSumExp(row);
-  const top =
-    topN > 0 ? order(row, Math.min(topN, row.length)).map((id) => [id, row[id]! - lse] as const) : [];
-  const x = row[token]!;
-  let rank = 1;
-  for (let i = 0; i < row.length; i++) if (row[i]! > x) rank++;
-  return { token, logprob: x - lse, rank, top };
+export function tokenLogprob(row: Float32Array, token: number, topN: number): TokenLogprob {
+  const k = Math.min(topN, row.length);
+  const ids = new Int32Array(k);
+  rowLogprobs(row, token, ids, rowScratch);
+  const max = rowScratch[0]!;
+  const lse = max === Number.NEGATIVE_INFINITY ? max : max + Math.log(rowScratch[1]!);
+  const top = new Array<readonly [number, number]>(k);
+  for (let i = 0; i < k; i++) top[i] = [ids[i]!, row[ids[i]!]! - lse];
+  return { token, logprob: row[token]! - lse, rank: rowScratch[2]!, top };
 }

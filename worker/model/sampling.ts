@@ -327,7 +327,13 @@ export function nextToken(
   let row: ArrayLike<number> = logits;
   if (ids !== null || !rulesAreNeutral(p.rules)) {
     // A working copy (the raw row stays for the log-probabilities): the allowed ids' logits, or all.
-    const work = ids === null ? Float32Array.from(logits) : Float32Array.from(ids, (id) => logits[id]!);
+    let work: Float32Array;
+    if (ids === null) work = Float32Array.from(logits);
+    else {
+      // A plain loop, not Float32Array.from's call per element: this runs per constrained row.
+      work = new Float32Array(ids.length);
+      for (let i = 0; i < ids.length; i++) work[i] = logits[ids[i]!]!;
+    }
     if (!rulesAreNeutral(p.rules)) {
       if (!history) throw new RangeError("penalties need the request's token history");
       applyRules(work, p.rules, history, state.generated, p.stopTokens, ids);
@@ -341,6 +347,9 @@ export function nextToken(
   const grammar = machine && !stop ? machine.next(state.grammar, token) : state.grammar;
   const finish: FinishReason | null =
     stop || machine?.complete(grammar) ? "stop" : generated >= p.maxTokens ? "length" : null;
-  const logprob = p.logprobs === null ? null : tokenLogprob(logits, token, p.logprobs, topIds);
+  const logprob =
+    p.logprobs === null
+      ? null
+      : tokenLogprob(logits instanceof Float32Array ? logits : Float32Array.from(logits), token, p.logprobs);
   return { token, state: { params: p, rng: drawn.rng, generated, grammar }, finish, logprob };
 }

@@ -28,6 +28,12 @@ import {
   windowDeadPages,
 } from "./route.ts";
 
+function checkedWindow(window: number | null): number | null {
+  if (window !== null && (!Number.isSafeInteger(window) || window < 1))
+    throw new PageError("invalid", `window must be a positive integer or null, got ${window}`);
+  return window;
+}
+
 export interface PageManagerOptions {
   /** Tokens (rows) per page. */
   readonly pageTokens: number;
@@ -102,10 +108,7 @@ export class RouteTable {
     this.pageTokens = pageTokens;
     this.physicalPages = physicalPages;
     this.debug = options.debugInvariants ?? false;
-    const window = options.window ?? null;
-    if (window !== null && (!Number.isSafeInteger(window) || window < 1))
-      throw new PageError("invalid", `window must be a positive integer or null, got ${window}`);
-    this.window = window;
+    this.window = checkedWindow(options.window ?? null);
     this.pool = new PagePool(physicalPages, pageTokens);
   }
 
@@ -151,9 +154,12 @@ export class RouteTable {
       readonly startPosition?: TokenCount;
       readonly prefix?: readonly PrefixHash[];
       readonly reserveTokens?: TokenCount;
+      /** The route's own release window (a layer group's, layer-groups.ts); default the table's. */
+      readonly window?: number | null;
     } = {},
   ): RouteSnapshot {
     if (this.routes.has(id)) throw new PageError("route-exists", `route ${id} already exists`);
+    const window = options.window === undefined ? this.window : checkedWindow(options.window);
     const prefix = options.prefix ?? [];
     const startPosition = options.startPosition ?? 0;
     if (!Number.isSafeInteger(startPosition) || startPosition < 0)
@@ -178,7 +184,7 @@ export class RouteTable {
       );
     this.pool.tick();
     for (const p of pages) this.pool.reference(p, true);
-    const route = newRoute(id, pages, tokens, startPosition, need);
+    const route = newRoute(id, pages, tokens, startPosition, need, window);
     this.pool.reserved += need;
     this.routes.set(route.id, route);
     this.afterMutation();
@@ -286,7 +292,7 @@ export class RouteTable {
       );
     for (const p of s.pages.slice(s.released)) this.pool.reference(p, false);
     s.reserved += srcExtra;
-    const route = newRoute(dst, [...s.pages], s.tokens, s.startPosition, dstNeed);
+    const route = newRoute(dst, [...s.pages], s.tokens, s.startPosition, dstNeed, s.window);
     route.released = s.released;
     this.pool.reserved += srcExtra + dstNeed;
     this.routes.set(route.id, route);
@@ -483,7 +489,6 @@ export class RouteTable {
       this.captures.values(),
       this.pool.states,
       P,
-      this.window,
     );
     if (expected.reserved !== this.pool.reserved)
       throw new PageInvariantError(
@@ -553,7 +558,7 @@ export class RouteTable {
    * kept cached with `keep` (still findable for a prefix hit) or freed.
    */
   private releaseOutsideWindow(r: Route, keep: ResidencyCosts | null): void {
-    const dead = windowDeadPages(r.tokens, this.window, this.pageTokens, r.pages.length);
+    const dead = windowDeadPages(r.tokens, r.window, this.pageTokens, r.pages.length);
     if (dead <= r.released) return;
     this.pool.tick();
     for (let i = r.released; i < dead; i++) {

@@ -55,17 +55,21 @@ export function windowDeadPages(
 
 /**
  * One continuation's claim on the pool. `pages` is its page table: page i
- * holds rows [i·P, (i+1)·P) of every layer. When every layer is sliding, its
- * first `released` entries are NO_PAGE: pages dead for every layer's window,
- * given back to the pool (cached while findable). A model mixing global and
- * sliding layers would need one table per layer group over the same pool
- * (vLLM's KVCacheCoordinator); not built: it releases nothing.
+ * holds rows [i·P, (i+1)·P) of every layer (or of one layer group's layers,
+ * a route per group: layer-groups.ts). With a window, its first `released`
+ * entries are NO_PAGE: pages dead for the window, given back to the pool
+ * (cached while findable).
  */
 export interface Route {
   readonly id: ContinuationId;
   pages: PageId[];
   /** Leading entries of `pages` released outside the window (NO_PAGE). */
   released: number;
+  /**
+   * The window its pages are released outside (windowDeadPages): the
+   * table's, or its layer group's (worker/pages/layer-groups.ts); null: none.
+   */
+  readonly window: number | null;
   tokens: number;
   readonly startPosition: number;
   /** Unallocated pages held for this route's future appends and loads. */
@@ -87,11 +91,13 @@ export function newRoute(
   tokens: number,
   startPosition: number,
   reserved: number,
+  window: number | null,
 ): Route {
   return {
     id,
     pages,
     released: 0,
+    window,
     tokens,
     startPosition,
     reserved,
@@ -160,7 +166,6 @@ export function expectedUse(
   captures: Iterable<readonly PageTicket[]>,
   states: PageStates,
   pageTokens: number,
-  window: number | null,
 ): ExpectedUse & { readonly reserved: number } {
   const fail = (msg: string): never => {
     throw new PageInvariantError(msg);
@@ -181,9 +186,9 @@ export function expectedUse(
     if (r.pages.length !== pagesFor(r.tokens as TokenCount, P))
       fail(`route ${r.id}: ${r.pages.length} pages for ${r.tokens} rows`);
     // Released entries lead the table, and only pages dead for the window are released.
-    if (r.released > windowDeadPages(r.tokens, window, P, r.pages.length))
+    if (r.released > windowDeadPages(r.tokens, r.window, P, r.pages.length))
       fail(
-        `route ${r.id}: ${r.released} pages released, only ${windowDeadPages(r.tokens, window, P, r.pages.length)} dead`,
+        `route ${r.id}: ${r.released} pages released, only ${windowDeadPages(r.tokens, r.window, P, r.pages.length)} dead`,
       );
     for (let i = 0; i < r.pages.length; i++)
       if ((r.pages[i] === NO_PAGE) !== i < r.released)

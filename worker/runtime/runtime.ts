@@ -13,7 +13,7 @@ import type { Logger } from "../../schema/log.ts";
 import { type Calibration, type ConfiguredCosts, CostCalibrator } from "../calibration/calibration.ts";
 import { type AttentionLayout, releaseWindow } from "../model/layout.ts";
 import { type LogitsRules, NO_RULES, TokenHistory, tokenLogprob } from "../model/logits.ts";
-import { initialSamplerState, nextToken, samplingParams, topIds } from "../model/sampling.ts";
+import { initialSamplerState, nextToken, samplingParams } from "../model/sampling.ts";
 import type { PrefixRestorer, RouteCheckpointer } from "../pages/durable-hooks.ts";
 import { PageManager } from "../pages/page-manager.ts";
 import { type Admission, type Preemption, planIteration } from "../scheduler/plan-iteration.ts";
@@ -529,7 +529,7 @@ export class WorkerRuntime {
       const q = lane.firstPosition + k + 1;
       if (q !== seq.promptEntries.length + 1 || q >= seq.promptLength) continue;
       const row = logits.subarray((at + k) * vocab, (at + k + 1) * vocab);
-      seq.promptEntries.push(tokenLogprob(row, seq.tokens[q]!, topN, topIds));
+      seq.promptEntries.push(tokenLogprob(row, seq.tokens[q]!, topN));
     }
   }
 

@@ -96,12 +96,18 @@ interface Mask {
   readonly maxAfter: number;
 }
 
-/** Id lists kept per machine for the most recent states (the bitsets are kept for all). */
+/** A state's allowed ids ascending, with the DFA minDist after each: the budget rule is one pass over numbers. */
+interface StateList {
+  readonly ids: Int32Array;
+  readonly after: Int32Array;
+}
+
+/** Id lists kept per machine for the most recently used states (the bitsets are kept for all). */
 const MAX_CACHED_LISTS = 64;
 
 export class TokenMachine {
   private readonly masks: (Mask | undefined)[] = [];
-  private readonly lists = new Map<number, Int32Array>();
+  private readonly lists = new Map<number, StateList>();
 
   constructor(
     readonly dfa: LazyDfa,
@@ -129,22 +135,21 @@ export class TokenMachine {
   /**
    * The ids allowed at `state`, ascending, for a request that may still
    * generate `budget` tokens (this one included): grammar tokens after which
-   * the rest fits, and the stop ids where the grammar accepts.
+   * the rest fits, and the stop ids where the grammar accepts. The array may
+   * be the machine's cached list: callers must not write to it.
    */
   choices(state: number, budget: number, stopTokens: readonly number[]): Int32Array {
     const mask = this.mask(state);
+    const list = this.list(state, mask);
     const accepting = this.dfa.accepting(state);
     const stops = accepting ? stopTokens.filter((t) => t >= 0 && t < this.trie.vocabSize) : [];
-    const needFilter = this.trie.hasAllBytes && budget - 1 < mask.maxAfter;
-    let ids: Int32Array;
-    if (!needFilter) {
-      ids = this.lists.get(state) ?? this.listOf(state, mask);
-    } else {
-      const out: number[] = [];
-      forEachBit(mask.bits, (id) => {
-        if (this.dfa.minDist(this.next(state, id)) <= budget - 1) out.push(id);
-      });
-      ids = Int32Array.from(out);
+    let ids = list.ids;
+    if (this.trie.hasAllBytes && budget - 1 < mask.maxAfter) {
+      const limit = budget - 1;
+      const out = new Int32Array(ids.length);
+      let k = 0;
+      for (let i = 0; i < ids.length; i++) if (list.after[i]! <= limit) out[k++] = ids[i]!;
+      ids = out.subarray(0, k);
     }
     if (stops.length === 0) return ids;
     const merged = new Set<number>(ids);
@@ -152,15 +157,25 @@ export class TokenMachine {
     return Int32Array.from([...merged].sort((a, b) => a - b));
   }
 
-  private listOf(state: number, mask: Mask): Int32Array {
+  private list(state: number, mask: Mask): StateList {
+    const known = this.lists.get(state);
+    if (known) {
+      // Least recently used first out: a hit moves to the back.
+      this.lists.delete(state);
+      this.lists.set(state, known);
+      return known;
+    }
     const ids = new Int32Array(mask.count);
+    const after = new Int32Array(mask.count);
     let k = 0;
     forEachBit(mask.bits, (id) => {
-      ids[k++] = id;
+      ids[k] = id;
+      after[k++] = this.dfa.minDist(this.next(state, id));
     });
+    const l = { ids, after };
     if (this.lists.size >= MAX_CACHED_LISTS) this.lists.delete(this.lists.keys().next().value!);
-    this.lists.set(state, ids);
-    return ids;
+    this.lists.set(state, l);
+    return l;
   }
 
   private mask(state: number): Mask {

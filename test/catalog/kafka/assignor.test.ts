@@ -14,14 +14,21 @@ const cluster = {
   findTopicPartitionMetadata: (topic: string) => (topic === TOPIC ? [{ partitionId: 0 }] : []),
 } as unknown as Cluster;
 
-/** A member's join metadata as its own assignor (owner or standby) would encode it. */
-function member(memberId: string, owner: boolean) {
-  const assigner = stickyWriterAssigner(() => owner)({ cluster, groupId: "g", logger: {} as Logger });
+/**
+ * A member's join metadata as its own assignor would encode it: an owner claims the partition under
+ * the member id it held it with (`heldAs`, by default its current one), a standby claims nothing.
+ */
+function member(memberId: string, owner: boolean, heldAs = memberId) {
+  const assigner = stickyWriterAssigner(() => (owner ? heldAs : undefined))({
+    cluster,
+    groupId: "g",
+    logger: {} as Logger,
+  });
   return { memberId, memberMetadata: assigner.protocol({ topics: [TOPIC] }).metadata };
 }
 
 async function assign(members: ReturnType<typeof member>[]): Promise<Record<string, number[]>> {
-  const leader = stickyWriterAssigner(() => false)({ cluster, groupId: "g", logger: {} as Logger });
+  const leader = stickyWriterAssigner(() => undefined)({ cluster, groupId: "g", logger: {} as Logger });
   const out: Record<string, number[]> = {};
   for (const a of await leader.assign({ members, topics: [TOPIC] })) {
     out[a.memberId] = AssignerProtocol.MemberAssignment.decode(a.memberAssignment)?.assignment[TOPIC] ?? [];
@@ -43,6 +50,17 @@ describe("sticky writer assignor (pure)", () => {
       m2: [],
       m3: [],
     });
+  });
+
+  it("a claim made under an expired member id loses to the member that took over (a thawed zombie does not win the partition back)", async () => {
+    // "a-zombie" held the partition as "old-zombie", was frozen past its session and rejoined under a
+    // new id; "b-owner" took over meanwhile. Sorted by id the zombie comes first, yet its claim is stale.
+    expect(await assign([member("a-zombie", true, "old-zombie"), member("b-owner", true)])).toEqual({
+      "a-zombie": [],
+      "b-owner": [0],
+    });
+    // Alone with stale claims, the first member by id gets it as if nobody owned it.
+    expect(await assign([member("m2", true, "old-m2"), member("m1", false)])).toEqual({ m1: [0], m2: [] });
   });
 
   it("a lone member gets the partition", async () => {

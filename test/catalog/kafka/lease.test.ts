@@ -1,6 +1,6 @@
 import { afterAll, describe, expect, it } from "vitest";
-import { bytes, collect, text, uniqueTopics, until } from "../log-helpers.ts";
-import { echo, echoThroughWriter, openLog, txCount } from "./helpers.ts";
+import { bytes, collect, text, uniqueTopics, until, within } from "../log-helpers.ts";
+import { committedRecords, echo, echoThroughWriter, openLog, txCount } from "./helpers.ts";
 
 /**
  * The pipelined writer lease (catalog/kafka/lease.ts): proposals decided
@@ -59,4 +59,63 @@ describe("Kafka writer lease (real broker)", () => {
       Array.from({ length: n }, (_, i) => (i === 23 ? "tx:boom" : `tx:p${i}`)),
     );
   });
+
+  it("a new holder fences the old one before it reads where to resume: a stalled holder's late commit fails instead of landing beside the new holder's", async () => {
+    const topics = uniqueTopics();
+    // Two clients of one log, as two writer processes would be.
+    const logA = await openLog(cleanups, topics);
+    const logB = await openLog(cleanups, topics);
+    const n = 10;
+    for (let i = 0; i < n; i++) await logA.propose(bytes(`p${i}`));
+    const a = await logA.acquireWriter();
+    // A decides its first batch and stalls there (a frozen process): no heartbeat, so the group drops it.
+    let release: () => void = () => undefined;
+    const gate = new Promise<void>((r) => {
+      release = r;
+    });
+    let decided = false;
+    const aRun = a.run(async (proposals) => {
+      decided = true;
+      await gate;
+      return echo(proposals);
+    });
+    aRun.catch(() => undefined);
+    await within(30_000, "A deciding its batch", () => decided);
+    const b = await logB.acquireWriter();
+    expect(b.txEnd).toBe(0);
+    // A wakes up and commits the batch it decided: B has already read txEnd 0, so only the fence stands
+    // between A's commit and B's commit of the same logical offsets.
+    release();
+    let aFailed = false;
+    aRun.catch(() => {
+      aFailed = true;
+    });
+    await within(60_000, "the stalled holder to lose its lease", () => aFailed);
+    // stop() waits for the commit in flight: A's late commit was refused (fenced), not added.
+    await a.stop();
+    expect(a.commits).toBe(0);
+    const bRun = b.run(echo);
+    await within(60_000, `${n} txs`, async () => (await logB.endOffset()) >= n);
+    await b.stop();
+    await bRun;
+    const records = await collect(logB, 0, n);
+    expect(records.map((r) => text(r.bytes))).toEqual(Array.from({ length: n }, (_, i) => `tx:p${i}`));
+    const committed = await committedRecords(topics.tx, (rs) => rs.reduce((s, r) => s + txCount(r), 0) >= n);
+    expect(committed.reduce((s, r) => s + txCount(r), 0)).toBe(n);
+  }, 120_000);
+
+  it("a consumer crash while joining ends acquireWriter with its cause instead of a wait for the partition that never ends", async () => {
+    // Below the broker's group.min.session.timeout.ms (6 s): JoinGroup is refused, the consumer crashes
+    // (as it does on a freshly started broker whose group coordinator is still loading).
+    const log = await openLog(cleanups, uniqueTopics(), { sessionTimeoutMs: 1_000 });
+    const acquired = log.acquireWriter();
+    const outcome = await Promise.race([
+      acquired.then(
+        () => "acquired",
+        (err: Error) => err.message,
+      ),
+      new Promise<string>((r) => setTimeout(() => r("still waiting after 60 s"), 60_000)),
+    ]);
+    expect(outcome).toMatch(/writer lease lost: consumer crashed: .*session timeout/i);
+  }, 90_000);
 });

@@ -14,6 +14,7 @@ const codec: TextCodec = {
       .join(""),
   renderChat: () => "",
   tokenString: (id) => String(id),
+  tokenBytes: () => null,
   checkConstraint: () => 0,
   toolParser: null,
   eosTokenIds: [EOS],

@@ -1,6 +1,12 @@
 import { describe, expect, it } from "vitest";
-import { chatLogprobs, legacyLogprobs, promptLogprobsJson } from "../../../controller/api/logprobs-format.ts";
-import type { TokenLogprob } from "../../../controller/api/service.ts";
+import {
+  chatLogprobs,
+  legacyLogprobs,
+  promptLogprobsJson,
+  tokenBytes,
+  tokenText,
+} from "../../../controller/api/logprobs-format.ts";
+import type { TextCodec, TokenLogprob } from "../../../controller/api/service.ts";
 
 const text = (id: number) => ["a", "bb", "c", "dd"][id] ?? `<${id}>`;
 const lp = (token: number, logprob: number, top: [number, number][], rank = 1): TokenLogprob => ({
@@ -46,6 +52,7 @@ describe("log-probability response shapes", () => {
       ],
       2,
       text,
+      (id) => [...Buffer.from(text(id))],
     );
     expect(got).toEqual([
       {
@@ -58,6 +65,29 @@ describe("log-probability response shapes", () => {
         ],
       },
     ]);
+  });
+
+  it("chat bytes are the token's own, a partial UTF-8 sequence included (not U+FFFD's)", () => {
+    // id 0: the first two bytes of "€" (e2 82 ac), which decode alone to U+FFFD; id 1: a special token.
+    const own = new Map<number, Uint8Array | null>([
+      [0, Uint8Array.from([0xe2, 0x82])],
+      [1, null],
+    ]);
+    const codec = {
+      decode: (ids: readonly number[]) => (ids[0] === 0 ? "\ufffd" : "<eos>"),
+      tokenBytes: (id: number) => own.get(id) ?? null,
+    } as unknown as TextCodec;
+    const t = tokenText(codec, false);
+    const got = chatLogprobs([lp(0, -1, [[1, -2]])], 1, t, tokenBytes(codec, t, false));
+    expect(got[0]!.token).toBe("\ufffd");
+    expect(got[0]!.bytes).toEqual([0xe2, 0x82]);
+    expect(got[0]!.top_logprobs[0]).toEqual({
+      token: "<eos>",
+      logprob: -2,
+      bytes: [...Buffer.from("<eos>")],
+    });
+    const asIds = tokenText(codec, true);
+    expect(tokenBytes(codec, asIds, true)(0)).toEqual([...Buffer.from("token_id:0")]);
   });
 
   it("vLLM prompt_logprobs: null first, then the prompt token and its top N with ranks", () => {

@@ -26,6 +26,7 @@ export const codec: TextCodec = {
   decode: (ids) => ids.map((i) => String.fromCharCode(97 + (i % 26))).join(""),
   renderChat: () => "",
   tokenString: (id) => String(id),
+  tokenBytes: () => null,
   checkConstraint: () => 0,
   toolParser: null,
   eosTokenIds: [],

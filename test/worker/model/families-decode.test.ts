@@ -9,7 +9,7 @@ import { PageAllocator, PagedDecoder } from "../../../worker/model/decoder-paged
 import { openEngine } from "../../../worker/model/engine.ts";
 import { generateModel } from "../../../worker/model/generate.ts";
 import type { Arch } from "../../../worker/model/generate-arch.ts";
-import { GLOBAL_LAYER } from "../../../worker/model/layout.ts";
+import { GLOBAL_LAYER, layerGroups } from "../../../worker/model/layout.ts";
 import { type LoadedModel, loadModelDir } from "../../../worker/model/model-dir.ts";
 import { referenceForward } from "../../../worker/model/reference.ts";
 import { argmax, initialSamplerState, samplingParams } from "../../../worker/model/sampling.ts";
@@ -114,6 +114,51 @@ describe.each(FAMILIES)("%s", (arch) => {
           expect(sameBits(p[i]!.logits[k]!, c[i]!.logits[k]!)).toBe(true);
       }
     }
+  });
+
+  it("with a page table per layer group: still the contiguous bits at 8x the window, and the sliding groups give their pages back", async () => {
+    const spec = model().config.spec;
+    const groups = layerGroups(spec.layers);
+    const ctx = 8 * WINDOW + 8;
+    const pages = 3 * Math.ceil(ctx / 16) * groups.groups.length;
+    const contiguous = new ContiguousDecoder(await engine(model()), 3, ctx);
+    const paged = new PagedDecoder(
+      await engine(model()),
+      new PageAllocator(pages, shuffled(pages, 23)),
+      16,
+      3,
+      groups,
+    );
+    const prompts = [8 * WINDOW - 12, 3 * WINDOW + 1, 32].map((n, i) => prompt(n, 60 + i));
+    const c = await generate(
+      contiguous,
+      prompts,
+      prompts.map(() => GREEDY(12)),
+    );
+    const p = await generate(
+      paged,
+      prompts,
+      prompts.map(() => GREEDY(12)),
+    );
+    for (let i = 0; i < prompts.length; i++) {
+      expect(p[i]!.tokens).toEqual(c[i]!.tokens);
+      for (let k = 0; k < c[i]!.logits.length; k++)
+        expect(sameBits(p[i]!.logits[k]!, c[i]!.logits[k]!)).toBe(true);
+    }
+    // One sequence at 8 windows: a global group holds all 12 pages, a sliding one only those its window reaches.
+    const seq = paged.open();
+    await prefill(paged, seq, prompt(8 * WINDOW, 70), 40);
+    const global = groups.groups.filter((g) => g.layout.kind === "global").length;
+    const sliding = groups.groups.length - global;
+    for (let g = 0; g < groups.groups.length; g++) {
+      const held = paged.pageTable(seq, g).filter((x) => x >= 0).length;
+      expect(held).toBe(groups.groups[g]!.layout.kind === "global" ? 12 : 2);
+    }
+    expect(paged.heldPages(seq)).toBe(12 * global + 2 * sliding);
+    if (arch === "gemma2") expect(groups.groups.map((g) => g.layers)).toEqual([[1], [0]]);
+    if (arch === "gemma3") expect(groups.groups.map((g) => g.layers)).toEqual([[5], [0], [1], [2], [3], [4]]);
+    if (arch === "gemma2" || arch === "gemma3") expect(paged.releasedPages).toBeGreaterThan(0);
+    paged.close(seq);
   });
 
   it("is batch invariant and prefill-chunk invariant, bit for bit", async () => {

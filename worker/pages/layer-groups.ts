@@ -1,0 +1,181 @@
+import { createHash } from "node:crypto";
+import type { StepBatch } from "../../native/index.ts";
+import { ContinuationId, PrefixHash, type TokenCount } from "../../schema/ids.ts";
+import type { LayerGroups } from "../model/layout.ts";
+import { buildBatch, type Lane } from "../runtime/batch.ts";
+import type { AppendPlan, PageManager, ReleaseOptions } from "./page-manager.ts";
+
+/**
+ * A continuation's K/V under a layout of several layer groups (layout.ts
+ * layerGroups, the engine's createPool groups): one route per group in one
+ * PageManager over one pool, each with its group's window, so a sliding
+ * group's pages wholly outside its window are released at every commit
+ * (kept cached while findable) while a global group keeps every page. This
+ * is vLLM's hybrid KV cache coordinator in our terms: one block pool, one
+ * table per group, one hit length for all groups.
+ *
+ * Group g's pages carry hashes of their own (groupHashes: the prefix-chain
+ * hash, tagged with g for g > 0), so a page is found, shared and
+ * copied-on-write only by routes of its own group and never read through
+ * another group's layers. Group 0's route is the continuation's id, so with
+ * one group everything is exactly the single-table path.
+ *
+ * A prefix hit is the shortest over the groups (matchPrefix): a sliding
+ * group whose early pages were released and then evicted cuts the hit there,
+ * and the rest is recomputed from that page on. That is exact, not
+ * cost-chosen: a sliding group needs only the pages its window reaches at
+ * the hit's end (vLLM matches sliding groups from the right), which is the
+ * next step. Reservations still cover every group's whole growth.
+ */
+export class GroupedRoutes {
+  /** Each group's window, in group order (null: global). */
+  readonly windows: readonly (number | null)[];
+
+  constructor(
+    readonly pages: PageManager,
+    readonly groups: LayerGroups,
+  ) {
+    if (groups.groups.length === 0) throw new RangeError("a layout of no layers has no page groups");
+    this.windows = groups.groups.map((g) => (g.layout.kind === "sliding" ? g.layout.window : null));
+  }
+
+  /** The route of group `g` of continuation `id`: the id itself for group 0. */
+  routeOf(id: ContinuationId, g: number): ContinuationId {
+    return g === 0 ? id : ContinuationId(`${id}#g${g}`);
+  }
+
+  /** The prefix hashes group g's pages carry. */
+  groupHashes(hashes: readonly PrefixHash[], g: number): readonly PrefixHash[] {
+    return g === 0 ? hashes : hashes.map((h) => groupHash(h, g));
+  }
+
+  /** Leading pages of `prefix` that every group holds (resident or cached): the exact hit. */
+  matchPrefix(prefix: readonly PrefixHash[]): number {
+    let n = prefix.length;
+    for (let g = 0; g < this.windows.length && n > 0; g++)
+      n = Math.min(n, this.pages.matchPrefix(this.groupHashes(prefix.slice(0, n), g)));
+    return n;
+  }
+
+  /** Opens every group's route sharing `prefix` (all groups hold it: matchPrefix first); all or none. */
+  open(
+    id: ContinuationId,
+    options: { readonly prefix?: readonly PrefixHash[]; readonly reserveTokens?: TokenCount } = {},
+  ): void {
+    this.allOrNone(id, (route, g) =>
+      this.pages.openRoute(route, {
+        prefix: this.groupHashes(options.prefix ?? [], g),
+        window: this.windows[g]!,
+        ...(options.reserveTokens === undefined ? {} : { reserveTokens: options.reserveTokens }),
+      }),
+    );
+  }
+
+  /** `dst` shares every held page of `src` in every group; all or none. */
+  fork(
+    src: ContinuationId,
+    dst: ContinuationId,
+    options: { readonly reserveTokens?: TokenCount } = {},
+  ): void {
+    this.allOrNone(dst, (route, g) => this.pages.fork(this.routeOf(src, g), route, options));
+  }
+
+  /** Plans one append in every group (each group's copy-on-write, slots and table); all or none. */
+  beginAppend(id: ContinuationId, tokens: TokenCount): readonly AppendPlan[] {
+    const plans: AppendPlan[] = [];
+    try {
+      for (let g = 0; g < this.windows.length; g++)
+        plans.push(this.pages.beginAppend(this.routeOf(id, g), tokens));
+    } catch (e) {
+      for (let g = 0; g < plans.length; g++) this.pages.abortAppend(this.routeOf(id, g));
+      throw e;
+    }
+    return plans;
+  }
+
+  /** Commits every group's pending rows; `sealed` are the plain prefix-chain hashes of the pages filled. */
+  commitAppend(id: ContinuationId, sealed: readonly PrefixHash[], options: ReleaseOptions = {}): void {
+    for (let g = 0; g < this.windows.length; g++)
+      this.pages.commitAppend(this.routeOf(id, g), this.groupHashes(sealed, g), options);
+  }
+
+  abortAppend(id: ContinuationId): void {
+    for (let g = 0; g < this.windows.length; g++) this.pages.abortAppend(this.routeOf(id, g));
+  }
+
+  release(id: ContinuationId, options: ReleaseOptions = {}): void {
+    for (let g = 0; g < this.windows.length; g++) this.pages.releaseRoute(this.routeOf(id, g), options);
+  }
+
+  /** Pages the continuation holds, over every group (its tables less the released entries). */
+  heldPages(id: ContinuationId): number {
+    let n = 0;
+    for (let g = 0; g < this.windows.length; g++) {
+      const r = this.pages.route(this.routeOf(id, g));
+      n += r.pages.length - r.releasedPages;
+    }
+    return n;
+  }
+
+  private allOrNone(id: ContinuationId, make: (route: ContinuationId, g: number) => unknown): void {
+    let g = 0;
+    try {
+      for (; g < this.windows.length; g++) make(this.routeOf(id, g), g);
+    } catch (e) {
+      for (let k = 0; k < g; k++) this.pages.releaseRoute(this.routeOf(id, k));
+      throw e;
+    }
+  }
+}
+
+/** One lane of a grouped step: its rows and each group's plan for them. */
+export interface GroupedLane {
+  readonly tokens: readonly number[];
+  readonly firstPosition: number;
+  readonly plans: readonly AppendPlan[];
+  readonly wantLogits: boolean;
+}
+
+/**
+ * The engine batch of grouped lanes: rows as buildBatch lays them out, then
+ * pageTable [G, S, ptStride] and slotMapping [G, T], group-major. Every
+ * group's table of a lane has the same length (one per page of its rows).
+ */
+export function buildGroupedBatch(lanes: readonly GroupedLane[], groups: number): StepBatch {
+  const built = Array.from(
+    { length: groups },
+    (_, g) =>
+      buildBatch(
+        lanes.map(
+          (l): Lane => ({
+            tokens: l.tokens,
+            firstPosition: l.firstPosition,
+            slots: l.plans[g]!.slots,
+            pageTable: l.plans[g]!.pageTable,
+            wantLogits: l.wantLogits,
+          }),
+        ),
+      ).batch,
+  );
+  const first = built[0]!;
+  const slotMapping = new Int32Array(groups * first.slotMapping.length);
+  const pageTable = new Int32Array(groups * first.pageTable.length);
+  built.forEach((b, g) => {
+    if (b.ptStride !== first.ptStride)
+      throw new RangeError(`group ${g}: page-table stride differs from group 0's`);
+    slotMapping.set(b.slotMapping, g * first.slotMapping.length);
+    pageTable.set(b.pageTable, g * first.pageTable.length);
+  });
+  return { ...first, slotMapping, pageTable };
+}
+
+const GROUP_TAG = "continuum/layer-group/v1";
+
+/** Group g's hash of a page whose prefix-chain hash is h: sha256(tag ‖ u32 g ‖ h). */
+export function groupHash(h: PrefixHash, g: number): PrefixHash {
+  const n = Buffer.alloc(4);
+  n.writeUInt32LE(g);
+  return PrefixHash(
+    createHash("sha256").update(GROUP_TAG).update(n).update(Buffer.from(h, "hex")).digest("hex"),
+  );
+}
