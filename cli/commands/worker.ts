@@ -126,35 +126,9 @@ const command: Command = {
           (rt) => rt.stop(),
         );
         const kvBytesPerToken = KvGeometry.of(model.config.spec).tokenBytes;
-        // Prefetch of placed chunks: released before the durable cache (it uses its tiers and replica).
-        const pf = config.worker.prefetch;
-        const prefetcher =
-          reuse && pf.enabled
-            ? yield* resource(
-                () =>
-                  new Prefetcher({
-                    tiers: durable.tiers,
-                    catalog: durable.catalog,
-                    peerSecret: cacheConfig.auth.clusterSecret,
-                    maxQueued: pf.maxQueued,
-                    // Pinned bytes leave room for one more chunk of any other put (a checkpoint's).
-                    ramBytes: Math.max(
-                      0,
-                      Math.min(
-                        pf.ramBytes,
-                        cacheConfig.store.ram.maxBytes - 2 * config.pages.chunkTokens * kvBytesPerToken,
-                      ),
-                    ),
-                    ssdBytes: pf.ssdBytes,
-                    fetchTimeoutMs: pf.fetchTimeoutMs,
-                    maxDeferMs: pf.maxDeferMs,
-                    retryMs: pf.retryMs,
-                    busy: () => runtime.stats().waiting > 0,
-                    logger: log.child({ part: "prefetch" }),
-                  }),
-                (p) => p.stop(),
-              )
-            : null;
+        // Prefetch of placed chunks starts once the worker is warm and registered (below): before that,
+        // its fresh RAM replicas would race register()'s withdrawal of an earlier life's RAM replicas.
+        let prefetcher: Prefetcher | null = null;
         const agent = yield* resource(
           () => {
             const a = new WorkerAgent(runtime, {
@@ -193,17 +167,50 @@ const command: Command = {
           },
           (a) => a.stop(),
         );
-        yield* Effect.tryPromise(async () => {
-          const probe = await warmStep(warm, "tiers", () => probeTiers(durable.tiers, workerId, log));
-          await warmStep(warm, "catalog", () =>
-            warmCatalog(durable, runtime, config.pages.pageTokens, 60_000),
-          );
-          await warmStep(warm, "engine", () =>
-            warmEngine(runtime, config.pages.pageTokens, model.config.spec.vocab),
-          );
-          await warmStep(warm, "registered", () => durable.register());
-          log.log("info", "worker.warm", { steps: warm.report(), probe });
+        // (catch: the failure itself, so the exit names its cause, not "An error occurred in Effect.tryPromise".)
+        yield* Effect.tryPromise({
+          try: async () => {
+            const probe = await warmStep(warm, "tiers", () => probeTiers(durable.tiers, workerId, log));
+            await warmStep(warm, "catalog", () =>
+              warmCatalog(durable, runtime, config.pages.pageTokens, 60_000),
+            );
+            await warmStep(warm, "engine", () =>
+              warmEngine(runtime, config.pages.pageTokens, model.config.spec.vocab),
+            );
+            await warmStep(warm, "registered", () => durable.register());
+            log.log("info", "worker.warm", { steps: warm.report(), probe });
+          },
+          catch: (e) => e,
         });
+        // Prefetch: released before the agent and the durable cache (it uses its tiers and replica).
+        const pf = config.worker.prefetch;
+        prefetcher =
+          reuse && pf.enabled
+            ? yield* resource(
+                () =>
+                  new Prefetcher({
+                    tiers: durable.tiers,
+                    catalog: durable.catalog,
+                    peerSecret: cacheConfig.auth.clusterSecret,
+                    maxQueued: pf.maxQueued,
+                    // Pinned bytes leave room for one more chunk of any other put (a checkpoint's).
+                    ramBytes: Math.max(
+                      0,
+                      Math.min(
+                        pf.ramBytes,
+                        cacheConfig.store.ram.maxBytes - 2 * config.pages.chunkTokens * kvBytesPerToken,
+                      ),
+                    ),
+                    ssdBytes: pf.ssdBytes,
+                    fetchTimeoutMs: pf.fetchTimeoutMs,
+                    maxDeferMs: pf.maxDeferMs,
+                    retryMs: pf.retryMs,
+                    busy: () => runtime.stats().waiting > 0,
+                    logger: log.child({ part: "prefetch" }),
+                  }),
+                (p) => p.stop(),
+              )
+            : null;
         // Warm: the first heartbeat says ready, so the controller may offer work from the first one on.
         agent.markReady();
         agent.start();
@@ -219,7 +226,7 @@ const command: Command = {
         process.stderr.write(
           `continuum: worker ${workerId} serving '${modelId}', connecting to ${config.worker.controllerUrl} (Ctrl-C to stop)\n`,
         );
-        yield* Effect.tryPromise(() => agent.connected);
+        yield* Effect.tryPromise({ try: () => agent.connected, catch: (e) => e });
         // GET /ready on the peer port answers from the same state: warm and connected.
         durable.peer.markReady();
         log.log("info", "worker.connected", { controller: config.worker.controllerUrl });

