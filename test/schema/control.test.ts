@@ -4,6 +4,7 @@ import {
   AcceptMessage,
   controllerToWorker,
   HeartbeatMessage,
+  MAX_PREFILLING_ATTEMPTS,
   MAX_TOKENS_PER_FRAME,
   MAX_TOP_LOGPROBS,
   maxScoredPromptTokens,
@@ -55,6 +56,29 @@ describe("control-plane messages", () => {
     });
     expect(() => workerToController.decode(hb)).toThrow(WireError);
     expect(() => workerToController.decode(hb)).toThrow(/modelFingerprint/);
+  });
+
+  it("a heartbeat's per-attempt progress list is bounded: at the bound it decodes, one past it is refused naming the field", () => {
+    const entries = (n: number) =>
+      Array.from({ length: n }, (_, i) => ({ requestId: `r${i}`, attempt: 1, remainingTokens: 16 }));
+    const hb = (n: number) =>
+      plain.pack({
+        v: WIRE_VERSION,
+        kind: "control.heartbeat",
+        ...heartbeat("w1", {
+          queue: {
+            queuedTokens: 0 as never,
+            queuedRequests: 0,
+            runningRequests: 0,
+            prefilling: entries(n) as never,
+          },
+        }),
+      });
+    const at = workerToController.decode(hb(MAX_PREFILLING_ATTEMPTS)).message as {
+      queue: { prefilling: unknown[] };
+    };
+    expect(at.queue.prefilling).toHaveLength(MAX_PREFILLING_ATTEMPTS);
+    expect(() => workerToController.decode(hb(MAX_PREFILLING_ATTEMPTS + 1))).toThrow(/prefilling/);
   });
 
   it("a tokens frame with the most prompt scores the front door admits still fits one message", () => {
