@@ -74,7 +74,7 @@ describe("control-plane messages", () => {
           },
         }),
       });
-    const at = workerToController.decode(hb(MAX_PREFILLING_ATTEMPTS)).message as {
+    const at = workerToController.decode(hb(MAX_PREFILLING_ATTEMPTS)).message as unknown as {
       queue: { prefilling: unknown[] };
     };
     expect(at.queue.prefilling).toHaveLength(MAX_PREFILLING_ATTEMPTS);
