@@ -276,7 +276,11 @@ function llamaCppQueryScalar(arch: string, layers: number, hidden: number, heads
 }
 
 /** Gemma's keys of config.json from the metadata. */
-function gemmaFields(meta: GgufMeta, arch: string, shape: { layers: number; hidden: number; heads: number; headDim: number }) {
+function gemmaFields(
+  meta: GgufMeta,
+  arch: string,
+  shape: { layers: number; hidden: number; heads: number; headDim: number },
+) {
   const k = (s: string) => `${arch}.${s}`;
   const out: Record<string, unknown> = {
     hidden_activation: "gelu_pytorch_tanh",
@@ -322,7 +326,9 @@ export function configFromGguf(
   const layers = meta.posUint(k("block_count"));
   const headDim = meta.posUint(k("attention.key_length"), Math.floor(hidden / heads));
   if (meta.posUint(k("attention.value_length"), headDim) !== headDim)
-    throw new GgufError(`${file}: metadata ${k("attention.value_length")} differs from key_length (not supported)`);
+    throw new GgufError(
+      `${file}: metadata ${k("attention.value_length")} differs from key_length (not supported)`,
+    );
   const ropeDims = meta.posUint(k("rope.dimension_count"), headDim);
   if (ropeDims !== headDim)
     throw new GgufError(
@@ -330,11 +336,17 @@ export function configFromGguf(
     );
   const scaling = meta.string(k("rope.scaling.type"), "none");
   if (scaling !== "none" && scaling !== "linear")
-    throw new GgufError(`${file}: metadata ${k("rope.scaling.type")} = "${scaling}" is not supported (none, linear)`);
+    throw new GgufError(
+      `${file}: metadata ${k("rope.scaling.type")} = "${scaling}" is not supported (none, linear)`,
+    );
   if (scaling === "linear" && ropeScaling)
-    throw new GgufError(`${file}: metadata ${k("rope.scaling.type")} = "linear" and RoPE factor tensors: choose one`);
+    throw new GgufError(
+      `${file}: metadata ${k("rope.scaling.type")} = "linear" and RoPE factor tensors: choose one`,
+    );
   const rope =
-    scaling === "linear" ? { rope_type: "linear", factor: meta.posFloat(k("rope.scaling.factor")) } : ropeScaling;
+    scaling === "linear"
+      ? { rope_type: "linear", factor: meta.posFloat(k("rope.scaling.factor")) }
+      : ropeScaling;
   if (meta.has(k("vocab_size")) && meta.posUint(k("vocab_size")) !== vocab)
     throw new GgufError(
       `${file}: metadata ${k("vocab_size")} = ${meta.posUint(k("vocab_size"))} but token_embd.weight has ${vocab} rows`,

@@ -121,31 +121,47 @@ async function plan(file: string): Promise<GgufPlan> {
 /** A RoPE tensor's factors: F32, one per frequency. */
 async function factorsOf(header: GgufHeader, name: string, half: number): Promise<number[]> {
   const info = header.tensors.get(name)!;
-  if (info.format !== "F32") throw new GgufError(`${header.file}: tensor '${name}' must be F32, got ${info.format}`);
+  if (info.format !== "F32")
+    throw new GgufError(`${header.file}: tensor '${name}' must be F32, got ${info.format}`);
   const bytes = (await readGgufTensors(header, [name])).get(name)!;
   const f = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
   if (f.length !== half)
-    throw new GgufError(`${header.file}: tensor '${name}' has ${f.length} factors, head_dim ${2 * half} needs ${half}`);
+    throw new GgufError(
+      `${header.file}: tensor '${name}' has ${f.length} factors, head_dim ${2 * half} needs ${half}`,
+    );
   return Array.from(f);
 }
 
 /** config.json's rope_scaling that the file's RoPE tensors encode (Llama 3's rope_freqs, Phi-3's LongRoPE lists). */
-async function ropeOf(header: GgufHeader, meta: GgufMeta, arch: string): Promise<Record<string, unknown> | undefined> {
+async function ropeOf(
+  header: GgufHeader,
+  meta: GgufMeta,
+  arch: string,
+): Promise<Record<string, unknown> | undefined> {
   const k = (s: string) => `${arch}.${s}`;
   const heads = meta.posUint(k("attention.head_count"));
-  const headDim = meta.posUint(k("attention.key_length"), Math.floor(meta.posUint(k("embedding_length")) / heads));
+  const headDim = meta.posUint(
+    k("attention.key_length"),
+    Math.floor(meta.posUint(k("embedding_length")) / heads),
+  );
   const has = (n: string) => header.tensors.has(n);
   const longrope = has(ROPE_FACTORS_LONG) || has(ROPE_FACTORS_SHORT);
   if (has(ROPE_FREQS) && (arch !== "llama" || longrope))
-    throw new GgufError(`${header.file}: tensor '${ROPE_FREQS}' is not supported for ${arch}${longrope ? " beside LongRoPE factors" : ""}`);
+    throw new GgufError(
+      `${header.file}: tensor '${ROPE_FREQS}' is not supported for ${arch}${longrope ? " beside LongRoPE factors" : ""}`,
+    );
   if (has(ROPE_FREQS)) {
     const f = Float32Array.from(await factorsOf(header, ROPE_FREQS, headDim / 2));
-    return llama3RopeJson(ropeScalingFromFactors(meta, f, headDim, meta.posFloat(k("rope.freq_base"), 10000)));
+    return llama3RopeJson(
+      ropeScalingFromFactors(meta, f, headDim, meta.posFloat(k("rope.freq_base"), 10000)),
+    );
   }
   if (!longrope) return undefined;
-  if (arch !== "phi3") throw new GgufError(`${header.file}: LongRoPE factor tensors are not supported for ${arch}`);
+  if (arch !== "phi3")
+    throw new GgufError(`${header.file}: LongRoPE factor tensors are not supported for ${arch}`);
   for (const n of [ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT])
-    if (!has(n)) throw new GgufError(`${header.file}: missing tensor '${n}' (LongRoPE needs both factor lists)`);
+    if (!has(n))
+      throw new GgufError(`${header.file}: missing tensor '${n}' (LongRoPE needs both factor lists)`);
   return {
     rope_type: "longrope",
     long_factor: (await factorsOf(header, ROPE_FACTORS_LONG, headDim / 2)).map(shortestF32),
@@ -185,7 +201,12 @@ function tensorOf(p: GgufPlan, hf: string, data: Buffer): LoadedTensor {
   if (p.normShift && hf.endsWith("norm.weight")) {
     // v - 1 is exact in f32 for v in [0.5, 2] (Sterbenz), so the engine's 1 + w is the file's v again.
     const w = Float32Array.from(decodeValues(data, info.format), (x) => x - 1);
-    return { name: hf, dtype: "F32", shape: [...info.dims].reverse(), data: Buffer.from(encodeValues(w, "F32")) };
+    return {
+      name: hf,
+      dtype: "F32",
+      shape: [...info.dims].reverse(),
+      data: Buffer.from(encodeValues(w, "F32")),
+    };
   }
   return {
     name: hf,

@@ -171,7 +171,10 @@ export async function quantizeModelDir(
   if (spec.family === "phi3")
     meta.set(k("rope.scaling.original_context_length"), {
       type: "u32",
-      value: typeof raw.original_max_position_embeddings === "number" ? raw.original_max_position_embeddings : 4096,
+      value:
+        typeof raw.original_max_position_embeddings === "number"
+          ? raw.original_max_position_embeddings
+          : 4096,
     });
   const { permutedQK: permuted, normShift } = GGUF_ARCHITECTURES[arch]!;
   const formats: Record<string, number> = {};
@@ -188,7 +191,9 @@ export async function quantizeModelDir(
         const shift = normShift && hf.endsWith("norm.weight") ? 1 : 0;
         const values = Float32Array.from(decodeValues(t.data, t.dtype), (x) => x + shift);
         let bytes: Uint8Array =
-          format === "F32" || format === "BF16" ? encodeValues(values, format) : quantize(values, format as QuantType);
+          format === "F32" || format === "BF16"
+            ? encodeValues(values, format)
+            : quantize(values, format as QuantType);
         const heads = /self_attn\.q_proj\.weight$/.test(hf)
           ? spec.nHeads
           : /self_attn\.k_proj\.weight$/.test(hf)
@@ -214,7 +219,9 @@ function familyMetadata(arch: string, config: ModelConfig): Map<string, GgufMeta
   const meta = new Map<string, GgufMetaValue>();
   const windows = new Set(spec.layers.flatMap((l) => (l.kind === "sliding" ? [l.window] : [])));
   if (windows.size > 1)
-    throw new GgufError(`model quantize: sliding windows of several sizes (${[...windows].join(", ")}) cannot be written as GGUF`);
+    throw new GgufError(
+      `model quantize: sliding windows of several sizes (${[...windows].join(", ")}) cannot be written as GGUF`,
+    );
   const window = [...windows][0];
   let pattern = GEMMA3_PATTERN;
   if (arch === "gemma3") {
@@ -237,11 +244,14 @@ function familyMetadata(arch: string, config: ModelConfig): Map<string, GgufMeta
   }
   if (spec.normOffset) {
     meta.set(CONTINUUM_KEYS.queryPreAttnScalar, { type: "f32", value: spec.attnScale! ** -2 });
-    if (spec.attnSoftcap !== null) meta.set(k("attn_logit_softcapping"), { type: "f32", value: spec.attnSoftcap });
+    if (spec.attnSoftcap !== null)
+      meta.set(k("attn_logit_softcapping"), { type: "f32", value: spec.attnSoftcap });
     if (spec.finalSoftcap !== null)
       meta.set(k("final_logit_softcapping"), { type: "f32", value: spec.finalSoftcap });
     if (arch === "gemma2" && (spec.attnSoftcap === null || spec.finalSoftcap === null))
-      throw new GgufError("model quantize: a gemma2 GGUF file needs both soft-caps (llama.cpp's converter requires them)");
+      throw new GgufError(
+        "model quantize: a gemma2 GGUF file needs both soft-caps (llama.cpp's converter requires them)",
+      );
     if (spec.localRopeTheta !== undefined)
       meta.set(CONTINUUM_KEYS.localFreqBase, { type: "f32", value: spec.localRopeTheta });
   }

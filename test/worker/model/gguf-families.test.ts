@@ -88,9 +88,30 @@ describe("GGUF qwen3", () => {
  * has the Hugging Face config and generates the same ids and logits to the
  * bit; written Q8_0 it matches the float64 reference on its int8 grid and
  * the f32 engine on its dequantized weights, within the bounds above.
- * Gemma's norms are stored as 1 + w, as llama.cpp's converter writes them.
+ * Gemma's norms are stored as 1 + w, as llama.cpp's converter writes them;
+ * Mistral is written as llama, its window in llama.attention.sliding_window.
  */
-const FAMILIES = ["gemma2", "gemma3", "phi3"] as const;
+const FAMILIES = ["gemma2", "gemma3", "phi3", "mistral-sw"] as const;
+
+/** Per family, a name in the file renamed away (from → to) and the error that must name it. */
+const MISSING: Record<(typeof FAMILIES)[number], readonly [string, string, RegExp]> = {
+  gemma2: [
+    "gemma2.attn_logit_softcapping",
+    "gemma2.attn_logit_softcappinX",
+    /metadata gemma2\.attn_logit_softcapping: missing/,
+  ],
+  gemma3: [
+    "gemma3.attention.head_count",
+    "gemma3.attention.head_counX",
+    /metadata gemma3\.attention\.head_count: missing/,
+  ],
+  phi3: [
+    "rope_factors_short.weight",
+    "rope_factors_shorX.weight",
+    /missing tensor 'rope_factors_short\.weight'/,
+  ],
+  "mistral-sw": ["llama.block_count", "llama.block_counX", /metadata llama\.block_count: missing/],
+};
 
 describe.each(FAMILIES)("GGUF %s", (arch) => {
   let dir: string;
@@ -121,16 +142,34 @@ describe.each(FAMILIES)("GGUF %s", (arch) => {
   }, 120_000);
 
   it("loads with the Hugging Face config, llama.cpp's names and (for Gemma) 1 + w norms", async () => {
-    expect(exact.config.architecture).toBe(base.config.architecture);
+    const hfArch = base.config.architecture;
+    expect(exact.config.architecture).toBe(hfArch === "MistralForCausalLM" ? "LlamaForCausalLM" : hfArch);
+    expect(base.config.spec.layers.some((l) => l.kind === "sliding")).toBe(true);
     expect(exact.config.spec).toEqual(base.config.spec);
     expect(q8.config.spec).toEqual(base.config.spec);
     const header = await readGgufHeader(q8File);
     const names = [...header.tensors.keys()];
-    if (arch === "phi3") {
-      expect(names).toEqual(expect.arrayContaining(["blk.0.attn_qkv.weight", "blk.0.ffn_up.weight", ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT]));
+    if (arch === "mistral-sw") {
+      expect(names).toContain("blk.0.ffn_norm.weight");
+      expect(header.metadata.get("llama.attention.sliding_window")).toBeDefined();
+    } else if (arch === "phi3") {
+      expect(names).toEqual(
+        expect.arrayContaining([
+          "blk.0.attn_qkv.weight",
+          "blk.0.ffn_up.weight",
+          ROPE_FACTORS_LONG,
+          ROPE_FACTORS_SHORT,
+        ]),
+      );
       expect(header.metadata.get("phi3.rope.scaling.original_context_length")).toBeDefined();
     } else {
-      expect(names).toEqual(expect.arrayContaining(["blk.0.post_attention_norm.weight", "blk.0.ffn_norm.weight", "blk.0.post_ffw_norm.weight"]));
+      expect(names).toEqual(
+        expect.arrayContaining([
+          "blk.0.post_attention_norm.weight",
+          "blk.0.ffn_norm.weight",
+          "blk.0.post_ffw_norm.weight",
+        ]),
+      );
       expect(names).not.toContain("output.weight");
       expect(header.metadata.get(`${arch}.attention.sliding_window`)).toBeDefined();
       const name = "model.layers.0.post_feedforward_layernorm.weight";
@@ -147,7 +186,8 @@ describe.each(FAMILIES)("GGUF %s", (arch) => {
     const a = await run(base);
     const b = await run(exact);
     expect(b.tokens).toEqual(a.tokens);
-    for (let i = 0; i < a.logits.length; i++) expect(Array.from(b.logits[i]!)).toEqual(Array.from(a.logits[i]!));
+    for (let i = 0; i < a.logits.length; i++)
+      expect(Array.from(b.logits[i]!)).toEqual(Array.from(a.logits[i]!));
   }, 120_000);
 
   it("q8_0 file: greedy ids match the float64 reference on its int8 activations, logits the f32 engine on the dequantized weights", async () => {
@@ -163,12 +203,7 @@ describe.each(FAMILIES)("GGUF %s", (arch) => {
   }, 120_000);
 
   it("refuses a file whose required metadata is missing, naming it", async () => {
-    const [from, to, err] =
-      arch === "phi3"
-        ? ["rope_factors_short.weight", "rope_factors_shorX.weight", /missing tensor 'rope_factors_short\.weight'/]
-        : arch === "gemma2"
-          ? ["gemma2.attn_logit_softcapping", "gemma2.attn_logit_softcappinX", /metadata gemma2\.attn_logit_softcapping: missing/]
-          : ["gemma3.attention.head_count", "gemma3.attention.head_counX", /metadata gemma3\.attention\.head_count: missing/];
+    const [from, to, err] = MISSING[arch];
     const bytes = await readFile(q8File);
     const at = bytes.indexOf(Buffer.from(from));
     expect(at).toBeGreaterThan(0);

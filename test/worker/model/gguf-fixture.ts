@@ -34,7 +34,7 @@ export async function writeBlockModel(
     intermediate_size: 512,
     head_dim: 64,
     torch_dtype: "bfloat16",
-    ...longRopeFor(files.config.rope_scaling, 64),
+    ...longRopeFor((files.config as Record<string, unknown>).rope_scaling, 64),
   };
   await mkdir(dir, { recursive: true });
   const json = (v: unknown) => `${JSON.stringify(v, null, 2)}\n`;
