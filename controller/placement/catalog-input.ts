@@ -1,7 +1,7 @@
 import type { CatalogDb } from "../../catalog/db.ts";
+import { readyReplicasOfChunk } from "../../catalog/queries.ts";
 import type { CatalogOp } from "../../schema/catalog.ts";
 import type { ModelFingerprint, NodeId, WorkerId } from "../../schema/ids.ts";
-import { readyReplicasOfChunk } from "../../catalog/queries.ts";
 import { chainDemand } from "./demand.ts";
 import type { LeaseFact } from "./lease.ts";
 import type {

@@ -19,7 +19,13 @@ const MIB = 1 << 20;
 function chain(name: string, n: number, demand: number): PlacementChunk[] {
   const out: PlacementChunk[] = [];
   for (let i = 0; i < n; i++)
-    out.push({ node: node(name, i), parent: i === 0 ? null : node(name, i - 1), bytes: MIB, demand, localHolders: [] });
+    out.push({
+      node: node(name, i),
+      parent: i === 0 ? null : node(name, i - 1),
+      bytes: MIB,
+      demand,
+      localHolders: [],
+    });
   return out;
 }
 
@@ -66,7 +72,11 @@ describe("planPlacements", () => {
     expect(where(plan.desired, node("a", 1))).toEqual(["w1:ram"]);
     expect(where(plan.desired, node("b", 0))).toEqual(["w0:ram"]);
     // A placement desired now stays where it is (no churn), even on a holder.
-    const current = [0, 1].map((i) => ({ node: node("a", i), workerId: "w0" as WorkerId, tier: "ram" as const }));
+    const current = [0, 1].map((i) => ({
+      node: node("a", i),
+      workerId: "w0" as WorkerId,
+      tier: "ram" as const,
+    }));
     const kept = planPlacements(input({ chunks, workers: workers(2), policy, current }));
     expect(where(kept.desired, node("a", 0))).toEqual(["w0:ram"]);
     expect(kept.changes.filter((c) => c.node === node("a", 0))).toEqual([]);
