@@ -213,3 +213,26 @@ describe.each(FAMILIES)("GGUF %s", (arch) => {
     await expect(loadModelDir(bad, { variant: VARIANT })).rejects.toThrow(err);
   });
 });
+
+describe("GGUF writing refuses what llama.cpp's keys cannot say", () => {
+  const edit = async (arch: "gemma2" | "qwen2", change: Record<string, unknown>) => {
+    const dir = await writeBlockModel(join(root, `refuse-${arch}`), { arch });
+    const path = join(dir, "config.json");
+    await writeFile(path, JSON.stringify({ ...JSON.parse(await readFile(path, "utf8")), ...change }));
+    return dir;
+  };
+
+  it("a Gemma 2 model without its attention soft-cap", async () => {
+    const dir = await edit("gemma2", { attn_logit_softcapping: null });
+    await expect(quantizeModelDir(dir, join(root, "g2.gguf"), "q8_0")).rejects.toThrow(
+      /gemma2 GGUF file needs both soft-caps/,
+    );
+  });
+
+  it("a Qwen2 model whose window covers only its last layers", async () => {
+    const dir = await edit("qwen2", { use_sliding_window: true, max_window_layers: 1, sliding_window: 8 });
+    await expect(quantizeModelDir(dir, join(root, "q2.gguf"), "q8_0")).rejects.toThrow(
+      /layer 0 is global, but a qwen2 GGUF file's window applies to every layer/,
+    );
+  });
+});
