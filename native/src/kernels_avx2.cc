@@ -3,7 +3,7 @@
 // compiled with -mavx2, so no vector code can leak into the baseline paths;
 // these run only after cpu_features() has confirmed the CPU supports them.
 #include "simd_x86.h"
-#include "quant_simd.h"
+#include "quant.h"
 
 #ifdef CK_HAVE_AVX2_PATH
 
@@ -27,7 +27,7 @@ CK_AVX2 inline __m256 load_bf16x8(const bf16* p) {
 
 template <DType WT>
 CK_AVX2 inline __m256 load_w8(const void* W, int64_t i) {
-  static_assert(static_cast<int32_t>(WT) < static_cast<int32_t>(DType::Q8_0), "block formats: quant_simd.h");
+  static_assert(!is_quantized(WT), "block formats: quant_dot.h");
   if constexpr (WT == DType::F32) {
     return _mm256_loadu_ps(static_cast<const float*>(W) + i);
   } else if constexpr (WT == DType::F16) {
@@ -39,11 +39,7 @@ CK_AVX2 inline __m256 load_w8(const void* W, int64_t i) {
 
 template <DType WT>
 inline float load_w1(const void* W, int64_t i) {
-  if constexpr (static_cast<int32_t>(WT) >= static_cast<int32_t>(DType::Q8_0)) {
-    (void)W;
-    (void)i;
-    return 0.0f;  // never called: quantized rows are whole blocks, so K & ~7 == K (no scalar tail)
-  } else if constexpr (WT == DType::F32) {
+  if constexpr (WT == DType::F32) {
     return static_cast<const float*>(W)[i];
   } else if constexpr (WT == DType::F16) {
     return f16_to_f32(static_cast<const f16*>(W)[i]);
@@ -71,10 +67,8 @@ inline const void* weight_row(const void* W, int64_t row, int32_t K) {
 template <int R, int C, DType WT, DType PF = WT>
 CK_AVX2 void tile(const float* x, int32_t K, const void* Wc, const float* bias, float* y, int32_t N, int32_t r0,
                   int32_t c0, const void* pf = nullptr) {
-  // PF elements per 64-byte line (a block format's: its elements in fewer than
-  // 64 bytes, so every 64 elements touch at most two lines).
-  constexpr int32_t kLine = static_cast<int32_t>(
-      static_cast<int32_t>(PF) >= static_cast<int32_t>(DType::Q8_0) ? 64 : 64 / (PF == DType::F32 ? 4 : 2));
+  // PF elements per 64-byte line.
+  constexpr int32_t kLine = 64 / (PF == DType::F32 ? 4 : 2);
   const char* pfb = static_cast<const char*>(pf);
   const int64_t pf_row = bytes_of(PF, K);
   __m256 acc[R][C];
@@ -107,17 +101,11 @@ CK_AVX2 void tile(const float* x, int32_t K, const void* Wc, const float* bias, 
 // so a tile over `out` computes the same bits as one over W.
 template <int C, DType WT>
 CK_AVX2 void widen_rows(const void* Wc, int32_t K, float* out) {
-  if constexpr (static_cast<int32_t>(WT) >= static_cast<int32_t>(DType::Q8_0)) {
-    for (int c = 0; c < C; ++c)
-      avx2::dequantize(WT, static_cast<const uint8_t*>(Wc) + c * bytes_of(WT, K), K,
-                       out + static_cast<int64_t>(c) * K);
-  } else {
-    const int32_t K8 = K & ~7;
-    for (int c = 0; c < C; ++c) {
-      const int64_t row = static_cast<int64_t>(c) * K;
-      for (int32_t k = 0; k < K8; k += 8) _mm256_storeu_ps(out + row + k, load_w8<WT>(Wc, row + k));
-      for (int32_t k = K8; k < K; ++k) out[row + k] = load_w1<WT>(Wc, row + k);
-    }
+  const int32_t K8 = K & ~7;
+  for (int c = 0; c < C; ++c) {
+    const int64_t row = static_cast<int64_t>(c) * K;
+    for (int32_t k = 0; k < K8; k += 8) _mm256_storeu_ps(out + row + k, load_w8<WT>(Wc, row + k));
+    for (int32_t k = K8; k < K; ++k) out[row + k] = load_w1<WT>(Wc, row + k);
   }
 }
 
@@ -210,7 +198,7 @@ CK_AVX2 void quads_blocked(const float* x, int32_t T4, int32_t K, const void* W,
 // Register budget (16 ymm): 4 rows × 3 columns = 12 accumulators + 3 weight
 // vectors; a single row takes 8 columns (8 accumulators + 8 weight vectors).
 // Rows [0, T4) of columns [n0, n1), T4 a multiple of 4. With 8+ rows the
-// triplets go through quads_blocked (16-bit and block-format weights widened
+// triplets go through quads_blocked (16-bit weights widened
 // to f32 once, so the row quads share one conversion and the inner loop is
 // loads and FMAs only); with one quad, column triplets outside, so a
 // triplet's weight rows come from memory once and stay in L1, converted in
@@ -224,23 +212,19 @@ CK_AVX2 void quads(const float* x, int32_t T4, int32_t K, const void* W, int32_t
     const int32_t nt = (n1 - n0) / 3;
     if (nt > 0) quads_blocked<WT>(x, T4, K, W, N, bias, y, n0, nt);
     c = n0 + 3 * nt;
-  } else if constexpr (static_cast<int32_t>(WT) < static_cast<int32_t>(DType::Q8_0)) {
+  } else {
     for (; c + 3 <= n1; c += 3) {
       // The quad prefetches the next triplet's rows.
       const void* next = c + 6 <= N ? weight_row<WT>(W, c + 3, K) : nullptr;
       tile<4, 3, WT>(x, K, weight_row<WT>(W, c, K), bias, y, N, 0, c, next);
     }
   }
-  if constexpr (static_cast<int32_t>(WT) >= static_cast<int32_t>(DType::Q8_0)) {
-    quant_quads<WT>(x, T4, K, W, N, bias, y, c, n1);
-  } else {
-    const void* Wc = weight_row<WT>(W, c, K);
-    for (int32_t r = 0; r < T4; r += 4) {
-      switch (n1 - c) {
-        case 2: tile<4, 2, WT>(x, K, Wc, bias, y, N, r, c); break;
-        case 1: tile<4, 1, WT>(x, K, Wc, bias, y, N, r, c); break;
-        default: break;
-      }
+  const void* Wc = weight_row<WT>(W, c, K);
+  for (int32_t r = 0; r < T4; r += 4) {
+    switch (n1 - c) {
+      case 2: tile<4, 2, WT>(x, K, Wc, bias, y, N, r, c); break;
+      case 1: tile<4, 1, WT>(x, K, Wc, bias, y, N, r, c); break;
+      default: break;
     }
   }
 }
@@ -276,16 +260,8 @@ template <DType WT>
 CK_AVX2 void columns(const float* x, int32_t T, int32_t K, const void* W, int32_t N, const float* bias,
                      float* y, int32_t n0, int32_t n1) {
   const int32_t T4 = T & ~3;
-  if constexpr (static_cast<int32_t>(WT) >= static_cast<int32_t>(DType::Q8_0)) {
-    // Block formats: 8+ rows widen each column triplet once (quads); fewer
-    // decode in registers (quant_simd.h).
-    if (T4 >= 8) quads<WT>(x, T4, K, W, N, bias, y, n0, n1);
-    else quant_quads<WT>(x, T4, K, W, N, bias, y, n0, n1);
-    quant_single_rows<WT>(x, T4, T, K, W, N, bias, y, n0, n1, T4 == 0);
-  } else {
-    quads<WT>(x, T4, K, W, N, bias, y, n0, n1);
-    single_rows<WT>(x, T4, T, K, W, N, bias, y, n0, n1);
-  }
+  quads<WT>(x, T4, K, W, N, bias, y, n0, n1);
+  single_rows<WT>(x, T4, T, K, W, N, bias, y, n0, n1);
 }
 
 // ---- 512-bit column pairs (Isa::Avx512) ----------------------------------
@@ -677,10 +653,7 @@ CK_AVX2 void matmul_columns(const float* x, int32_t T, int32_t K, const void* W,
     case DType::F32: columns<DType::F32>(x, T, K, W, N, bias, y, n0, n1); break;
     case DType::F16: columns<DType::F16>(x, T, K, W, N, bias, y, n0, n1); break;
     case DType::BF16: columns<DType::BF16>(x, T, K, W, N, bias, y, n0, n1); break;
-    case DType::Q8_0: columns<DType::Q8_0>(x, T, K, W, N, bias, y, n0, n1); break;
-    case DType::Q4_0: columns<DType::Q4_0>(x, T, K, W, N, bias, y, n0, n1); break;
-    case DType::Q4_K: columns<DType::Q4_K>(x, T, K, W, N, bias, y, n0, n1); break;
-    case DType::Q6_K: columns<DType::Q6_K>(x, T, K, W, N, bias, y, n0, n1); break;
+    default: break;  // block formats: quant_dot.h
   }
 }
 
@@ -703,7 +676,7 @@ CK_AVX512BW void matmul_columns_pairs(const float* x, const float* xp, int32_t T
       case DType::F32: columns_row_pairs<DType::F32>(x, xp, T16, K, W, N, bias, y, n0, n1); break;
       case DType::F16: columns_row_pairs<DType::F16>(x, xp, T16, K, W, N, bias, y, n0, n1); break;
       case DType::BF16: columns_row_pairs<DType::BF16>(x, xp, T16, K, W, N, bias, y, n0, n1); break;
-      default: break;  // block formats never get here (quant.h: widened to f32 first)
+      default: break;  // block formats: quant_dot.h
     }
   }
   if (T16 == T) return;
@@ -713,7 +686,7 @@ CK_AVX512BW void matmul_columns_pairs(const float* x, const float* xp, int32_t T
     case DType::F32: columns_pairs<DType::F32>(xr, T - T16, K, W, N, bias, yr, n0, n1); break;
     case DType::F16: columns_pairs<DType::F16>(xr, T - T16, K, W, N, bias, yr, n0, n1); break;
     case DType::BF16: columns_pairs<DType::BF16>(xr, T - T16, K, W, N, bias, yr, n0, n1); break;
-    default: break;  // block formats never get here (quant.h: widened to f32 first)
+    default: break;  // block formats: quant_dot.h
   }
 }
 

@@ -197,7 +197,7 @@ inline float weight_at(const void* W, DType wt, int64_t i) {
     case DType::F32: return static_cast<const float*>(W)[i];
     case DType::F16: return f16_to_f32(static_cast<const f16*>(W)[i]);
     case DType::BF16: return bf16_to_f32(static_cast<const bf16*>(W)[i]);
-    default: break;  // block formats are dequantized whole (quant.h)
+    default: break;  // block formats: quant_dot.h (matmul), dequantize (embed)
   }
   return 0.0f;
 }
@@ -267,20 +267,8 @@ inline void f32_to_f16_row(const float* x, f16* y, int32_t n) {
 // xp: x as PackedRows packed it for this ISA.
 inline void matmul_columns(const float* x, const float* xp, int32_t T, int32_t K, const void* W, DType wt, int32_t N,
                            const float* bias, float* y, int32_t n0, int32_t n1) {
-  // Block formats no longer get here: matmul and matmul_multi send them to
-  // the integer path (quant_dot.h). This f32 product of their exact values
-  // (quant.h) is the previous path, unreached, until it is removed. The
-  // AVX2 tiles dequantize in registers (decode reads only the blocks) and
-  // widen a column triplet for 8+ rows; batches the AVX-512 tiles take get
-  // the columns' rows dequantized once per call, reused by every row tile.
-  if (is_quantized(wt)) {
-#ifdef CK_HAVE_AVX2_PATH
-    if (g_isa == Isa::Avx2 || (g_isa == Isa::Avx512 && (T & ~3) < 8))
-      return avx2::matmul_columns(x, T, K, W, wt, N, bias, y, n0, n1);
-#endif
-    return matmul_columns(x, xp, T, K, widen_quantized(W, wt, K, n0, n1), DType::F32, N,
-                          bias != nullptr ? bias + n0 : nullptr, y + n0, 0, n1 - n0);
-  }
+  // Block formats never get here: matmul and matmul_multi send them to the
+  // integer path (quant_dot.h).
 #ifdef CK_HAVE_AVX2_PATH
   if (g_isa == Isa::Avx512) return avx2::matmul_columns_pairs(x, xp, T, K, W, wt, N, bias, y, n0, n1);
   if (g_isa != Isa::Generic) return avx2::matmul_columns(x, T, K, W, wt, N, bias, y, n0, n1);
