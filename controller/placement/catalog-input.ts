@@ -1,4 +1,5 @@
 import type { CatalogDb } from "../../catalog/db.ts";
+import { readyReplicasOfChunk } from "../../catalog/queries.ts";
 import type { CatalogOp } from "../../schema/catalog.ts";
 import type { ModelFingerprint, NodeId, WorkerId } from "../../schema/ids.ts";
 import { chainDemand } from "./demand.ts";
@@ -78,7 +79,20 @@ export function placementInput(
   for (const [node, d] of demand) {
     const c = db.eidOf("chunk/node", node);
     if (c === undefined || db.get(c, "chunk/model") !== model) continue;
-    chunks.push({ node, parent: parentNode(db, node), bytes: db.get(c, "chunk/bytes") as number, demand: d });
+    const localHolders = [
+      ...new Set(
+        readyReplicasOfChunk(db, c)
+          .filter((r) => r.tier === "ram" || r.tier === "ssd")
+          .map((r) => r.worker as WorkerId),
+      ),
+    ];
+    chunks.push({
+      node,
+      parent: parentNode(db, node),
+      bytes: db.get(c, "chunk/bytes") as number,
+      demand: d,
+      localHolders,
+    });
   }
   chunks.sort((a, b) => (a.node < b.node ? -1 : a.node > b.node ? 1 : 0));
   const workers = [...new Set(o.workers)]

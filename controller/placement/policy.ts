@@ -23,7 +23,10 @@ import type { NodeId, WorkerId } from "../../schema/ids.ts";
  *  3. A chunk goes only to workers that hold its parent in the new plan (a
  *     placed run always starts at the root: a restore reads a prefix, so a
  *     chunk without its parent saves nothing). Among those, workers that hold
- *     it now come first (no churn), then the most budget left, then worker id.
+ *     it now come first (no churn), then workers with no local copy of it
+ *     (the worker that computed a chunk already holds it in RAM/SSD, so a
+ *     placement there adds no second home), then the most budget left, then
+ *     worker id.
  *  4. Tier: RAM while the worker's RAM budget has room, else SSD while its
  *     SSD budget has room, else the worker is skipped for it.
  *  5. Changes: every current desired placement not in the plan is withdrawn
@@ -46,6 +49,8 @@ export interface PlacementChunk {
   readonly bytes: number;
   /** Decayed demand: requests whose chain reached this chunk (≥ its children's). */
   readonly demand: number;
+  /** Workers holding a ready RAM or SSD replica of it now (placed or not). */
+  readonly localHolders: readonly WorkerId[];
 }
 
 export interface PlacementWorker {
@@ -191,6 +196,9 @@ export function planPlacements(input: PlacementInput): PlacementPlan {
       const ha = holdsNow(c.node, a.workerId) ? 0 : 1;
       const hb = holdsNow(c.node, b.workerId) ? 0 : 1;
       if (ha !== hb) return ha - hb;
+      const ca = c.localHolders.includes(a.workerId) ? 1 : 0;
+      const cb = c.localHolders.includes(b.workerId) ? 1 : 0;
+      if (ca !== cb) return ca - cb;
       const la = left.get(a.workerId)!;
       const lb = left.get(b.workerId)!;
       const ra = la.ram + la.ssd;

@@ -19,7 +19,13 @@ const MIB = 1 << 20;
 function chain(name: string, n: number, demand: number): PlacementChunk[] {
   const out: PlacementChunk[] = [];
   for (let i = 0; i < n; i++)
-    out.push({ node: node(name, i), parent: i === 0 ? null : node(name, i - 1), bytes: MIB, demand });
+    out.push({
+      node: node(name, i),
+      parent: i === 0 ? null : node(name, i - 1),
+      bytes: MIB,
+      demand,
+      localHolders: [],
+    });
   return out;
 }
 
@@ -52,6 +58,28 @@ describe("planPlacements", () => {
       }
     expect(plan.changes.every((c) => c.desired)).toBe(true);
     expect(plan.changes).toHaveLength(plan.desired.length);
+  });
+
+  it("gives a chain a second home: a worker without a local copy first, unless another holds the placement now", () => {
+    // Two chains of equal demand: share 0.5 → 1 + ⌊0.5 × 3 × 0⌋ = 1 replica each (spread 0).
+    const held = (name: string, holder: string) =>
+      chain(name, 2, 10).map((c) => ({ ...c, localHolders: [holder as WorkerId] }));
+    const chunks = [...held("a", "w0"), ...held("b", "w1")];
+    const policy = { ...defaultPlacementPolicy, spread: 0 };
+    const plan = planPlacements(input({ chunks, workers: workers(2), policy }));
+    // Budget and id alone would put both on w0; each goes where it is not held.
+    expect(where(plan.desired, node("a", 0))).toEqual(["w1:ram"]);
+    expect(where(plan.desired, node("a", 1))).toEqual(["w1:ram"]);
+    expect(where(plan.desired, node("b", 0))).toEqual(["w0:ram"]);
+    // A placement desired now stays where it is (no churn), even on a holder.
+    const current = [0, 1].map((i) => ({
+      node: node("a", i),
+      workerId: "w0" as WorkerId,
+      tier: "ram" as const,
+    }));
+    const kept = planPlacements(input({ chunks, workers: workers(2), policy, current }));
+    expect(where(kept.desired, node("a", 0))).toEqual(["w0:ram"]);
+    expect(kept.changes.filter((c) => c.node === node("a", 0))).toEqual([]);
   });
 
   it("keeps each worker's placed bytes within its budget: RAM first, then SSD, then nothing", () => {
