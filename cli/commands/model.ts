@@ -23,7 +23,7 @@ const usage = [
   "Usage:",
   "  continuum model init --preset tiny|small|bench --out DIR [--arch ARCH] [--seed N] [--dtype f32|f16|bf16] [--force]",
   "  continuum model info DIR|FILE.gguf [--variant NAME] [--json]",
-  "  continuum model quantize DIR --to q8_0|q4_0|q4_k_m --out FILE.gguf [--force]",
+  "  continuum model quantize DIR --to f32|bf16|q8_0|q4_0|q4_k_m --out FILE.gguf [--force]",
   "",
   "init   writes a deterministic model in Hugging Face format (config.json, model.safetensors or",
   "       shards, tokenizer.json with a byte-level BPE, tokenizer_config.json, generation_config.json).",

@@ -1,7 +1,8 @@
 import { readdir, stat } from "node:fs/promises";
 import { dirname, join } from "node:path";
 import { modelFingerprint } from "../../schema/identity.ts";
-import type { Llama3RopeScaling, ModelConfig } from "./config.ts";
+import type { ModelConfig } from "./config.ts";
+import { decodeValues, encodeValues } from "./dtype.ts";
 import { manifestOf, readWeightsDigest, weightFormatOf, weightsDigest } from "./fingerprint.ts";
 import { GgufError, type GgufHeader, GgufMeta, readGgufHeader, readGgufTensors } from "./gguf.ts";
 import {
@@ -9,9 +10,14 @@ import {
   GGUF_ARCHITECTURES,
   hfTensorName,
   interleavedRows,
+  llama3RopeJson,
   permuteRows,
+  ROPE_FACTORS_LONG,
+  ROPE_FACTORS_SHORT,
   ROPE_FREQS,
+  ROPE_TENSORS,
   ropeScalingFromFactors,
+  shortestF32,
 } from "./gguf-arch.ts";
 import { tokenizerFromGguf } from "./gguf-tokenizer.ts";
 import type { LoadedModel, LoadModelOptions, ModelIdentity } from "./model-dir.ts";
@@ -54,6 +60,8 @@ interface GgufPlan {
   readonly names: ReadonlyMap<string, string>;
   /** Hugging Face names whose rows are stored interleaved (llama's q/k), with the row map. */
   readonly permuted: ReadonlyMap<string, Int32Array>;
+  /** Norm weights are stored as 1 + w (Gemma): loaded as w, in F32. */
+  readonly normShift: boolean;
   readonly tokenizer: ModelTokenizer;
 }
 
@@ -69,28 +77,14 @@ async function plan(file: string): Promise<GgufPlan> {
   const embed = header.tensors.get("token_embd.weight");
   if (embed === undefined || embed.dims.length !== 2)
     throw new GgufError(`${file}: missing tensor 'token_embd.weight' (a 2-D embedding)`);
-  let rope: Llama3RopeScaling | undefined;
-  const freqs = header.tensors.get(ROPE_FREQS);
-  if (freqs !== undefined) {
-    if (freqs.format !== "F32")
-      throw new GgufError(`${file}: tensor '${ROPE_FREQS}' must be F32, got ${freqs.format}`);
-    const bytes = (await readGgufTensors(header, [ROPE_FREQS])).get(ROPE_FREQS)!;
-    const f = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
-    const k = (s: string) => `${arch}.${s}`;
-    const heads = meta.posUint(k("attention.head_count"));
-    const headDim = meta.posUint(
-      k("attention.key_length"),
-      Math.floor(meta.posUint(k("embedding_length")) / heads),
-    );
-    rope = ropeScalingFromFactors(meta, f, headDim, meta.posFloat(k("rope.freq_base"), 10000));
-  }
+  const rope = await ropeOf(header, meta, arch);
   const config = configFromGguf(meta, arch, embed.dims[1]!, !header.tensors.has("output.weight"), rope);
   const spec = config.spec;
   const expected = expectedTensors(spec);
   const names = new Map<string, string>();
   for (const t of header.tensors.values()) {
-    if (t.name === ROPE_FREQS) continue;
-    const hf = hfTensorName(t.name);
+    if (ROPE_TENSORS.has(t.name)) continue;
+    const hf = hfTensorName(t.name, arch);
     const shape = expected.get(hf ?? "");
     if (hf === undefined || shape === undefined)
       throw new GgufError(
@@ -114,7 +108,65 @@ async function plan(file: string): Promise<GgufPlan> {
       permuted.set(`model.layers.${l}.self_attn.q_proj.weight`, interleavedRows(spec.nHeads, spec.headDim));
       permuted.set(`model.layers.${l}.self_attn.k_proj.weight`, interleavedRows(spec.nKvHeads, spec.headDim));
     }
-  return { header, config, names, permuted, tokenizer: await ggufTokenizer(file, meta, spec.vocab) };
+  return {
+    header,
+    config,
+    names,
+    permuted,
+    normShift: a.normShift,
+    tokenizer: await ggufTokenizer(file, meta, spec.vocab),
+  };
+}
+
+/** A RoPE tensor's factors: F32, one per frequency. */
+async function factorsOf(header: GgufHeader, name: string, half: number): Promise<number[]> {
+  const info = header.tensors.get(name)!;
+  if (info.format !== "F32")
+    throw new GgufError(`${header.file}: tensor '${name}' must be F32, got ${info.format}`);
+  const bytes = (await readGgufTensors(header, [name])).get(name)!;
+  const f = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
+  if (f.length !== half)
+    throw new GgufError(
+      `${header.file}: tensor '${name}' has ${f.length} factors, head_dim ${2 * half} needs ${half}`,
+    );
+  return Array.from(f);
+}
+
+/** config.json's rope_scaling that the file's RoPE tensors encode (Llama 3's rope_freqs, Phi-3's LongRoPE lists). */
+async function ropeOf(
+  header: GgufHeader,
+  meta: GgufMeta,
+  arch: string,
+): Promise<Record<string, unknown> | undefined> {
+  const k = (s: string) => `${arch}.${s}`;
+  const heads = meta.posUint(k("attention.head_count"));
+  const headDim = meta.posUint(
+    k("attention.key_length"),
+    Math.floor(meta.posUint(k("embedding_length")) / heads),
+  );
+  const has = (n: string) => header.tensors.has(n);
+  const longrope = has(ROPE_FACTORS_LONG) || has(ROPE_FACTORS_SHORT);
+  if (has(ROPE_FREQS) && (arch !== "llama" || longrope))
+    throw new GgufError(
+      `${header.file}: tensor '${ROPE_FREQS}' is not supported for ${arch}${longrope ? " beside LongRoPE factors" : ""}`,
+    );
+  if (has(ROPE_FREQS)) {
+    const f = Float32Array.from(await factorsOf(header, ROPE_FREQS, headDim / 2));
+    return llama3RopeJson(
+      ropeScalingFromFactors(meta, f, headDim, meta.posFloat(k("rope.freq_base"), 10000)),
+    );
+  }
+  if (!longrope) return undefined;
+  if (arch !== "phi3")
+    throw new GgufError(`${header.file}: LongRoPE factor tensors are not supported for ${arch}`);
+  for (const n of [ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT])
+    if (!has(n))
+      throw new GgufError(`${header.file}: missing tensor '${n}' (LongRoPE needs both factor lists)`);
+  return {
+    rope_type: "longrope",
+    long_factor: (await factorsOf(header, ROPE_FACTORS_LONG, headDim / 2)).map(shortestF32),
+    short_factor: (await factorsOf(header, ROPE_FACTORS_SHORT, headDim / 2)).map(shortestF32),
+  };
 }
 
 /** tokenizer.json (+ tokenizer_config.json) beside the file when present, else the metadata's. */
@@ -146,6 +198,16 @@ function identityOf(p: GgufPlan, digest: string, variant: string): ModelIdentity
 function tensorOf(p: GgufPlan, hf: string, data: Buffer): LoadedTensor {
   const info = p.header.tensors.get(p.names.get(hf)!)!;
   const perm = p.permuted.get(hf);
+  if (p.normShift && hf.endsWith("norm.weight")) {
+    // v - 1 is exact in f32 for v in [0.5, 2] (Sterbenz), so the engine's 1 + w is the file's v again.
+    const w = Float32Array.from(decodeValues(data, info.format), (x) => x - 1);
+    return {
+      name: hf,
+      dtype: "F32",
+      shape: [...info.dims].reverse(),
+      data: Buffer.from(encodeValues(w, "F32")),
+    };
+  }
   return {
     name: hf,
     dtype: info.format,
@@ -179,7 +241,8 @@ export async function loadGgufIdentity(
   const p = await plan(file);
   const heads = [...p.names].map(([hf, g]) => {
     const info = p.header.tensors.get(g)!;
-    return { name: hf, dtype: info.format, shape: [...info.dims].reverse() };
+    const shifted = p.normShift && hf.endsWith("norm.weight");
+    return { name: hf, dtype: shifted ? "F32" : info.format, shape: [...info.dims].reverse() };
   });
   const digest = await readWeightsDigest(heads, async (hf) => {
     const g = p.names.get(hf)!;

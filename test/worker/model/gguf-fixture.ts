@@ -34,6 +34,7 @@ export async function writeBlockModel(
     intermediate_size: 512,
     head_dim: 64,
     torch_dtype: "bfloat16",
+    ...longRopeFor((files.config as Record<string, unknown>).rope_scaling, 64),
   };
   await mkdir(dir, { recursive: true });
   const json = (v: unknown) => `${JSON.stringify(v, null, 2)}\n`;
@@ -46,6 +47,18 @@ export async function writeBlockModel(
     generatedTensors(parseModelConfig(config), "BF16", 3),
   );
   return dir;
+}
+
+/** Phi-3's LongRoPE lists stretched to `headDim` / 2 factors on the generator's curve (same end values). */
+function longRopeFor(rs: unknown, headDim: number): Record<string, unknown> {
+  const o = rs as { long_factor?: number[]; short_factor?: number[] } | null;
+  if (!o?.long_factor || !o.short_factor) return {};
+  const half = headDim / 2;
+  const curve = (list: number[]) => {
+    const top = list[list.length - 1]!;
+    return Array.from({ length: half }, (_, i) => Number((1 + (top - 1) * (i / (half - 1)) ** 2).toFixed(4)));
+  };
+  return { rope_scaling: { ...o, long_factor: curve(o.long_factor), short_factor: curve(o.short_factor) } };
 }
 
 /** The same model with every tensor dequantized to F32 (exactly). */
