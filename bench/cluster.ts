@@ -12,7 +12,8 @@ import {
   type RunningServices,
   startServices,
 } from "../deploy/cluster.ts";
-import { type Config, resolveConfig } from "../schema/config.ts";
+import type { Config } from "../schema/config.ts";
+import { resolveConfig } from "../schema/config-load.ts";
 import { generateModel } from "../worker/model/generate.ts";
 import { loadModelDir } from "../worker/model/model-dir.ts";
 import {

@@ -1,6 +1,6 @@
 import { ConsoleError, embeddedLogPath, openTxSource, type TxSource } from "../catalog/console.ts";
 import { Replica } from "../catalog/replica.ts";
-import { ConfigError, loadConfig } from "../schema/config.ts";
+import { ConfigError, loadConfig } from "../schema/config-load.ts";
 
 /** What `console`, `tail` and `replay` read the catalog from: --brokers (split), --log, --config. */
 export interface CatalogArgs {

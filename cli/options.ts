@@ -1,5 +1,6 @@
 import { parseArgs } from "node:util";
-import { type Config, ConfigError, loadConfig } from "../schema/config.ts";
+import type { Config } from "../schema/config.ts";
+import { ConfigError, loadConfig } from "../schema/config-load.ts";
 import { parseUsage, UsageError } from "./command.ts";
 
 /** Parses `--config FILE` plus a role's own options; loads and validates the configuration. */

@@ -8,7 +8,7 @@ import {
   readState,
   workerLines,
 } from "../../deploy/cluster.ts";
-import { ConfigError, loadConfig } from "../../schema/config.ts";
+import { ConfigError, loadConfig } from "../../schema/config-load.ts";
 import { type Command, UsageError } from "../command.ts";
 
 const usage = [

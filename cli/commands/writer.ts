@@ -3,7 +3,7 @@ import { Effect } from "effect";
 import { CatalogDb } from "../../catalog/db.ts";
 import { KafkaLog } from "../../catalog/kafka/log.ts";
 import { CatalogWriter } from "../../catalog/writer.ts";
-import { loadConfig } from "../../schema/config.ts";
+import { loadConfig } from "../../schema/config-load.ts";
 import { createLogger } from "../../schema/log.ts";
 import { resource } from "../../schema/scope.ts";
 import { type Command, UsageError } from "../command.ts";

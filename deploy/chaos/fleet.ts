@@ -3,7 +3,8 @@ import { mkdir } from "node:fs/promises";
 import { join } from "node:path";
 import type { FleetWorkerView } from "../../controller/api/service.ts";
 import { sleep } from "../../schema/abort.ts";
-import { type Config, resolveConfig } from "../../schema/config.ts";
+import type { Config } from "../../schema/config.ts";
+import { resolveConfig } from "../../schema/config-load.ts";
 import {
   alive,
   type ClusterProcess,

@@ -2,7 +2,7 @@ import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { parseAllDocuments } from "yaml";
-import { type ConfigError, resolveConfig } from "../../schema/config.ts";
+import { type ConfigError, resolveConfig } from "../../schema/config-load.ts";
 import { validateManifest } from "./k8s-schema.ts";
 
 /**

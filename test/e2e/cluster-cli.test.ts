@@ -7,7 +7,7 @@ import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { workerStatus } from "../../cli/fleet.ts";
 import { fleetConfig, parseMetrics, waitForLog, workerLines, workersFromLog } from "../../deploy/cluster.ts";
-import { resolveConfig } from "../../schema/config.ts";
+import { resolveConfig } from "../../schema/config-load.ts";
 
 /**
  * `continuum cluster`'s pure parts (the generated fleet config, the status

@@ -24,7 +24,8 @@ import {
   waitForLog,
 } from "../../deploy/cluster.ts";
 import { ProposalMsg, TxMsg } from "../../schema/catalog.ts";
-import { type Config, resolveConfig } from "../../schema/config.ts";
+import type { Config } from "../../schema/config.ts";
+import { resolveConfig } from "../../schema/config-load.ts";
 import { contentId } from "../../schema/identity.ts";
 import type { ModelFingerprint } from "../../schema/ids.ts";
 import { decodeMessage, encodeMessage } from "../../schema/wire.ts";

@@ -6,7 +6,7 @@ import { defaultAssignmentLimits } from "../../controller/assignments.ts";
 import { WorkerHub } from "../../controller/fleet/hub.ts";
 import { FleetService } from "../../controller/fleet/service.ts";
 import { defaultRouterPolicy } from "../../controller/router.ts";
-import { resolveConfig } from "../../schema/config.ts";
+import { resolveConfig } from "../../schema/config-load.ts";
 import type { WorkerId } from "../../schema/ids.ts";
 import { silentLogger } from "../../schema/log.ts";
 import { WorkerAgent } from "../../worker/agent/agent.ts";

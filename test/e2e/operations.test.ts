@@ -8,7 +8,7 @@ import { type Browser, chromium, type Page } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { bucketQuantile } from "../../controller/ui/latency-series.ts";
 import { type ClusterState, clusterDown, clusterUp, parseMetrics } from "../../deploy/cluster.ts";
-import { resolveConfig } from "../../schema/config.ts";
+import { resolveConfig } from "../../schema/config-load.ts";
 import {
   concrete,
   dashboardTargets,

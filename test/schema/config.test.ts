@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { ConfigError, configEnvName, defaultConfig, resolveConfig } from "../../schema/config.ts";
+import { defaultConfig } from "../../schema/config.ts";
+import { ConfigError, configEnvName, resolveConfig } from "../../schema/config-load.ts";
 
 describe("config", () => {
   it("returns the defaults for no file and no environment", () => {

@@ -18,11 +18,9 @@ import {
   type FinishReason,
   type Heartbeat,
   HeartbeatMessage,
-  MAX_PREFILLING_ATTEMPTS,
   MAX_RESIDENT_PREFIXES,
   MAX_TOKENS_PER_FRAME,
   type Offer,
-  type PrefillProgress,
   ResultMessage,
   type StoreTier,
   TokensMessage,
@@ -41,13 +39,9 @@ import { backoffMs } from "../../schema/retry.ts";
 import { encodeMessage, MAX_MESSAGE_BYTES, type MessageKind, WireError } from "../../schema/wire.ts";
 import { logitsRules, type TokenLogprob } from "../model/logits.ts";
 import { PageHashChain } from "../pages/page-hashes.ts";
-import {
-  type RequestTiming,
-  type RuntimeGeneration,
-  SubmitError,
-  type WorkerRuntime,
-} from "../runtime/runtime.ts";
+import { type RuntimeGeneration, SubmitError, type WorkerRuntime } from "../runtime/runtime.ts";
 import type { ConstraintCompiler } from "../structured/constraint.ts";
+import { heartbeatCosts, measuredTerms, prefillProgress } from "./report.ts";
 import { ResidentLedger } from "./resident-ledger.ts";
 
 /**
@@ -134,16 +128,6 @@ export interface AgentCounters {
   completed: number;
   failed: number;
   badFrames: number;
-}
-
-/** A measured TTFT split by the router's terms; prefill is the rest (never below 0). */
-export function measuredTerms(
-  ttftMs: number,
-  t: RequestTiming,
-): { queueMs: number; fetchMs: number; prefillMs: number } {
-  const queueMs = Math.max(0, Math.min(ttftMs, t.queueMs ?? 0));
-  const fetchMs = Math.max(0, Math.min(ttftMs - queueMs, t.fetchMs));
-  return { queueMs, fetchMs, prefillMs: Math.max(0, ttftMs - queueMs - fetchMs) };
 }
 
 /** The runtime's id for one attempt: attempts of one request never share a runtime slot. */
@@ -346,24 +330,11 @@ export class WorkerAgent {
   heartbeat(): Heartbeat {
     const pages = this.runtime.pages;
     const stats = this.runtime.stats();
-    const c = stats.calibration;
-    const MIB = 1024 * 1024;
     const pool = this.pagePool([]);
-    let queuedTokens = 0;
-    const prefilling: PrefillProgress[] = [];
-    for (const r of this.running.values()) {
-      if (r.firstTokenAt !== null) continue;
-      // Still to prefill: the accepted estimate, less what the runtime has put through the forward since.
-      const done = this.runtime.prefilled(runtimeId(r.requestId, r.attempt)) ?? 0;
-      const remaining = Math.max(0, Math.min(r.queuedTokens, r.prompt.length - done));
-      queuedTokens += remaining;
-      if (prefilling.length < MAX_PREFILLING_ATTEMPTS)
-        prefilling.push({
-          requestId: r.requestId,
-          attempt: r.attempt,
-          remainingTokens: TokenCount(remaining),
-        });
-    }
+    const { queuedTokens, prefilling } = prefillProgress(
+      this.running.values(),
+      (r) => this.runtime.prefilled(runtimeId(r.requestId, r.attempt)) ?? 0,
+    );
     return {
       workerId: this.opts.workerId,
       epoch: this.epoch,
@@ -383,19 +354,7 @@ export class WorkerAgent {
         runningRequests: stats.running,
         prefilling,
       },
-      costs: {
-        prefillPerTokenMs: c.prefillPerTokenMs.value,
-        firstTokenMs: c.firstTokenMs.value,
-        // The CPU engine's pages live in host memory: restored bytes need no upload.
-        uploadMsPerMiB: 0,
-        restoreMsPerMiB: {
-          ram: c.restorePerByteMs.ram.value * MIB,
-          ssd: c.restorePerByteMs.ssd.value * MIB,
-          peer: c.restorePerByteMs.peer.value * MIB,
-          s3: c.restorePerByteMs.s3.value * MIB,
-        },
-        samples: c.prefillPerTokenMs.samples + c.firstTokenMs.samples,
-      },
+      costs: heartbeatCosts(stats.calibration),
       ...(this.opts.status ? { status: this.opts.status() } : {}),
     };
   }

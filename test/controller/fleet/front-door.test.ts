@@ -10,7 +10,7 @@ import { WorkerHub } from "../../../controller/fleet/hub.ts";
 import { FleetService } from "../../../controller/fleet/service.ts";
 import { defaultRouterPolicy } from "../../../controller/router.ts";
 import { ProposalMsg } from "../../../schema/catalog.ts";
-import { resolveConfig } from "../../../schema/config.ts";
+import { resolveConfig } from "../../../schema/config-load.ts";
 import { silentLogger } from "../../../schema/log.ts";
 import { encodeMessage } from "../../../schema/wire.ts";
 import { startWriter } from "../../catalog/log-helpers.ts";

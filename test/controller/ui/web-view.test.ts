@@ -4,7 +4,7 @@ import { webViewResource } from "../../../cli/web-view.ts";
 import { ApiServer } from "../../../controller/api/server.ts";
 import type { InferenceService } from "../../../controller/api/service.ts";
 import { defaultWebViewOptions, WebView } from "../../../controller/ui/web-view.ts";
-import { resolveConfig } from "../../../schema/config.ts";
+import { resolveConfig } from "../../../schema/config-load.ts";
 
 /**
  * The web view's HTTP surface on a real API server: pages are public, the

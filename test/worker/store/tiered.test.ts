@@ -2,7 +2,7 @@ import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { resolveConfig } from "../../../schema/config.ts";
+import { resolveConfig } from "../../../schema/config-load.ts";
 import {
   CorruptChunkError,
   InvalidChunkError,
