@@ -13,8 +13,8 @@
  * for the widest window is dead for all of them and the page pool releases
  * it (releaseWindow). With global layers too, layerGroups gives each layout
  * its own page tables, so a sliding group's pages can go while the global
- * group keeps its own (the engine and PagedDecoder do; the worker's page
- * manager still holds one table of every layer's rows). The layout is part of the model
+ * group keeps its own (the engine, PagedDecoder and the worker runtime's
+ * GroupedRoutes do). The layout is part of the model
  * fingerprint (fingerprint.ts), so workers whose layers attend differently
  * never share attention state.
  */

@@ -107,6 +107,50 @@ export class GroupedRoutes {
     for (let g = 0; g < this.windows.length; g++) this.pages.releaseRoute(this.routeOf(id, g), options);
   }
 
+  /** Reserves every group's pages for `totalTokens` rows (a route's reservation covers its whole growth). */
+  reserve(id: ContinuationId, totalTokens: TokenCount): void {
+    for (let g = 0; g < this.windows.length; g++) this.pages.reserve(this.routeOf(id, g), totalTokens);
+  }
+
+  /** Fences every group's route (cancelRoute); each goes when its work in flight quiesces. */
+  cancel(id: ContinuationId, options: ReleaseOptions = {}): void {
+    for (let g = 0; g < this.windows.length; g++) this.pages.cancelRoute(this.routeOf(id, g), options);
+  }
+
+  /** Every group's route of continuation `id`, group 0 first. */
+  routes(id: ContinuationId): ContinuationId[] {
+    return this.windows.map((_, g) => this.routeOf(id, g));
+  }
+
+  /** Over every group: pages still to reserve for `totalTokens` rows, less what is reserved. */
+  reservationShortfall(id: ContinuationId, totalTokens: TokenCount): number {
+    let n = 0;
+    for (const r of this.routes(id))
+      n += Math.max(0, this.pages.reservationNeed(r, totalTokens) - this.pages.route(r).reservedPages);
+    return n;
+  }
+
+  reservedPages(id: ContinuationId): number {
+    let n = 0;
+    for (const r of this.routes(id)) n += this.pages.route(r).reservedPages;
+    return n;
+  }
+
+  releasablePages(id: ContinuationId): number {
+    let n = 0;
+    for (const r of this.routes(id)) n += this.pages.releasablePages(r);
+    return n;
+  }
+
+  /** The exact hit of `prefix` (matchPrefix) and the cached pages over every group that adopting it takes from the pool. */
+  prefixHit(prefix: readonly PrefixHash[]): { readonly pages: number; readonly evictable: number } {
+    const pages = this.matchPrefix(prefix);
+    let evictable = 0;
+    for (let g = 0; g < this.windows.length && pages > 0; g++)
+      evictable += this.pages.prefixHit(this.groupHashes(prefix.slice(0, pages), g)).evictable;
+    return { pages, evictable };
+  }
+
   /** Pages the continuation holds, over every group (its tables less the released entries). */
   heldPages(id: ContinuationId): number {
     let n = 0;

@@ -7,6 +7,7 @@ import {
   nativeBackends,
 } from "../../native/index.ts";
 import { openEngine } from "../model/engine.ts";
+import { layerGroups } from "../model/layout.ts";
 import type { LoadedModel } from "../model/model-dir.ts";
 import { executionVariant, servedVariant } from "../model/variant.ts";
 
@@ -30,7 +31,11 @@ export function chooseEngine(backend: BackendChoice, configured: string): Engine
   return { backend: name, variant: servedVariant(configured, executionVariant(name, cuda)) };
 }
 
-/** Creates the engine for a loaded model and allocates its page pool; frees the engine if the pool fails. */
+/**
+ * Creates the engine for a loaded model and allocates its page pool, one
+ * page table per layer group (WorkerRuntime's GroupedRoutes); frees the
+ * engine if the pool fails.
+ */
 export async function loadEngine(
   model: LoadedModel,
   pool: { readonly physicalPages: number; readonly pageTokens: number },
@@ -38,7 +43,12 @@ export async function loadEngine(
 ): Promise<Engine> {
   const engine = await openEngine(model.config.spec, model.weights, opts);
   try {
-    engine.createPool(pool.physicalPages, pool.pageTokens);
+    const groups = layerGroups(model.config.spec.layers);
+    engine.createPool(
+      pool.physicalPages,
+      pool.pageTokens,
+      groups.groups.length > 1 ? groups.groupOf : undefined,
+    );
   } catch (err) {
     engine.free();
     throw err;

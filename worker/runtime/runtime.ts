@@ -1,6 +1,6 @@
 import { randomInt } from "node:crypto";
 import { Effect, Fiber } from "effect";
-import type { Engine } from "../../native/index.ts";
+import type { Engine, StepBatch } from "../../native/index.ts";
 import { StreamQueue } from "../../schema/channel.ts";
 import {
   type ModelFingerprint,
@@ -11,133 +11,40 @@ import {
 } from "../../schema/ids.ts";
 import type { Logger } from "../../schema/log.ts";
 import { type Calibration, type ConfiguredCosts, CostCalibrator } from "../calibration/calibration.ts";
-import { type AttentionLayout, releaseWindow } from "../model/layout.ts";
+import { layerGroups, releaseWindow } from "../model/layout.ts";
 import { type LogitsRules, NO_RULES, TokenHistory, tokenLogprob } from "../model/logits.ts";
 import { initialSamplerState, nextToken, samplingParams } from "../model/sampling.ts";
 import type { PrefixRestorer, RouteCheckpointer } from "../pages/durable-hooks.ts";
-import { PageManager } from "../pages/page-manager.ts";
+import { buildGroupedBatch, GroupedRoutes } from "../pages/layer-groups.ts";
+import { type AppendPlan, PageManager } from "../pages/page-manager.ts";
 import { type Admission, type Preemption, planIteration } from "../scheduler/plan-iteration.ts";
 import { type Budgets, phaseOf } from "../scheduler/request.ts";
 import type { TokenMachine } from "../structured/token-machine.ts";
 import { buildBatch, type Lane, stepShape } from "./batch.ts";
 import { PrefillPacer } from "./prefill-pacer.ts";
+import {
+  type RequestTiming,
+  type RuntimeGeneration,
+  type RuntimeOptions,
+  type RuntimeStats,
+  SubmitError,
+  type SubmitRequest,
+} from "./runtime-api.ts";
 import { type RuntimeEvent, Sequence } from "./sequence.ts";
 import { SequencePages } from "./sequence-pages.ts";
 
-export interface RuntimeOptions {
-  readonly fingerprint: ModelFingerprint;
-  readonly vocab: number;
-  /** Prompt plus generation may not exceed this (the model's positions). */
-  readonly maxContext: number;
-  readonly pageTokens: number;
-  readonly physicalPages: number;
-  /** The model's attention layout, per layer: when every layer is sliding, pages outside the window are released. */
-  readonly layers: readonly AttentionLayout[];
-  readonly maxBatchTokens: number;
-  readonly maxBatchSeqs: number;
-  readonly minPrefillTokens: number;
-  readonly prefillTile: number;
-  /**
-   * Keeps running decodes at pace: while any decodes, prefill tiles shrink
-   * (to no less than minPrefillTokens) so a mixed step takes at most this
-   * many times a decode-only step, by the measured costs (PrefillPacer).
-   * Absent: tiles are always prefillTile.
-   */
-  readonly decodePace?: number;
-  /** Requests admitted or waiting at once; one more is refused (the caller answers 429). */
-  readonly maxQueued: number;
-  readonly costs: ConfiguredCosts;
-  readonly logger: Logger;
-  /** Durable prefix restore (worker/restore): absent, only resident pages are reused. */
-  readonly restore?: PrefixRestorer;
-  /** Checkpoint of retired routes into durable chunks (worker/checkpoint): absent, nothing is captured. */
-  readonly checkpoint?: RouteCheckpointer;
-}
+export {
+  type RequestTiming,
+  type RuntimeGeneration,
+  type RuntimeOptions,
+  type RuntimeStats,
+  SubmitError,
+  type SubmitRequest,
+} from "./runtime-api.ts";
 
-export interface SubmitRequest {
-  readonly requestId: RequestId;
-  /** The tenant's cache salt: its prefixes only ever match its own. */
-  readonly salt: string | undefined;
-  readonly prompt: readonly number[];
-  readonly maxTokens: number;
-  readonly temperature: number;
-  readonly topP: number;
-  readonly topK: number;
-  /** Absent: a fresh random seed. */
-  readonly seed: number | undefined;
-  readonly stopTokenIds: readonly number[];
-  /** Larger is more important; preemption takes the lowest first. Default 0. */
-  readonly priority?: number;
-  /** Its pages are freed when it ends, neither cached nor offered for checkpoint (the warm-up request). Default false. */
-  readonly ephemeral?: boolean;
-  /** Keep tokens at least this fraction as likely as the most likely; default 0 (off). */
-  readonly minP?: number;
-  /** Penalties, logit bias, min_tokens, allowed ids; default none. */
-  readonly rules?: LogitsRules;
-  /** Log-probabilities of each generated token with this many alternatives; absent: none. */
-  readonly logprobs?: number;
-  /**
-   * Log-probabilities of each prompt token after the first, with this many
-   * alternatives; absent: none. Such a request computes its whole prompt
-   * (no resident or restored prefix has the logits), as vLLM's does.
-   */
-  readonly promptLogprobs?: number;
-  /** The grammar the output follows (structured output); absent: free. */
-  readonly constraint?: TokenMachine;
-}
-
-export interface RuntimeGeneration {
-  readonly events: AsyncIterable<RuntimeEvent>;
-  /** Fences the request at once: no token is emitted after this call. */
-  cancel(): void;
-  /** Where the request's time went so far (the router's terms, measured). */
-  timing(): RequestTiming;
-}
-
-/**
- * Measured counterparts of the router's TTFT terms (controller/router.ts):
- * queue = submission → first admission (null until admitted); fetch = the
- * durable restore's load, begin → settled (0 without one). The rest of the
- * time to the first token is prefill and the first token's step.
- */
-export interface RequestTiming {
-  readonly queueMs: number | null;
-  readonly fetchMs: number;
-}
-
-/** Refused at submission; nothing was queued. `status` is the HTTP status that fits. */
-export class SubmitError extends Error {
-  override readonly name = "SubmitError";
-  constructor(
-    readonly status: 400 | 429 | 503,
-    message: string,
-  ) {
-    super(message);
-  }
-}
-
-export interface RuntimeStats {
-  readonly pagesTotal: number;
-  /** Pages a request may be given: free or evictable, net of reservations. */
-  readonly pagesAvailable: number;
-  /** Pages holding nothing (some promised to reservations). */
-  readonly pagesFree: number;
-  /** Pages holding a cached prefix nobody references, evicted on demand (counted in pagesAvailable). */
-  readonly pagesEvictable: number;
-  readonly waiting: number;
-  readonly running: number;
-  readonly cachedPromptTokens: number;
-  readonly computedPromptTokens: number;
-  readonly generatedTokens: number;
-  readonly steps: number;
-  readonly preemptions: number;
-  /** Cached pages evicted to make room (their prefixes are computed or restored again when next asked for). */
-  readonly evictedPages: number;
-  /** Prompt tokens adopted from pages another running request computed (a subset of cachedPromptTokens). */
-  readonly sharedInFlightTokens: number;
-  /** Page-table entries released outside the window (every layer sliding), each dead for every layer. */
-  readonly windowReleasedPages: number;
-  readonly calibration: Calibration;
+/** `plain`'s rows and logits (its lanes' prompt logits included) over the grouped batch's tables. */
+function withTables(plain: StepBatch, grouped: StepBatch): StepBatch {
+  return { ...plain, slotMapping: grouped.slotMapping, pageTable: grouped.pageTable };
 }
 
 /**
@@ -169,6 +76,8 @@ function emit(seq: Sequence, ev: RuntimeEvent): void {
  */
 export class WorkerRuntime {
   readonly pages: PageManager;
+  /** Each sequence's route per layer group (one group: its plain route). */
+  readonly routes: GroupedRoutes;
   private readonly seqs = new Map<RequestId, Sequence>();
   private readonly calibrator: CostCalibrator;
   /** The sequences' pages: admission, restore, in-flight adoption, preemption, release into the cache. */
@@ -196,8 +105,18 @@ export class WorkerRuntime {
       physicalPages: opts.physicalPages,
       window: releaseWindow(opts.layers),
     });
+    this.routes = new GroupedRoutes(this.pages, layerGroups(opts.layers));
+    if (this.routes.windows.length > 1 && (opts.restore || opts.checkpoint))
+      throw new RangeError(
+        `restore and checkpoint need one layer group; this layout has ${this.routes.windows.length} (${[
+          opts.restore && "restore",
+          opts.checkpoint && "checkpoint",
+        ]
+          .filter(Boolean)
+          .join(", ")} given)`,
+      );
     this.calibrator = new CostCalibrator(opts.costs);
-    this.held = new SequencePages(this.pages, this.calibrator, {
+    this.held = new SequencePages(this.routes, this.calibrator, {
       fingerprint: opts.fingerprint,
       pageTokens: opts.pageTokens,
       pageBytes: engine.pageBytes,
@@ -438,31 +357,45 @@ export class WorkerRuntime {
     if (scheduled.length === 0) return admitted > 0;
 
     const lanes: Lane[] = [];
+    const plans: AppendPlan[][] = [];
     const laneSeqs: Sequence[] = [];
     const copies: Promise<void>[] = [];
     for (const w of scheduled) {
       const seq = this.seqs.get(w.id)!;
-      const append = this.pages.beginAppend(seq.route, w.tokens);
-      for (const c of append.copies) copies.push(this.engine.copyPage(c.src, c.dst));
+      const append = this.routes.beginAppend(seq.route, w.tokens);
+      for (const a of append) for (const c of a.copies) copies.push(this.engine.copyPage(c.src, c.dst));
       lanes.push({
         tokens: seq.tokens.slice(seq.processed, seq.processed + w.tokens),
         firstPosition: seq.processed,
-        slots: append.slots,
-        pageTable: append.pageTable,
+        slots: append[0]!.slots,
+        pageTable: append[0]!.pageTable,
         wantLogits: w.phase === "decode",
         promptLogits: w.phase !== "decode" && seq.promptLogprobs !== null,
       });
+      plans.push([...append]);
       laneSeqs.push(seq);
     }
     const built = buildBatch(lanes);
-    const lease = this.pages.acquireLease(laneSeqs.map((s) => s.route));
+    const G = this.routes.windows.length;
+    // Several groups: the engine reads every group's table and slots ([G, S, ptStride], [G, T]).
+    const batch =
+      G === 1
+        ? built.batch
+        : withTables(
+            built.batch,
+            buildGroupedBatch(
+              lanes.map((l, i) => ({ ...l, plans: plans[i]! })),
+              G,
+            ),
+          );
+    const lease = this.pages.acquireLease(laneSeqs.flatMap((s) => this.routes.routes(s.route)));
     let logits: Float32Array;
     const t0 = performance.now();
     try {
       await Promise.all(copies);
-      logits = await this.engine.step(built.batch);
+      logits = await this.engine.step(batch);
     } catch (err) {
-      for (const s of laneSeqs) this.pages.abortAppend(s.route);
+      for (const s of laneSeqs) this.routes.abortAppend(s.route);
       this.releaseLease(lease);
       for (const s of laneSeqs) this.fail(s, `step failed: ${(err as Error).message}`);
       return true;
@@ -475,7 +408,7 @@ export class WorkerRuntime {
       const before = Math.floor(seq.processed / this.opts.pageTokens);
       seq.processed += rows;
       const sealed = seq.chain.extend(seq.tokens, seq.processed).slice(before);
-      this.pages.commitAppend(seq.route, sealed, { cache: this.held.residencyCosts() });
+      this.routes.commitAppend(seq.route, sealed, { cache: this.held.residencyCosts() });
       if (!lanes[i]!.wantLogits) {
         prefillRows += rows;
         this.counters.computedPromptTokens += rows;

@@ -8,6 +8,7 @@ import {
 import type { Logger } from "../../schema/log.ts";
 import type { CostCalibrator } from "../calibration/calibration.ts";
 import type { PrefixRestorer, RouteCheckpointer } from "../pages/durable-hooks.ts";
+import type { GroupedRoutes } from "../pages/layer-groups.ts";
 import type { PageManager } from "../pages/page-manager.ts";
 import { PageError } from "../pages/page-state.ts";
 import { type ResidencyCosts, residencyCosts } from "../residency/residency.ts";
@@ -33,18 +34,28 @@ export interface SequencePagesOptions {
  * prefix (then a restore of more from the durable cache), in-flight adoption
  * of pages another request sealed since, preemption, and release into the
  * pool's cache when a sequence ends, is preempted or is cancelled. Also the
- * scheduler's view of each sequence's pages (record).
+ * scheduler's view of each sequence's pages (record). A sequence holds one
+ * route per layer group (GroupedRoutes; with one group, the plain route).
  */
 export class SequencePages {
   /** Requests whose restore is loading pages: not runnable, not preemptible, until it settles. */
   private readonly restoring = new Set<RequestId>();
   readonly counters = { cachedPromptTokens: 0, sharedInFlightTokens: 0, preemptions: 0 };
 
+  private readonly pages: PageManager;
+
   constructor(
-    private readonly pages: PageManager,
+    private readonly routes: GroupedRoutes,
     private readonly calibrator: CostCalibrator,
     private readonly opts: SequencePagesOptions,
-  ) {}
+  ) {
+    this.pages = routes.pages;
+  }
+
+  /** Several groups: durable restore, checkpoint and in-flight adoption (single-table paths) are off. */
+  private get grouped(): boolean {
+    return this.routes.windows.length > 1;
+  }
 
   isRestoring(id: RequestId): boolean {
     return this.restoring.has(id);
@@ -58,16 +69,15 @@ export class SequencePages {
     let processed = s.processed;
     if (s.state === "waiting") {
       if (route) {
-        admitPages = Math.max(
-          0,
-          this.pages.reservationNeed(s.route, TokenCount(s.totalRows)) - route.reservedPages,
-        );
+        admitPages = this.routes.reservationShortfall(s.route, TokenCount(s.totalRows));
       } else {
         // Adopting an evictable cached page takes it out of what others may use.
         const hit = s.reusesPrefixes
-          ? this.pages.prefixHit(s.chain.extend(s.tokens, s.tokens.length - 1))
+          ? this.routes.prefixHit(s.chain.extend(s.tokens, s.tokens.length - 1))
           : { pages: 0, evictable: 0 };
-        admitPages = Math.max(0, pagesFor(TokenCount(s.totalRows), P) - hit.pages) + hit.evictable;
+        admitPages =
+          this.routes.windows.length * Math.max(0, pagesFor(TokenCount(s.totalRows), P) - hit.pages) +
+          hit.evictable;
         processed = hit.pages * P;
       }
     }
@@ -86,8 +96,8 @@ export class SequencePages {
           : null,
       runnable: !this.restoring.has(s.id),
       admitPages: admitPages as PageCount,
-      reservedPages: (route?.reservedPages ?? 0) as PageCount,
-      releasablePages: route ? this.pages.releasablePages(s.route) : (0 as PageCount),
+      reservedPages: (route ? this.routes.reservedPages(s.route) : 0) as PageCount,
+      releasablePages: (route ? this.routes.releasablePages(s.route) : 0) as PageCount,
       preempted: s.preempted,
     };
   }
@@ -100,11 +110,11 @@ export class SequencePages {
   admit(seq: Sequence): boolean {
     try {
       if (this.pages.hasRoute(seq.route)) {
-        this.pages.reserve(seq.route, TokenCount(seq.totalRows));
+        this.routes.reserve(seq.route, TokenCount(seq.totalRows));
       } else {
         const hashes = seq.chain.extend(seq.tokens, seq.tokens.length - 1);
-        const matched = seq.reusesPrefixes ? this.pages.matchPrefix(hashes) : 0;
-        this.pages.openRoute(seq.route, {
+        const matched = seq.reusesPrefixes ? this.routes.matchPrefix(hashes) : 0;
+        this.routes.open(seq.route, {
           prefix: hashes.slice(0, matched),
           reserveTokens: TokenCount(seq.totalRows),
         });
@@ -131,7 +141,7 @@ export class SequencePages {
     if (seq.state !== "running" || this.restoring.has(seq.id)) return false;
     this.counters.preemptions++;
     if (disposition === "keep-resident") {
-      this.pages.reserve(seq.route, TokenCount(seq.processed));
+      this.routes.reserve(seq.route, TokenCount(seq.processed));
     } else {
       // Its pages stay cached: the resumption adopts those still there.
       this.retire(seq);
@@ -146,12 +156,12 @@ export class SequencePages {
   retire(seq: Sequence): void {
     if (!this.pages.hasRoute(seq.route)) return;
     if (seq.ephemeral) {
-      this.pages.releaseRoute(seq.route);
+      this.routes.release(seq.route);
       return;
     }
     const P = this.opts.pageTokens;
     const hashes = seq.chain.extend(seq.tokens, seq.processed);
-    const shareable = hashes.slice(0, this.pages.matchPrefix(hashes));
+    const shareable = hashes.slice(0, this.routes.matchPrefix(hashes));
     if (shareable.length > 0) {
       this.opts.checkpoint?.offer({
         prefix: shareable,
@@ -163,7 +173,7 @@ export class SequencePages {
         released: this.opts.signal,
       });
     }
-    this.pages.releaseRoute(seq.route, { cache: this.residencyCosts() });
+    this.routes.release(seq.route, { cache: this.residencyCosts() });
   }
 
   /**
@@ -173,7 +183,7 @@ export class SequencePages {
    */
   cancel(seq: Sequence, keep: boolean): void {
     if (!this.pages.hasRoute(seq.route)) return;
-    this.pages.cancelRoute(seq.route, keep ? { cache: this.residencyCosts() } : {});
+    this.routes.cancel(seq.route, keep ? { cache: this.residencyCosts() } : {});
   }
 
   /**
@@ -184,6 +194,7 @@ export class SequencePages {
    * lookup per prefilling request.
    */
   adoptInFlight(seqs: Iterable<Sequence>): void {
+    if (this.grouped) return;
     const P = this.opts.pageTokens;
     for (const seq of seqs) {
       if (seq.state !== "running" || seq.cancelled || this.restoring.has(seq.id)) continue;
@@ -215,7 +226,7 @@ export class SequencePages {
    */
   private beginRestore(seq: Sequence): void {
     const restore = this.opts.restore;
-    if (!restore) return;
+    if (!restore || this.grouped) return;
     const ticket = restore.begin({
       route: seq.route,
       tokens: seq.tokens.slice(0, seq.tokens.length - 1),
