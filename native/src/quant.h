@@ -21,13 +21,12 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <vector>
 
 #include "kernels.h"
 
 namespace ck {
 
-inline bool is_quantized(DType t) { return static_cast<int32_t>(t) >= static_cast<int32_t>(DType::Q8_0); }
+constexpr bool is_quantized(DType t) { return static_cast<int32_t>(t) >= static_cast<int32_t>(DType::Q8_0); }
 
 // `elems` consecutive elements of a row take `bytes` bytes ({1, 4} and {1, 2}
 // for the unquantized types).
@@ -80,13 +79,6 @@ inline void q4k_scale_min(int g, const uint8_t* s, int* sc, int* m) {
 // blocks, src the start of a block), exactly (see above). Portable code; the
 // vector paths produce the same bits.
 void dequantize(DType t, const void* src, int64_t n, float* out);
-
-// Weight rows [n0, n1) of a quantized W [N, K] dequantized into a per-thread
-// buffer, row r - n0 at (r - n0)·K floats, followed by room for
-// kWidePadRows more rows (never written or read: the GEMM's prefetches of
-// "the next rows" may point there). Valid until the thread's next call.
-constexpr int32_t kWidePadRows = 16;
-const float* widen_quantized(const void* W, DType wt, int32_t K, int32_t n0, int32_t n1);
 
 namespace avx2 {
 // dequantize() on AVX2 (the same bits); declared only where the path is built.

@@ -1,8 +1,6 @@
-// Portable dequantization of the block formats (quant.h) and the per-thread
-// widened weights the quantized GEMM runs on.
+// Portable dequantization of the block formats (quant.h).
 #include <cstring>
 
-#include "cpu.h"
 #include "quant.h"
 
 namespace ck {
@@ -64,8 +62,6 @@ void dequant_q6_k(const uint8_t* b, float* out) {
   }
 }
 
-thread_local std::vector<float> tl_wide_quant;
-
 }  // namespace
 
 void dequantize(DType t, const void* src, int64_t n, float* out) {
@@ -87,23 +83,6 @@ void dequantize(DType t, const void* src, int64_t n, float* out) {
       case DType::Q6_K: dequant_q6_k(p, out); break;
     }
   }
-}
-
-const float* widen_quantized(const void* W, DType wt, int32_t K, int32_t n0, int32_t n1) {
-  const int64_t row_bytes = bytes_of(wt, K);
-  const int64_t rows = n1 - n0;
-  float* wide = aligned_floats(tl_wide_quant, static_cast<size_t>((rows + kWidePadRows) * K));
-  const auto* w = static_cast<const uint8_t*>(W) + n0 * row_bytes;
-  for (int64_t r = 0; r < rows; ++r) {
-#ifdef CK_HAVE_AVX2_PATH
-    if (active_isa() != Isa::Generic) {
-      avx2::dequantize(wt, w + r * row_bytes, K, wide + r * K);
-      continue;
-    }
-#endif
-    dequantize(wt, w + r * row_bytes, K, wide + r * K);
-  }
-  return wide;
 }
 
 }  // namespace ck

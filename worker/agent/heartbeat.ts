@@ -1,9 +1,7 @@
 import type { PagePool } from "../../schema/admission.ts";
 import {
   type Heartbeat,
-  MAX_PREFILLING_ATTEMPTS,
   MAX_RESIDENT_PREFIXES,
-  type PrefillProgress,
   type StoreTier,
   type WorkerStatus,
 } from "../../schema/control.ts";
@@ -16,6 +14,7 @@ import {
 } from "../../schema/ids.ts";
 import type { WorkerRuntime } from "../runtime/runtime.ts";
 import { type RunningAttempt, runtimeId } from "./attempt.ts";
+import { heartbeatCosts, prefillProgress } from "./report.ts";
 import type { ResidentLedger } from "./resident-ledger.ts";
 
 /**
@@ -66,24 +65,11 @@ export function buildHeartbeat(
 ): Heartbeat {
   const pages = runtime.pages;
   const stats = runtime.stats();
-  const c = stats.calibration;
-  const MIB = 1024 * 1024;
   const pool = pagePool(runtime, reservedPages, []);
-  let queuedTokens = 0;
-  const prefilling: PrefillProgress[] = [];
-  for (const r of running) {
-    if (r.firstTokenAt !== null) continue;
-    // Still to prefill: the accepted estimate, less what the runtime has put through the forward since.
-    const done = runtime.prefilled(runtimeId(r.requestId, r.attempt)) ?? 0;
-    const remaining = Math.max(0, Math.min(r.queuedTokens, r.prompt.length - done));
-    queuedTokens += remaining;
-    if (prefilling.length < MAX_PREFILLING_ATTEMPTS)
-      prefilling.push({
-        requestId: r.requestId,
-        attempt: r.attempt,
-        remainingTokens: TokenCount(remaining),
-      });
-  }
+  const { queuedTokens, prefilling } = prefillProgress(
+    running,
+    (r) => runtime.prefilled(runtimeId(r.requestId, r.attempt)) ?? 0,
+  );
   return {
     workerId: id.workerId,
     epoch: id.epoch,
@@ -103,19 +89,7 @@ export function buildHeartbeat(
       runningRequests: stats.running,
       prefilling,
     },
-    costs: {
-      prefillPerTokenMs: c.prefillPerTokenMs.value,
-      firstTokenMs: c.firstTokenMs.value,
-      // The CPU engine's pages live in host memory: restored bytes need no upload.
-      uploadMsPerMiB: 0,
-      restoreMsPerMiB: {
-        ram: c.restorePerByteMs.ram.value * MIB,
-        ssd: c.restorePerByteMs.ssd.value * MIB,
-        peer: c.restorePerByteMs.peer.value * MIB,
-        s3: c.restorePerByteMs.s3.value * MIB,
-      },
-      samples: c.prefillPerTokenMs.samples + c.firstTokenMs.samples,
-    },
+    costs: heartbeatCosts(stats.calibration),
     ...(id.status ? { status: id.status() } : {}),
   };
 }
