@@ -13,7 +13,6 @@ import {
   AcceptMessage,
   type Cancel,
   controllerToWorker,
-  type Decline,
   DeclineMessage,
   type FinishReason,
   type Heartbeat,
@@ -28,20 +27,20 @@ import {
 } from "../../schema/control.ts";
 import {
   type ModelFingerprint,
-  PageCount,
   type PrefixHash,
-  RequestId,
+  type RequestId,
   TokenCount,
   type WorkerId,
 } from "../../schema/ids.ts";
 import type { Logger } from "../../schema/log.ts";
 import { backoffMs } from "../../schema/retry.ts";
 import { encodeMessage, MAX_MESSAGE_BYTES, type MessageKind, WireError } from "../../schema/wire.ts";
-import { logitsRules, type TokenLogprob } from "../model/logits.ts";
 import { PageHashChain } from "../pages/page-hashes.ts";
 import { type RuntimeGeneration, SubmitError, type WorkerRuntime } from "../runtime/runtime.ts";
 import type { ConstraintCompiler } from "../structured/constraint.ts";
-import { heartbeatCosts, measuredTerms, prefillProgress } from "./report.ts";
+import { declineReason, newAttempt, type RunningAttempt, submitRequest } from "./attempt.ts";
+import { buildHeartbeat, pagePool } from "./heartbeat.ts";
+import { measuredTerms } from "./report.ts";
 import { ResidentLedger } from "./resident-ledger.ts";
 
 /**
@@ -96,28 +95,6 @@ export interface AgentOptions {
   readonly status?: () => WorkerStatus;
 }
 
-interface RunningAttempt {
-  readonly requestId: RequestId;
-  readonly attempt: number;
-  readonly generation: RuntimeGeneration;
-  readonly prompt: readonly number[];
-  readonly salt: string | undefined;
-  /** Prompt tokens still to prefill (for the heartbeat's queue): not those resident or planned to be restored. */
-  readonly queuedTokens: number;
-  readonly acceptedAt: number;
-  /** Set by a cancel or a lost connection: nothing more of this attempt is sent. */
-  fenced: boolean;
-  firstTokenAt: number | null;
-  sent: number;
-  readonly pending: number[];
-  /** The pending tokens' log-probabilities, when the offer asked for them (null: not asked). */
-  readonly pendingLogprobs: TokenLogprob[] | null;
-  /** The prompt's scores until the first frame carries them. */
-  promptLogprobs: readonly TokenLogprob[] | null;
-  readonly generated: number[];
-  flushScheduled: boolean;
-}
-
 export interface AgentCounters {
   connects: number;
   heartbeats: number;
@@ -128,11 +105,6 @@ export interface AgentCounters {
   completed: number;
   failed: number;
   badFrames: number;
-}
-
-/** The runtime's id for one attempt: attempts of one request never share a runtime slot. */
-function runtimeId(requestId: RequestId, attempt: number): RequestId {
-  return RequestId(`${requestId}#${attempt}`);
 }
 
 export class WorkerAgent {
@@ -328,59 +300,33 @@ export class WorkerAgent {
 
   /** The worker's observation now (also used by tests). */
   heartbeat(): Heartbeat {
-    const pages = this.runtime.pages;
-    const stats = this.runtime.stats();
-    const pool = this.pagePool([]);
-    const { queuedTokens, prefilling } = prefillProgress(
-      this.running.values(),
-      (r) => this.runtime.prefilled(runtimeId(r.requestId, r.attempt)) ?? 0,
-    );
-    return {
-      workerId: this.opts.workerId,
-      epoch: this.epoch,
-      sequence: ++this.sequence,
-      modelFingerprint: this.opts.fingerprint,
-      maxContext: TokenCount(this.opts.maxContext),
-      pageTokens: this.opts.pageTokens,
-      kvBytesPerToken: this.opts.kvBytesPerToken,
-      freePages: PageCount(pool.freePages),
-      evictablePages: PageCount(pool.evictablePages),
-      residentPrefixes: this.ledger.resident((hash) => pages.holdsPrefix(hash), MAX_RESIDENT_PREFIXES),
-      durableTiers: [...this.opts.durableTiers],
-      ready: this.ready,
-      queue: {
-        queuedTokens: TokenCount(queuedTokens),
-        queuedRequests: stats.waiting,
-        runningRequests: stats.running,
-        prefilling,
+    const o = this.opts;
+    return buildHeartbeat(
+      this.runtime,
+      {
+        workerId: o.workerId,
+        epoch: this.epoch,
+        sequence: ++this.sequence,
+        fingerprint: o.fingerprint,
+        maxContext: o.maxContext,
+        pageTokens: o.pageTokens,
+        kvBytesPerToken: o.kvBytesPerToken,
+        durableTiers: o.durableTiers,
+        ready: this.ready,
+        ...(o.status ? { status: o.status } : {}),
       },
-      costs: heartbeatCosts(stats.calibration),
-      ...(this.opts.status ? { status: this.opts.status() } : {}),
-    };
+      this.admission.reservedPages,
+      this.running.values(),
+      this.ledger,
+    );
   }
 
   private sendHeartbeat(): void {
     if (this.send(HeartbeatMessage, this.heartbeat())) this.counters.heartbeats++;
   }
 
-  /**
-   * The real page pool for admission: what the pool may hand out net of what
-   * accepted attempts reserved (conservative: an attempt the runtime already
-   * admitted is counted in both until it ends), split into free pages and
-   * cached pages it would evict, and the whole pages of `promptHashes` already
-   * held (shared: adopted, not allocated).
-   */
   private pagePool(promptHashes: readonly PrefixHash[]): PagePool {
-    const pages = this.runtime.pages;
-    const available = Math.max(0, pages.availablePages - this.admission.reservedPages);
-    const evictable = Math.min(pages.evictablePages, available);
-    const hit = promptHashes.length > 0 ? pages.prefixHit(promptHashes) : { pages: 0, evictable: 0 };
-    return {
-      freePages: available - evictable,
-      // Shared cached pages are adopted, not evicted: they are not counted twice.
-      evictablePages: Math.max(0, evictable - hit.evictable),
-      sharedPages: hit.pages,
-    };
+    return pagePool(this.runtime, this.admission.reservedPages, promptHashes);
   }
 
   // ---- assignments -----------------------------------------------------------
@@ -413,56 +359,20 @@ export class WorkerAgent {
     if (held) this.fence(held, `superseded by attempt ${offer.attempt}`);
     let generation: RuntimeGeneration;
     try {
-      const s = offer.sampling;
-      generation = this.runtime.submit({
-        requestId: runtimeId(offer.requestId, offer.attempt),
-        salt,
-        prompt: offer.prompt,
-        maxTokens: offer.maxTokens,
-        temperature: s.temperature ?? 1,
-        topP: s.topP ?? 1,
-        topK: s.topK ?? 0,
-        minP: s.minP ?? 0,
-        seed: s.seed,
-        rules: logitsRules(s),
-        stopTokenIds: offer.stopTokenIds ?? this.opts.stopTokenIds,
-        priority: offer.priority ?? 0,
-        ...(offer.logprobs === undefined ? {} : { logprobs: offer.logprobs }),
-        ...(offer.promptLogprobs === undefined ? {} : { promptLogprobs: offer.promptLogprobs }),
-        ...(offer.constraint === undefined ? {} : { constraint: this.compile(offer.constraint) }),
-      });
+      generation = this.runtime.submit(
+        submitRequest(offer, salt, this.opts.stopTokenIds, (spec) => this.compile(spec)),
+      );
     } catch (err) {
       if (!(err instanceof SubmitError)) throw err;
       this.admission = complete(this.admission, offer.requestId, offer.attempt, this.limits).state;
-      const reason: Decline["reason"] =
-        err.status === 503 ? "draining" : err.status === 429 ? "pages_short" : "context_too_long";
+      const reason = declineReason(err.status);
       this.counters.declined++;
       this.opts.log.log("info", "agent.declined", { ...fields, reason, detail: err.message });
       this.send(DeclineMessage, { ...fields, workerId: this.opts.workerId, reason, detail: err.message });
       return;
     }
     checkAdmission(this.admission);
-    const run: RunningAttempt = {
-      requestId: offer.requestId,
-      attempt: offer.attempt,
-      generation,
-      prompt: offer.prompt,
-      salt,
-      // To prefill: the prompt less what is resident here or, by the router's plan, restored.
-      queuedTokens: Math.max(
-        0,
-        offer.prompt.length - Math.max(pool.sharedPages * this.opts.pageTokens, offer.plan.cachedTokens),
-      ),
-      acceptedAt: performance.now(),
-      fenced: false,
-      firstTokenAt: null,
-      sent: 0,
-      pending: [],
-      pendingLogprobs: offer.logprobs === undefined ? null : [],
-      promptLogprobs: null,
-      generated: [],
-      flushScheduled: false,
-    };
+    const run = newAttempt(offer, generation, salt, pool.sharedPages, this.opts.pageTokens);
     this.running.set(offer.requestId, run);
     this.counters.accepted++;
     this.opts.log.log("info", "agent.accepted", {

@@ -1,9 +1,7 @@
 import type { Readable } from "node:stream";
 import {
-  CreateBucketCommand,
   DeleteObjectCommand,
   GetObjectCommand,
-  HeadBucketCommand,
   HeadObjectCommand,
   ListObjectsV2Command,
   PutObjectCommand,
@@ -29,15 +27,14 @@ import {
 import {
   ContentMismatchError,
   CorruptChunkError,
-  describe,
   InvalidChunkError,
   ObjectTooLargeError,
   StoreClosedError,
-  StoreError,
   StoreUnavailableError,
 } from "./errors.ts";
 import { FrameReader } from "./frame-reader.ts";
-import { AttemptTimeoutError, withRetries } from "./retry.ts";
+import { withRetries } from "./retry.ts";
+import { ensureBucket, probeBucket, retryable } from "./s3-bucket.ts";
 import { MultipartUpload, type S3Requests } from "./s3-multipart.ts";
 
 export interface S3TierOptions {
@@ -70,8 +67,6 @@ const FLOOR_BYTES_PER_MS = (10 << 20) / 1000;
 const MAX_PARTS = 10_000;
 const MIN_PART_BYTES = 5 << 20;
 const ID_KEY = /([0-9a-f]{64})$/;
-/** Deadline of the one request open() sends to see whether S3 answers. */
-const PROBE_MS = 5_000;
 
 type Body = Readable & AsyncIterable<Uint8Array>;
 
@@ -142,7 +137,7 @@ export class S3Tier implements ChunkTier {
   }
 
   /**
-   * Builds the client and sends one bounded request (PROBE_MS) to see whether
+   * Builds the client and sends one bounded request (PROBE_MS, s3-bucket.ts) to see whether
    * S3 answers. Unreachable is not fatal: the tier opens anyway, degraded
    * (`unreachableAtOpen` says why), every request still retries on its own,
    * and a missing bucket is created before the first put instead. When S3
@@ -440,17 +435,8 @@ export class S3Tier implements ChunkTier {
 
   // ---- requests ---------------------------------------------------------
 
-  /** One HeadBucket under PROBE_MS: undefined when S3 answered (any HTTP status), else why not. */
-  private async probe(): Promise<string | undefined> {
-    try {
-      await this.client.send(new HeadBucketCommand({ Bucket: this.bucket }), {
-        abortSignal: AbortSignal.timeout(Math.min(PROBE_MS, this.opts.requestTimeoutMs)),
-      });
-      return undefined;
-    } catch (err) {
-      if (s3Status(err) !== undefined) return undefined;
-      return describe(err);
-    }
+  private probe(): Promise<string | undefined> {
+    return probeBucket(this.client, this.bucket, this.opts.requestTimeoutMs);
   }
 
   /** Before a put: the bucket creation that open() deferred, once (a failure leaves it for the next put). */
@@ -468,25 +454,8 @@ export class S3Tier implements ChunkTier {
     await this.bucketCheck;
   }
 
-  private async ensureBucket(): Promise<void> {
-    const exists = await this.retry(`head bucket ${this.bucket}`, undefined, async (signal) => {
-      try {
-        await this.client.send(new HeadBucketCommand({ Bucket: this.bucket }), { abortSignal: signal });
-        return true;
-      } catch (err) {
-        if (s3NotFound(err)) return false;
-        throw err;
-      }
-    });
-    if (exists) return;
-    await this.retry(`create bucket ${this.bucket}`, undefined, async (signal) => {
-      try {
-        await this.client.send(new CreateBucketCommand({ Bucket: this.bucket }), { abortSignal: signal });
-      } catch (err) {
-        const name = (err as Error).name;
-        if (name !== "BucketAlreadyOwnedByYou" && name !== "BucketAlreadyExists") throw err;
-      }
-    });
+  private ensureBucket(): Promise<void> {
+    return ensureBucket(this.client, this.bucket, (op, bytes, attempt) => this.retry(op, bytes, attempt));
   }
 
   private async putObject(id: ContentId, body: Buffer): Promise<void> {
@@ -602,17 +571,4 @@ export class S3Tier implements ChunkTier {
   private open(): void {
     if (this.closing.signal.aborted) throw new StoreClosedError("s3 tier is closed");
   }
-}
-
-/**
- * Another attempt may help after network trouble, a timeout, 5xx, 429 or 408.
- * Client errors (403, 404, a bad request) and our own verdicts (corrupt,
- * mismatch, closed) are final.
- */
-function retryable(err: unknown): boolean {
-  if (err instanceof AttemptTimeoutError) return true;
-  if (err instanceof StoreError) return false;
-  const status = s3Status(err);
-  if (status !== undefined) return status >= 500 || status === 429 || status === 408;
-  return true;
 }
