@@ -7,7 +7,7 @@ import {
   nativeBackends,
 } from "../../native/index.ts";
 import { openEngine } from "../model/engine.ts";
-import { layerGroups } from "../model/layout.ts";
+import { servedLayerGroups } from "../model/layout.ts";
 import type { LoadedModel } from "../model/model-dir.ts";
 import { executionVariant, servedVariant } from "../model/variant.ts";
 
@@ -33,17 +33,18 @@ export function chooseEngine(backend: BackendChoice, configured: string): Engine
 
 /**
  * Creates the engine for a loaded model and allocates its page pool, one
- * page table per layer group (WorkerRuntime's GroupedRoutes); frees the
- * engine if the pool fails.
+ * page table per served layer group (servedLayerGroups: one group when
+ * `pool.durable`, as the WorkerRuntime given restore/checkpoint hooks holds
+ * them); frees the engine if the pool fails.
  */
 export async function loadEngine(
   model: LoadedModel,
-  pool: { readonly physicalPages: number; readonly pageTokens: number },
+  pool: { readonly physicalPages: number; readonly pageTokens: number; readonly durable?: boolean },
   opts: EngineOptions = {},
 ): Promise<Engine> {
   const engine = await openEngine(model.config.spec, model.weights, opts);
   try {
-    const groups = layerGroups(model.config.spec.layers);
+    const groups = servedLayerGroups(model.config.spec.layers, pool.durable ?? false);
     engine.createPool(
       pool.physicalPages,
       pool.pageTokens,

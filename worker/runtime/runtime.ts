@@ -11,7 +11,7 @@ import {
 } from "../../schema/ids.ts";
 import type { Logger } from "../../schema/log.ts";
 import { type Calibration, type ConfiguredCosts, CostCalibrator } from "../calibration/calibration.ts";
-import { layerGroups, releaseWindow } from "../model/layout.ts";
+import { releaseWindow, servedLayerGroups } from "../model/layout.ts";
 import { type LogitsRules, NO_RULES, TokenHistory, tokenLogprob } from "../model/logits.ts";
 import { initialSamplerState, nextToken, samplingParams } from "../model/sampling.ts";
 import type { PrefixRestorer, RouteCheckpointer } from "../pages/durable-hooks.ts";
@@ -105,16 +105,9 @@ export class WorkerRuntime {
       physicalPages: opts.physicalPages,
       window: releaseWindow(opts.layers),
     });
-    this.routes = new GroupedRoutes(this.pages, layerGroups(opts.layers));
-    if (this.routes.windows.length > 1 && (opts.restore || opts.checkpoint))
-      throw new RangeError(
-        `restore and checkpoint need one layer group; this layout has ${this.routes.windows.length} (${[
-          opts.restore && "restore",
-          opts.checkpoint && "checkpoint",
-        ]
-          .filter(Boolean)
-          .join(", ")} given)`,
-      );
+    // Durable hooks: one group (chunks hold one table); the engine's pool was made the same way (loadEngine).
+    const durable = opts.restore !== undefined || opts.checkpoint !== undefined;
+    this.routes = new GroupedRoutes(this.pages, servedLayerGroups(opts.layers, durable));
     this.calibrator = new CostCalibrator(opts.costs);
     this.held = new SequencePages(this.routes, this.calibrator, {
       fingerprint: opts.fingerprint,

@@ -128,7 +128,7 @@ export async function startWorker(model: LoadedModel, spec: WorkerSpec): Promise
     logger: silentLogger,
     ...spec.runtime,
   };
-  const engine = await loadEngine(model, ropts, { threads: 1 });
+  const engine = await loadEngine(model, { ...ropts, durable: true }, { threads: 1 });
   const cache = await DurableCache.open({
     engine,
     fingerprint: model.fingerprint,

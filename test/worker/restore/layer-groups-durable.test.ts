@@ -1,0 +1,83 @@
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { EmbeddedLog } from "../../../catalog/log-embedded.ts";
+import type { Engine } from "../../../native/index.ts";
+import { generate as decode } from "../../../worker/model/decoder.ts";
+import { ContiguousDecoder } from "../../../worker/model/decoder-contiguous.ts";
+import { openEngine } from "../../../worker/model/engine.ts";
+import { generateModel } from "../../../worker/model/generate.ts";
+import { layerGroups, servedLayerGroups } from "../../../worker/model/layout.ts";
+import { type LoadedModel, loadModelDir } from "../../../worker/model/model-dir.ts";
+import { initialSamplerState, samplingParams } from "../../../worker/model/sampling.ts";
+import { CPU_VARIANT } from "../../../worker/model/variant.ts";
+import { generate, promptOf, startWorker, startWriter, type TestWorker, waitPublished } from "./harness.ts";
+
+/**
+ * A model of sliding and global layers (the tiny gemma2) with durable reuse
+ * on: chunks hold one page table, so the runtime given restore/checkpoint
+ * hooks holds every layer in one group (servedLayerGroups) and its prefixes
+ * are checkpointed and restored exactly, as for any uniform model.
+ */
+let root: string;
+let model: LoadedModel;
+let log: EmbeddedLog;
+let writer: { stop(): Promise<void> };
+let a: TestWorker;
+const engines: Engine[] = [];
+const DECODE = 4;
+
+beforeAll(async () => {
+  root = await mkdtemp(join(tmpdir(), "continuum-groups-durable-"));
+  const g = await generateModel({ preset: "tiny", out: join(root, "model"), arch: "gemma2", seed: 5 });
+  model = await loadModelDir(g.dir, { variant: CPU_VARIANT });
+  log = await EmbeddedLog.open();
+  writer = startWriter(log);
+  // Room for about one request: a second prompt evicts the first's cached pages.
+  a = await startWorker(model, { id: "w-groups", log, runtime: { physicalPages: 40 } });
+});
+
+afterAll(async () => {
+  for (const e of engines) e.free();
+  await a?.close();
+  await writer?.stop();
+  await log?.close();
+  await rm(root, { recursive: true, force: true });
+});
+
+describe("a layer-grouped model with durable reuse on", () => {
+  it("is held in one group with hooks and in its own groups without", () => {
+    const layers = model.config.spec.layers;
+    expect(layerGroups(layers).groups.length).toBeGreaterThan(1);
+    expect(servedLayerGroups(layers, false).groups.length).toBe(layerGroups(layers).groups.length);
+    const one = servedLayerGroups(layers, true);
+    expect(one.groups).toHaveLength(1);
+    expect(one.groups[0]!.layers).toEqual(layers.map((_, i) => i));
+    expect([...one.groupOf].every((g) => g === 0)).toBe(true);
+  });
+
+  it("starts with its hooks, checkpoints a prefix, and after eviction restores it to the oracle's tokens", async () => {
+    const prompt = promptOf(420, 21, model.config.spec.vocab);
+    const engine = await openEngine(model.config.spec, model.weights, { threads: 1 });
+    engines.push(engine);
+    const [oracle] = await decode(
+      new ContiguousDecoder(engine, 1, prompt.length + 16),
+      [prompt],
+      [initialSamplerState(samplingParams({ maxTokens: DECODE }))],
+    );
+    const first = await generate(a.runtime, prompt, DECODE);
+    expect(first.tokens).toEqual(oracle!.tokens);
+    await a.cache.idle();
+    await waitPublished(a, prompt, 3);
+    const evictedBefore = a.runtime.stats().evictedPages;
+    await generate(a.runtime, promptOf(420, 22, model.config.spec.vocab), DECODE);
+    await a.cache.idle();
+    expect(a.runtime.stats().evictedPages).toBeGreaterThan(evictedBefore);
+    const restored = () => Object.values(a.cache.restorer.stats().tokens).reduce((x, y) => x + y, 0);
+    const restoredBefore = restored();
+    const again = await generate(a.runtime, prompt, DECODE);
+    expect(again.tokens).toEqual(oracle!.tokens);
+    expect(restored()).toBeGreaterThan(restoredBefore);
+  });
+});
