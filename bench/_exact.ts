@@ -3,7 +3,7 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { longestPublishedPrefix } from "../catalog/queries.ts";
-import type { BackendName } from "../native/index.ts";
+import type { BackendName } from "../native/backends.ts";
 import { defaultConfig } from "../schema/config.ts";
 import { catalogNodeId, prefixChain } from "../schema/identity.ts";
 import { silentLogger } from "../schema/log.ts";

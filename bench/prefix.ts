@@ -4,7 +4,7 @@ import { join } from "node:path";
 import { CatalogDb } from "../catalog/db.ts";
 import { EmbeddedLog } from "../catalog/log-embedded.ts";
 import { CatalogWriter } from "../catalog/writer.ts";
-import type { Engine } from "../native/index.ts";
+import type { Engine } from "../native/engine.ts";
 import { type Config, defaultConfig } from "../schema/config.ts";
 import { ContinuationId, type PageId, TokenCount } from "../schema/ids.ts";
 import { silentLogger } from "../schema/log.ts";

@@ -1,4 +1,4 @@
-import type { Engine } from "../../native/index.ts";
+import type { Engine } from "../../native/engine.ts";
 import type { CatalogOp } from "../../schema/catalog.ts";
 import { type ChainNode, catalogNodeId, prefixChain } from "../../schema/identity.ts";
 import type { ContentId, NodeId, PageId, PrefixHash } from "../../schema/ids.ts";

@@ -1,4 +1,4 @@
-import type { ModelSpec } from "../../native/index.ts";
+import type { ModelSpec } from "../../native/model-spec.ts";
 import { catalogNodeId, contentId } from "../../schema/identity.ts";
 import type { ContentId, ModelFingerprint, NodeId, PrefixHash } from "../../schema/ids.ts";
 import type { ChunkMeta } from "../store/chunk.ts";
@@ -16,7 +16,7 @@ import type { ChunkMeta } from "../store/chunk.ts";
  * so layer l begins at l · tokens · (kRow + vRow) bytes, where kRow = nKv ·
  * headDim · 2 and vRow = nKv · vHeadDim · 2.
  *
- * The engine's page bytes (native/index.ts) are page-major: for each page,
+ * The engine's page bytes (native/engine.ts) are page-major: for each page,
  * for each layer, the K page [pageTokens, nKv, headDim] then the V page
  * [pageTokens, nKv, vHeadDim]. Within one page and layer, rows are contiguous,
  * so converting between the two copies runs of rows: a row run never crosses

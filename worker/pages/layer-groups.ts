@@ -1,5 +1,5 @@
 import { createHash } from "node:crypto";
-import type { StepBatch } from "../../native/index.ts";
+import type { StepBatch } from "../../native/engine.ts";
 import { ContinuationId, PrefixHash, type TokenCount } from "../../schema/ids.ts";
 import type { LayerGroups } from "../model/layout.ts";
 import { buildBatch, type Lane } from "../runtime/batch.ts";

@@ -2,7 +2,7 @@ import { Effect } from "effect";
 import type { CatalogLog } from "../../catalog/log.ts";
 import { Replica } from "../../catalog/replica.ts";
 import type { SnapshotStore } from "../../catalog/snapshot.ts";
-import type { Engine } from "../../native/index.ts";
+import type { Engine } from "../../native/engine.ts";
 import { abortable } from "../../schema/abort.ts";
 import type { Config } from "../../schema/config.ts";
 import type { ModelFingerprint, NodeId } from "../../schema/ids.ts";

@@ -1,5 +1,5 @@
 import { longestPublishedPrefix, readyReplicasOfChunk } from "../../catalog/queries.ts";
-import type { Engine } from "../../native/index.ts";
+import type { Engine } from "../../native/engine.ts";
 import type { CatalogOp, Tier } from "../../schema/catalog.ts";
 import { type ChainNode, catalogNodeId, prefixChain } from "../../schema/identity.ts";
 import type { ContentId, NodeId, PageId } from "../../schema/ids.ts";

@@ -7,7 +7,7 @@ import { CatalogDb } from "../../../catalog/db.ts";
 import type { CatalogLog, TxLogReader, WriterLog } from "../../../catalog/log.ts";
 import { longestPublishedPrefix } from "../../../catalog/queries.ts";
 import { CatalogWriter } from "../../../catalog/writer.ts";
-import type { Engine } from "../../../native/index.ts";
+import type { Engine } from "../../../native/engine.ts";
 import { type Config, defaultConfig } from "../../../schema/config.ts";
 import { catalogNodeId, prefixChain } from "../../../schema/identity.ts";
 import type { ContinuationId } from "../../../schema/ids.ts";
