@@ -63,6 +63,14 @@ export function layerWindows(layers: readonly AttentionLayout[]): Int32Array {
   return Int32Array.from(layers, (l) => (l.kind === "global" ? 0 : l.window));
 }
 
+/** The layouts an engine spec's layerWindows give (layerWindows' inverse; absent: every layer global). */
+export function layoutsOfWindows(windows: Int32Array | undefined, nLayers: number): AttentionLayout[] {
+  return Array.from({ length: nLayers }, (_, i) => {
+    const w = windows?.[i] ?? 0;
+    return w === 0 ? GLOBAL_LAYER : { kind: "sliding", window: w };
+  });
+}
+
 /**
  * The window outside which a page of every layer's rows is dead: the widest
  * window when every layer is sliding, null when some layer is global (a page
@@ -126,10 +134,11 @@ export function layerGroups(layers: readonly AttentionLayout[]): LayerGroups {
 }
 
 /**
- * The groups a served model's pages are held in. Chunks (checkpoint and
- * restore) hold one page table, so with durable reuse on, a layout of several
- * groups is served as one group of every layer (every layer keeps every page
- * of the context, as before grouping); without it, each group keeps its own
+ * The groups a served model's pages are held in. Chunks are written per
+ * group (checkpointer.ts), but a restore fills one page table, so with
+ * durable reuse on, a layout of several groups is served as one group of
+ * every layer (every layer keeps every page of the context, as before
+ * grouping); without it, each group keeps its own
  * table and a sliding group releases its pages outside its window. A uniform
  * layout is one group either way.
  */
