@@ -24,8 +24,12 @@ export type AttentionLayout =
 
 export const GLOBAL_LAYER: AttentionLayout = { kind: "global" };
 
-/** The name of the all-global layout, unchanged from before layouts existed. */
-export const KV_LAYOUT = "kv-gqa/v1";
+/**
+ * The name of the all-global layout. In the fingerprint, so it versions the
+ * chunks too: v2 came with chunk format v2 (chunks name their layers), so a
+ * catalog that outlives an upgrade never holds v1 chunks on v2's node ids.
+ */
+export const KV_LAYOUT = "kv-gqa/v2";
 
 /**
  * A sliding layer of window W. A window that covers every position the model
@@ -39,9 +43,9 @@ export function slidingLayer(window: number, maxPosition: number): AttentionLayo
 }
 
 /**
- * The manifest's layout field: "kv-gqa/v1" when every layer is global (the
+ * The manifest's layout field: "kv-gqa/v2" when every layer is global (the
  * name every all-global model had before), else that name with the layers as
- * runs, e.g. "kv-gqa/v1;layers=s512x5,g,s512x5,g" (s<W> sliding, g global,
+ * runs, e.g. "kv-gqa/v2;layers=s512x5,g,s512x5,g" (s<W> sliding, g global,
  * x<N> a run of N equal layers, layer 0 first).
  */
 export function layoutName(layers: readonly AttentionLayout[]): string {
