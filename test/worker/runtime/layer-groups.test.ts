@@ -16,15 +16,13 @@ import type { SubmitRequest } from "../../../worker/runtime/runtime.ts";
 import { collect, prompt, type RuntimeFixture, startRuntime } from "./fixture.ts";
 
 /**
- * Serving a model of sliding and global layers (the tiny gemma2: alternating)
- * through the runtime, one page table per layer group: at a context many
+ * Serving a model of sliding and global layers (the tiny gemma2: alternating;
+ * the tiny gemma3: five sliding, then one global) through the runtime, one page table per layer group: at a context many
  * windows long the sliding group's pages outside its window are released
  * while the global group keeps its own, and the tokens are the contiguous
  * oracle's, also when the prefix is shared and when the request is preempted.
  */
 let root: string;
-let model: LoadedModel;
-let window: number;
 const engines: Engine[] = [];
 const PAGE = 16;
 const DECODE = 12;
@@ -44,7 +42,7 @@ function request(id: string, tokens: number[], extra: Partial<SubmitRequest> = {
   };
 }
 
-async function oracle(tokens: number[]): Promise<number[]> {
+async function oracle(model: LoadedModel, tokens: number[]): Promise<number[]> {
   const engine = await openEngine(model.config.spec, model.weights, { threads: 2 });
   engines.push(engine);
   const [out] = await decode(
@@ -64,11 +62,6 @@ function expectNoLeak(f: RuntimeFixture) {
 
 beforeAll(async () => {
   root = await mkdtemp(join(tmpdir(), "continuum-groups-"));
-  const g = await generateModel({ preset: "tiny", out: join(root, "model"), arch: "gemma2", seed: 7 });
-  model = await loadModelDir(g.dir, { variant: CPU_VARIANT });
-  const sliding = model.config.spec.layers.find((l) => l.kind === "sliding");
-  if (sliding?.kind !== "sliding") throw new Error("gemma2 tiny has no sliding layer");
-  window = sliding.window;
 });
 
 afterAll(async () => {
@@ -76,13 +69,23 @@ afterAll(async () => {
   await rm(root, { recursive: true, force: true });
 });
 
-describe("runtime over layer groups (tiny gemma2)", () => {
+describe.each(["gemma2", "gemma3"] as const)("runtime over layer groups (tiny %s)", (arch) => {
+  let model: LoadedModel;
+  let window: number;
+  beforeAll(async () => {
+    const g = await generateModel({ preset: "tiny", out: join(root, arch), arch, seed: 7 });
+    model = await loadModelDir(g.dir, { variant: CPU_VARIANT });
+    const sliding = model.config.spec.layers.find((l) => l.kind === "sliding");
+    if (sliding?.kind !== "sliding") throw new Error(`${arch} tiny has no sliding layer`);
+    window = sliding.window;
+  });
+
   it("releases the sliding group's out-of-window pages while serving, with the oracle's tokens", async () => {
     const groups = layerGroups(model.config.spec.layers).groups;
     expect(groups.length).toBeGreaterThan(1);
     const slidingGroups = groups.filter((g) => g.layout.kind === "sliding").length;
     const long = prompt(3, 6 * window + 5);
-    const expected = await oracle(long);
+    const expected = await oracle(model, long);
     const f = await startRuntime(model, { pageTokens: PAGE });
     try {
       const a = await collect(f.runtime.submit(request("a", long)).events);
@@ -108,7 +111,7 @@ describe("runtime over layer groups (tiny gemma2)", () => {
     const lows = [0, 1].map((i) => request(`low${i}`, prompt(20 + i, 4 * window + 3), { priority: 0 }));
     const highs = [0, 1].map((i) => request(`high${i}`, prompt(30 + i, 4 * window + 3), { priority: 1 }));
     const expected = new Map<string, number[]>();
-    for (const r of [...lows, ...highs]) expected.set(r.requestId, await oracle([...r.prompt]));
+    for (const r of [...lows, ...highs]) expected.set(r.requestId, await oracle(model, [...r.prompt]));
     const rowsPages = Math.ceil((4 * window + 3 + DECODE) / PAGE);
     const groups = layerGroups(model.config.spec.layers).groups.length;
     // Room for about two requests' reservations in every group: the high ones preempt the low.
