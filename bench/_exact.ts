@@ -3,16 +3,16 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { longestPublishedPrefix } from "../catalog/queries.ts";
-import type { BackendName } from "../native/index.ts";
+import type { BackendName } from "../native/backends.ts";
 import { defaultConfig } from "../schema/config.ts";
 import { catalogNodeId, prefixChain } from "../schema/identity.ts";
 import { silentLogger } from "../schema/log.ts";
 import { type ConfiguredCosts, initialCalibration } from "../worker/calibration/calibration.ts";
-import { KvGeometry } from "../worker/checkpoint/chunk-format.ts";
 import { PageAllocator, PagedDecoder } from "../worker/model/decoder-paged.ts";
 import { openEngine } from "../worker/model/engine.ts";
 import type { LoadedModel } from "../worker/model/model-dir.ts";
 import { PageHashChain } from "../worker/pages/page-hashes.ts";
+import { durableGeometry } from "../worker/restore/durable-cache.ts";
 import { openEmbeddedCache } from "../worker/restore/embedded.ts";
 import { Restorer } from "../worker/restore/restorer.ts";
 import { loadEngine } from "../worker/runtime/engine-load.ts";
@@ -128,7 +128,7 @@ async function checkRestore(model: LoadedModel, backend: BackendName, promptToke
     devices.push(c);
     const restorer = new Restorer({
       engine: b.engine,
-      geometry: KvGeometry.of(b.engine.spec),
+      ...durableGeometry(b.engine.spec),
       tiers: cache.cache.tiers,
       catalog: cache.cache.catalog,
       pageTokens: PAGE,

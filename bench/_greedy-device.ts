@@ -1,5 +1,5 @@
 import { randomUUID } from "node:crypto";
-import type { Engine } from "../native/index.ts";
+import type { Engine } from "../native/engine.ts";
 import { ContinuationId, type PageId, RequestId, TokenCount } from "../schema/ids.ts";
 import { argmax } from "../worker/model/sampling.ts";
 import { PageHashChain } from "../worker/pages/page-hashes.ts";

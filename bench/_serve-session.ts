@@ -1,4 +1,4 @@
-import type { ContiguousBatch, Engine, StepBatch, StepProfile } from "../native/index.ts";
+import type { ContiguousBatch, Engine, StepBatch, StepProfile } from "../native/engine.ts";
 import { type PageId, RequestId } from "../schema/ids.ts";
 import { silentLogger } from "../schema/log.ts";
 import type { LoadedModel } from "../worker/model/model-dir.ts";

@@ -1,4 +1,4 @@
-import type { Engine } from "../native/index.ts";
+import type { Engine } from "../native/engine.ts";
 import { ContinuationId, TokenCount } from "../schema/ids.ts";
 import { openEngine } from "../worker/model/engine.ts";
 import {

@@ -1,5 +1,6 @@
 import { join } from "node:path";
-import { defaultThreads, type Engine, features, kernels } from "../native/index.ts";
+import type { Engine } from "../native/engine.ts";
+import { defaultThreads, features, kernels } from "../native/index.ts";
 import type { Decoder } from "../worker/model/decoder.ts";
 import { ContiguousDecoder } from "../worker/model/decoder-contiguous.ts";
 import { PageAllocator, PagedDecoder } from "../worker/model/decoder-paged.ts";

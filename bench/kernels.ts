@@ -1,5 +1,6 @@
 import { readFileSync } from "node:fs";
-import { defaultThreads, features, kernels, nativeBackends } from "../native/index.ts";
+import { nativeBackends } from "../native/backends.ts";
+import { defaultThreads, features, kernels } from "../native/index.ts";
 import { BANDWIDTH_BYTES, BandwidthProbe } from "./_bandwidth.ts";
 import { type Bench, percentile, round } from "./contract.ts";
 

@@ -4,7 +4,7 @@ import { join } from "node:path";
 import { CatalogDb } from "../catalog/db.ts";
 import { EmbeddedLog } from "../catalog/log-embedded.ts";
 import { CatalogWriter } from "../catalog/writer.ts";
-import type { Engine } from "../native/index.ts";
+import type { Engine } from "../native/engine.ts";
 import { type Config, defaultConfig } from "../schema/config.ts";
 import { ContinuationId, type PageId, TokenCount } from "../schema/ids.ts";
 import { silentLogger } from "../schema/log.ts";
@@ -12,7 +12,7 @@ import { type Calibration, initialCalibration, type RestoreTier } from "../worke
 import { KvGeometry } from "../worker/checkpoint/chunk-format.ts";
 import { PageHashChain } from "../worker/pages/page-hashes.ts";
 import { PageManager } from "../worker/pages/page-manager.ts";
-import { DurableCache } from "../worker/restore/durable-cache.ts";
+import { DurableCache, durableGeometry } from "../worker/restore/durable-cache.ts";
 import { Restorer } from "../worker/restore/restorer.ts";
 import { buildBatch } from "../worker/runtime/batch.ts";
 import { loadEngine } from "../worker/runtime/engine-load.ts";
@@ -213,7 +213,7 @@ const bench: Bench = {
           const cached = Math.floor(Math.min(f * N, N - 1) / CHUNK) * CHUNK;
           const restorer = new Restorer({
             engine,
-            geometry: g,
+            ...durableGeometry(engine.spec),
             tiers: cache.tiers,
             catalog: cache.catalog,
             pageTokens: PAGE,

@@ -35,6 +35,10 @@
         "src/engine.cc",
         "src/async_queue.cc",
         "src/file_lock.cc",
+        "src/binding_args.cc",
+        "src/binding_engine.cc",
+        "src/binding_kernels.cc",
+        "src/binding_yardsticks.cc",
         "src/binding.cc"
       ],
       "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],

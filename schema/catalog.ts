@@ -39,7 +39,7 @@ export const ATTRIBUTES = {
   // model: what makes attention state interchangeable
   "model/fingerprint": { type: "string", unique: true, doc: "model fingerprint (64 hex)" },
   "model/name": { type: "string", doc: "human name of the model" },
-  "model/layout": { type: "string", doc: "attention-state layout, e.g. kv-gqa/v1" },
+  "model/layout": { type: "string", doc: "attention-state layout, e.g. kv-gqa/v2" },
   "model/chunk-tokens": { type: "number", doc: "tokens per durable chunk" },
 
   // worker: an inference process that may hold replicas

@@ -125,7 +125,7 @@ export interface ModelManifest {
   readonly weightFormat?: string;
   /** KV page element type, e.g. "f16". */
   readonly kvDtype: string;
-  /** Attention-state layout, e.g. "kv-gqa/v1". */
+  /** Attention-state layout, e.g. "kv-gqa/v2". */
   readonly layout: string;
   /** Execution variant whose numerics the bytes depend on, e.g. "cpu-f32acc/v1". */
   readonly variant: string;

@@ -1,7 +1,7 @@
 import { access } from "node:fs/promises";
 import { basename, join, resolve } from "node:path";
 import { Effect, type Scope } from "effect";
-import type { Engine } from "../../native/index.ts";
+import type { Engine } from "../../native/engine.ts";
 import type { Config } from "../../schema/config.ts";
 import type { Logger } from "../../schema/log.ts";
 import { resource } from "../../schema/scope.ts";

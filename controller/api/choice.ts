@@ -1,5 +1,5 @@
 import type { StopRules } from "./request-sampling.ts";
-import type { FinishReason, Generation, TextCodec, TokenLogprob } from "./service.ts";
+import type { FinishReason, Generation, GenerationFailure, TextCodec, TokenLogprob } from "./service.ts";
 import { IncrementalDetokenizer, StopMatcher } from "./text-stream.ts";
 
 /** What one choice adds to its response between two emits. */
@@ -42,6 +42,8 @@ export class ChoiceRun {
   stopReason: string | number | null = null;
   /** Why the choice failed, when it ended with an error instead of a finish reason. */
   error: string | null = null;
+  /** Whose failure it was (service.ts GenerationEvent); null: internal. */
+  failure: GenerationFailure | null = null;
   /** Prompt positions 1.. scored by the worker (null: the prompt was not scored). */
   promptLogprobs: readonly TokenLogprob[] | null = null;
   /** Σ of the generated tokens' log-probabilities (best_of ranks choices by it). */
@@ -138,9 +140,10 @@ export class ChoiceRun {
     };
   }
 
-  onError(message: string): void {
+  onError(message: string, failure: GenerationFailure | null = null): void {
     this.finish = null;
     this.error = message;
+    this.failure = failure;
   }
 
   private isEos(t: number): boolean {

@@ -4,12 +4,13 @@ import { maxScoredPromptTokens } from "../../schema/control.ts";
 import { RequestId, type TenantId } from "../../schema/ids.ts";
 import type { Counter, Histogram } from "../metrics.ts";
 import { type ChoiceDelta, ChoiceRun, endTokenIds } from "./choice.ts";
-import { ApiError, badRequest } from "./errors.ts";
+import { ApiError, badRequest, unavailable } from "./errors.ts";
 import type { Prompts } from "./prompts.ts";
 import { type ChatRequest, type CompletionRequest, checkContext } from "./request.ts";
 import { promptScoring } from "./request-logprobs.ts";
 import { checkTokenIds } from "./request-sampling.ts";
 import { ResponseShape, shownChoices, usageJson } from "./responses.ts";
+import { type StatusLabel, statusLabel } from "./routes.ts";
 import type { GenerationRequest, InferenceService, ModelInfo } from "./service.ts";
 import { toolConstraint } from "./tools.ts";
 
@@ -34,7 +35,7 @@ export interface CompletionContext {
   readonly xRequestId: string;
   readonly fromClient: boolean;
   /** Sets the status /metrics counts this request under, when the HTTP status alone does not say it. */
-  countAs(status: "499" | "500"): void;
+  countAs(status: StatusLabel): void;
 }
 
 export interface CompletionMetrics {
@@ -255,7 +256,7 @@ export class Completions {
       const failed = runs.find((r) => r.finish === null);
       if (failed) {
         this.log("warn", "request.failed", { ...ids, message: failed.error ?? "no result" });
-        throw new ApiError(500, `generation failed: ${failed.error ?? "no result"}`, "server_error");
+        throw generationFailed(failed);
       }
       const shown = shownChoices(runs, parsed.bestOf, parsed.n);
       const text = JSON.stringify({
@@ -323,9 +324,9 @@ export class Completions {
     if (failed) {
       // A choice failed mid-stream: say so in OpenAI's stream error shape (the
       // client raises it) instead of ending as if the text were complete.
-      const err = new ApiError(500, `generation failed: ${failed.error ?? "no result"}`, "server_error");
+      const err = generationFailed(failed);
       res.end(`data: ${JSON.stringify(err.body())}\n\n`);
-      ctx.countAs("500");
+      ctx.countAs(statusLabel(err.status));
       this.log("warn", "request.failed", { ...ids, message: err.message });
       return;
     }
@@ -351,7 +352,7 @@ export class Completions {
         return;
       } else {
         this.log("info", "choice.error", { index: r.index, message: ev.message });
-        r.onError(ev.message);
+        r.onError(ev.message, ev.failure ?? null);
         return;
       }
     }
@@ -372,4 +373,15 @@ function truncated(
   const n = t.tokens === -1 ? maxContext - Math.max(1, maxTokens ?? 1) : t.tokens;
   if (ids.length <= n) return ids;
   return t.side === "left" ? ids.slice(ids.length - n) : ids.slice(0, n);
+}
+
+/**
+ * The error a failed choice answers: a fleet that lost or found no worker is
+ * unavailable (503, retry), a request out of time 504, anything else internal.
+ */
+function generationFailed(c: ChoiceRun): ApiError {
+  const message = `generation failed: ${c.error ?? "no result"}`;
+  if (c.failure === "unavailable") return unavailable(message);
+  if (c.failure === "deadline") return new ApiError(504, message, "server_error", null, "deadline_exceeded");
+  return new ApiError(500, message, "server_error");
 }

@@ -51,6 +51,7 @@ export const STATUS_LABELS = [
   "499",
   "500",
   "503",
+  "504",
   "other",
 ] as const;
 export type StatusLabel = (typeof STATUS_LABELS)[number];

@@ -149,7 +149,18 @@ export type GenerationEvent =
       readonly promptLogprobs?: readonly TokenLogprob[];
     }
   | { readonly type: "end"; readonly reason: FinishReason; readonly cachedTokens: number }
-  | { readonly type: "error"; readonly message: string };
+  | {
+      readonly type: "error";
+      readonly message: string;
+      /**
+       * Whose failure: "unavailable" when the serving fleet lost or could not
+       * find a worker (503, retry), "deadline" when the request ran out of time
+       * (504); absent, an internal error (500).
+       */
+      readonly failure?: GenerationFailure;
+    };
+
+export type GenerationFailure = "unavailable" | "deadline";
 
 export interface Generation {
   readonly events: AsyncIterable<GenerationEvent>;

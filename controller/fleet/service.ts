@@ -395,6 +395,18 @@ export class FleetService implements InferenceService {
       ranked: decision.ranked.length,
       dropped: decision.dropped.map((d) => `${d.workerId}:${d.source}:${d.reason}`),
     });
+    // The best few candidates with their terms: why this worker won (debug; the full record goes to the catalog).
+    this.opts.log.log("debug", "assignment.ranked", {
+      requestId: f.req.requestId,
+      attempt,
+      ranked: decision.ranked.slice(0, 4).map((c) => ({
+        workerId: c.workerId,
+        source: c.source,
+        cachedTokens: c.cachedTokens,
+        predictedTtftMs: Math.round(c.predictedTtftMs * 100) / 100,
+        terms: c.terms,
+      })),
+    });
     this.apply(f, { type: "routed", choice: decision.choice });
   }
 
@@ -463,7 +475,11 @@ export class FleetService implements InferenceService {
       if (cmd.reason === "cancelled") {
         f.stream.push({ type: "end", reason: "cancelled", cachedTokens: f.state.choice?.cachedTokens ?? 0 });
       } else {
-        f.stream.push({ type: "error", message: `request failed (${cmd.reason}): ${cmd.detail}` });
+        f.stream.push({
+          type: "error",
+          message: `request failed (${cmd.reason}): ${cmd.detail}`,
+          failure: cmd.reason === "deadline" ? "deadline" : "unavailable",
+        });
       }
     }
     f.stream.close();

@@ -1,7 +1,7 @@
 // The engine interface both backends implement (the CPU Engine in engine.h,
 // the CUDA engine in native/cuda/engine_cuda.cuh) and the N-API binding calls
-// through. Pure C++ (no CUDA headers), so binding.cc compiles the same with or
-// without the CUDA backend built in.
+// through. Pure C++ (no CUDA headers), so the binding (binding*.cc) compiles
+// the same with or without the CUDA backend built in.
 //
 // Also the model-shape logic both backends share, so they agree to the byte:
 // the canonical tensor order and each tensor's role, and the validation of

@@ -1,6 +1,6 @@
 // The CPU engine: a model's weights, its per-layer paged K/V pools and its
 // contiguous oracle cache in native memory, and the full forward for a ragged
-// batch. Pure C++; the N-API layer (binding.cc) owns threads and promises.
+// batch. Pure C++; the N-API layer (binding_engine.cc) owns threads and promises.
 //
 // Policy (which page, refcounts, generations) belongs to TypeScript; this
 // class checks every index it is handed before touching memory, so a bad

@@ -190,7 +190,17 @@ beforeAll(async () => {
       offerTimeoutMs: 1_500,
       progressTimeoutMs: 30_000,
     },
-    worker: { ...base.worker, peerPortBase: peerBase, threads: 1, heartbeatIntervalMs: 1_000 },
+    // No peer transfer: S3 is the only tier the workers share, so a request for the
+    // holder's prefix is cheapest where it is resident by the S3 fetch, which is
+    // more than the two workers' calibrations differ by under load. With peers on,
+    // a non-holder fetching the same chunks from the holder's RAM could look cheaper.
+    worker: {
+      ...base.worker,
+      peerPortBase: peerBase,
+      peerTransfer: false,
+      threads: 1,
+      heartbeatIntervalMs: 1_000,
+    },
   };
   try {
     state = await clusterUp({
@@ -322,8 +332,6 @@ describe("fleet faults (cluster up: real Kafka, real S3, real processes)", () =>
     // The survivor serves the reference prompt from the dead worker's S3 chunks: same tokens, bit-exact.
     const copied = `[:find (count ?r) . :where [?h :worker/id "${holder}"] [?hr :replica/worker ?h] [?hr :replica/tier "s3"] [?hr :replica/chunk ?c] [?s :worker/id "${survivor}"] [?r :replica/worker ?s] [?r :replica/chunk ?c] [?r :replica/state "ready"]]`;
     expect(Number(await catalogQuery(copied))).toBe(0);
-    const survivorLog = proc(survivor).log;
-    const mark = logEvents(survivorLog).length;
     const again = await client.completions.create({ model: "tiny", prompt, max_tokens: 8, temperature: 0 });
     expect(await completedOn(again.id)).toBe(survivor);
     expect(again.choices[0]!.text).toBe(ref.choices[0]!.text);
@@ -333,17 +341,9 @@ describe("fleet faults (cluster up: real Kafka, real S3, real processes)", () =>
       "assignment.routed",
       30_000,
     );
-    // A durable restore, not a recompute. The router may still plan the dead
-    // worker as a peer (its catalog replicas outlive it); the restorer then
-    // finds it unavailable and falls back to S3, the only other copy.
-    expect(["peer", "s3"]).toContain(routed.source);
+    // A durable restore from S3 (the only copy left), not a recompute.
+    expect(routed.source).toBe("s3");
     expect(routed.cachedTokens as number).toBeGreaterThanOrEqual(1280);
-    if (routed.source === "peer")
-      expect(
-        logEvents(survivorLog)
-          .slice(mark)
-          .some((l) => l.event === "restore.source_unavailable" && l.tier === "peer" && l.worker === victim),
-      ).toBe(true);
     // The chunks restored from S3 are kept locally by the survivor, as catalog replicas of its own.
     const kept = await until("the survivor's local copies of the S3 chunks", async () => {
       const n = Number(await catalogQuery(copied));

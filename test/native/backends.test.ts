@@ -1,15 +1,9 @@
 import { existsSync } from "node:fs";
 import { createRequire } from "node:module";
 import { describe, expect, it } from "vitest";
-import {
-  BackendUnavailableError,
-  chooseBackend,
-  createEngine,
-  liveEngineCount,
-  type ModelSpec,
-  nativeBackends,
-  ropeInvFreq,
-} from "../../native/index.ts";
+import { BackendUnavailableError, chooseBackend, nativeBackends } from "../../native/backends.ts";
+import { createEngine, liveEngineCount } from "../../native/engine.ts";
+import { type ModelSpec, ropeInvFreq } from "../../native/model-spec.ts";
 import { makeModel } from "./model.ts";
 
 // headDim 64: a shape the CUDA kernels support, so a refusal below is about

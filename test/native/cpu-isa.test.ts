@@ -1,6 +1,7 @@
 import { spawnSync } from "node:child_process";
 import { describe, expect, it } from "vitest";
-import { type CpuFeatures, cpuIsaFromEnv, features } from "../../native/index.ts";
+import { type CpuFeatures, cpuIsaFromEnv } from "../../native/cpu-isa.ts";
+import { features } from "../../native/index.ts";
 
 /**
  * CONTINUUM_CPU_ISA picks the CPU kernels' vector path for a process (so an

@@ -1,11 +1,7 @@
 import { afterEach, describe, expect, it } from "vitest";
-import {
-  createEngine,
-  type Engine,
-  type ModelSpec,
-  type StepBatch,
-  weightNames,
-} from "../../native/index.ts";
+import { createEngine, type Engine, type StepBatch } from "../../native/engine.ts";
+import type { ModelSpec } from "../../native/model-spec.ts";
+import { weightNames } from "../../native/weights.ts";
 import type { PageId } from "../../schema/ids.ts";
 import { argmax, makeModel, referenceLogits, type TestModel } from "./model.ts";
 import { allFinite, relError, rng, sameBits, shuffle } from "./reference.ts";

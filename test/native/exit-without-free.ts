@@ -1,6 +1,6 @@
 // Run as a child process by exit.test.ts: creates an engine, runs one step,
 // and lets the process end without freeing it.
-import { createEngine } from "../../native/index.ts";
+import { createEngine } from "../../native/engine.ts";
 import { makeModel } from "./model.ts";
 
 const m = makeModel(

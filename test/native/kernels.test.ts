@@ -1,5 +1,6 @@
 import { afterAll, describe, expect, it } from "vitest";
-import { features, kernels, ropeInvFreq } from "../../native/index.ts";
+import { features, kernels } from "../../native/index.ts";
+import { ropeInvFreq } from "../../native/model-spec.ts";
 import {
   allFinite,
   attentionRef,

@@ -3,7 +3,8 @@
  * pass over it written from the architecture (not from the C++), keeping K/V
  * rounded to fp16 as the engine's pages do.
  */
-import { type ModelSpec, ropeInvFreq, type WeightTensor, weightNames } from "../../native/index.ts";
+import { type ModelSpec, ropeInvFreq } from "../../native/model-spec.ts";
+import { type WeightTensor, weightNames } from "../../native/weights.ts";
 import { encodeWeights, f16BitsRef, f16ValueRef, randomF32, rng } from "./reference.ts";
 
 export interface TestModel {

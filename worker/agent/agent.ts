@@ -38,9 +38,8 @@ import { encodeMessage, MAX_MESSAGE_BYTES, type MessageKind, WireError } from ".
 import { PageHashChain } from "../pages/page-hashes.ts";
 import { type RuntimeGeneration, SubmitError, type WorkerRuntime } from "../runtime/runtime.ts";
 import type { ConstraintCompiler } from "../structured/constraint.ts";
-import { declineReason, newAttempt, type RunningAttempt, submitRequest } from "./attempt.ts";
+import { declineReason, measuredTerms, newAttempt, type RunningAttempt, submitRequest } from "./attempt.ts";
 import { buildHeartbeat, pagePool } from "./heartbeat.ts";
-import { measuredTerms } from "./report.ts";
 import { ResidentLedger } from "./resident-ledger.ts";
 
 /**

@@ -1,7 +1,7 @@
 import type { Decline, Offer } from "../../schema/control.ts";
 import { RequestId } from "../../schema/ids.ts";
 import { logitsRules, type TokenLogprob } from "../model/logits.ts";
-import type { RuntimeGeneration, SubmitRequest } from "../runtime/runtime.ts";
+import type { RequestTiming, RuntimeGeneration, SubmitRequest } from "../runtime/runtime.ts";
 
 /** One accepted attempt as the agent runs it: its generation and what is still to send. */
 export interface RunningAttempt {
@@ -91,4 +91,14 @@ export function newAttempt(
     generated: [],
     flushScheduled: false,
   };
+}
+
+/** A measured TTFT split by the router's terms; prefill is the rest (never below 0). */
+export function measuredTerms(
+  ttftMs: number,
+  t: RequestTiming,
+): { queueMs: number; fetchMs: number; prefillMs: number } {
+  const queueMs = Math.max(0, Math.min(ttftMs, t.queueMs ?? 0));
+  const fetchMs = Math.max(0, Math.min(ttftMs - queueMs, t.fetchMs));
+  return { queueMs, fetchMs, prefillMs: Math.max(0, ttftMs - queueMs - fetchMs) };
 }

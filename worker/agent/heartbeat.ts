@@ -1,7 +1,10 @@
 import type { PagePool } from "../../schema/admission.ts";
 import {
+  type CalibratedCosts,
   type Heartbeat,
+  MAX_PREFILLING_ATTEMPTS,
   MAX_RESIDENT_PREFIXES,
+  type PrefillProgress,
   type StoreTier,
   type WorkerStatus,
 } from "../../schema/control.ts";
@@ -9,13 +12,66 @@ import {
   type ModelFingerprint,
   PageCount,
   type PrefixHash,
+  type RequestId,
   TokenCount,
   type WorkerId,
 } from "../../schema/ids.ts";
+import type { Calibration } from "../calibration/calibration.ts";
 import type { WorkerRuntime } from "../runtime/runtime.ts";
 import { type RunningAttempt, runtimeId } from "./attempt.ts";
-import { heartbeatCosts, prefillProgress } from "./report.ts";
 import type { ResidentLedger } from "./resident-ledger.ts";
+
+const MIB = 1024 * 1024;
+
+/** An accepted attempt as the heartbeat sees it. */
+export interface PrefillingAttempt {
+  readonly requestId: RequestId;
+  readonly attempt: number;
+  /** Prompt tokens the offer said were still to prefill when it was accepted. */
+  readonly queuedTokens: number;
+  readonly prompt: readonly unknown[];
+  /** null until its first token. */
+  readonly firstTokenAt: number | null;
+}
+
+/**
+ * Tokens still to prefill, in all and per attempt (the list bounded by
+ * MAX_PREFILLING_ATTEMPTS; the total counts every attempt). Still to
+ * prefill: the accepted estimate, less what the runtime has put through the
+ * forward since (`prefilled`).
+ */
+export function prefillProgress<A extends PrefillingAttempt>(
+  attempts: Iterable<A>,
+  prefilled: (a: A) => number,
+): { queuedTokens: number; prefilling: PrefillProgress[] } {
+  let queuedTokens = 0;
+  const prefilling: PrefillProgress[] = [];
+  for (const a of attempts) {
+    if (a.firstTokenAt !== null) continue;
+    const remaining = Math.max(0, Math.min(a.queuedTokens, a.prompt.length - prefilled(a)));
+    queuedTokens += remaining;
+    if (prefilling.length < MAX_PREFILLING_ATTEMPTS)
+      prefilling.push({ requestId: a.requestId, attempt: a.attempt, remainingTokens: TokenCount(remaining) });
+  }
+  return { queuedTokens, prefilling };
+}
+
+/** The heartbeat's costs from the worker's calibration (per-byte restore costs as ms per MiB). */
+export function heartbeatCosts(c: Calibration): CalibratedCosts {
+  return {
+    prefillPerTokenMs: c.prefillPerTokenMs.value,
+    firstTokenMs: c.firstTokenMs.value,
+    // The CPU engine's pages live in host memory: restored bytes need no upload.
+    uploadMsPerMiB: 0,
+    restoreMsPerMiB: {
+      ram: c.restorePerByteMs.ram.value * MIB,
+      ssd: c.restorePerByteMs.ssd.value * MIB,
+      peer: c.restorePerByteMs.peer.value * MIB,
+      s3: c.restorePerByteMs.s3.value * MIB,
+    },
+    samples: c.prefillPerTokenMs.samples + c.firstTokenMs.samples,
+  };
+}
 
 /**
  * The real page pool for admission: what the pool may hand out net of what

@@ -1,10 +1,12 @@
-import type { Engine } from "../../native/index.ts";
+import type { Engine } from "../../native/engine.ts";
 import type { CatalogOp } from "../../schema/catalog.ts";
 import { type ChainNode, catalogNodeId, prefixChain } from "../../schema/identity.ts";
 import type { ContentId, NodeId, PageId, PrefixHash } from "../../schema/ids.ts";
 import type { Logger } from "../../schema/log.ts";
 import { type Calibration, type Estimate, smooth } from "../calibration/calibration.ts";
+import type { LayerGroups } from "../model/layout.ts";
 import type { CheckpointOffer, RouteCheckpointer } from "../pages/durable-hooks.ts";
+import { groupHashes } from "../pages/layer-groups.ts";
 import type { PageManager } from "../pages/page-manager.ts";
 import { PageError } from "../pages/page-state.ts";
 import { residencyCosts } from "../residency/residency.ts";
@@ -13,12 +15,16 @@ import type { PutResult } from "../store/tiered.ts";
 import { captureDecision } from "./admission.ts";
 import type { CatalogLink } from "./catalog-link.ts";
 import { type ChunkDescriptor, describeChunk, type KvGeometry, packChunk } from "./chunk-format.ts";
+import { type GroupChunks, groupChain, groupChunksOf } from "./group-chunks.ts";
 
 const DEFAULT_PROBE_EVERY = 8;
 
 export interface CheckpointerOptions {
   readonly engine: Pick<Engine, "downloadPages">;
+  /** The pool's geometry: its slots are `groups.slots`. */
   readonly geometry: KvGeometry;
+  /** The layer groups the runtime holds pages in (servedLayerGroups): each is checkpointed as chunks of its own layers. */
+  readonly groups: LayerGroups;
   readonly tiers: ChunkTiers;
   readonly catalog: CatalogLink;
   readonly pageTokens: number;
@@ -62,6 +68,7 @@ export interface CheckpointStats {
 
 /** A chunk in the store (local tiers written), waiting for its remote confirmation and its proposal. */
 interface StoredChunk {
+  readonly group: number;
   readonly descriptor: ChunkDescriptor;
   readonly id: ContentId;
   readonly put: Extract<PutResult, { status: "stored" }>;
@@ -70,17 +77,33 @@ interface StoredChunk {
   readonly storedAt: number;
 }
 
+/** One layer group's part of a capture: its chunks' chain nodes still to capture, over its own page hashes. */
+interface GroupJob {
+  readonly chunks: GroupChunks;
+  /** The group's page hashes of the offered prefix (groupHashes). */
+  readonly prefix: readonly PrefixHash[];
+  readonly nodes: readonly ChainNode[];
+}
+
 interface CaptureJob {
-  /** The page-hash chain of the offered prefix: its pages are captured wherever the pool holds them. */
+  /** The plain page-hash chain of the offered prefix: its pages are captured wherever the pool holds them. */
   readonly prefix: readonly PrefixHash[];
   readonly pages: PageManager;
-  readonly nodes: readonly ChainNode[];
+  /** Group 0 first; a group with nothing to capture is absent. */
+  readonly groups: readonly GroupJob[];
   readonly calibration: Calibration;
   readonly released: () => void;
 }
 
 /**
  * Turns sealed, immutable page ranges of a prefix into durable, published chunks.
+ *
+ * Per layer group (GroupChunks): group g's pages become chunks holding group
+ * g's layers, published on group g's chain (group-tagged hashes), so a
+ * uniform model is one group and one chain. A sliding group's pages go once
+ * outside its window and stay findable only while cached; its chain is
+ * captured from the root as far as its pages are still held (a published
+ * chunk needs its parent published).
  *
  *   offer (sync, in the loop) ─▶ bounded queue ─▶ one capture at a time:
  *     1. store, for each chunk of the prefix in chain order, while its pages
@@ -121,6 +144,7 @@ export class Checkpointer implements RouteCheckpointer {
   private confirmWait: Estimate = { value: 0, samples: 0 };
   /** Offers declined on value since capturePerByte was last measured (admission's re-probe). */
   private declinedSinceSample = 0;
+  private readonly groups: readonly GroupChunks[];
   private counters = {
     queued: 0,
     skippedFull: 0,
@@ -138,6 +162,11 @@ export class Checkpointer implements RouteCheckpointer {
       throw new RangeError(`checkpoint maxQueued must be a positive integer, got ${opts.maxQueued}`);
     if (opts.probeEvery !== undefined && (!Number.isSafeInteger(opts.probeEvery) || opts.probeEvery < 1))
       throw new RangeError(`checkpoint probeEvery must be a positive integer, got ${opts.probeEvery}`);
+    if (opts.groups.slots !== opts.geometry.slots)
+      throw new RangeError(
+        `checkpoint geometry holds ${opts.geometry.slots} layers a page, the groups ${opts.groups.slots}`,
+      );
+    this.groups = groupChunksOf(opts.groups);
     this.capturePerByte = { value: opts.capturePerByteMs, samples: 0 };
   }
 
@@ -148,24 +177,32 @@ export class Checkpointer implements RouteCheckpointer {
   offer(o: CheckpointOffer): "queued" | "skipped" | "refused" {
     const { chunkTokens: C, geometry, catalog } = this.opts;
     if (this.closed) return "skipped";
-    const chunkBytes = geometry.chunkBytes(C);
-    if (chunkBytes > this.opts.maxStagingBytes) {
+    // Staging is one chunk of one group at a time.
+    const staging = Math.max(...this.groups.map((gc) => geometry.chunkBytes(C, gc.held)));
+    if (staging > this.opts.maxStagingBytes) {
       this.counters.refusedStaging++;
       return "refused";
     }
     const fp = catalog.id.fingerprint;
     const chain = prefixChain(o.tokens, C, o.salt);
-    // Nodes a restore can read (published, with a ready replica somewhere) are skipped; the rest is
-    // captured: unpublished ones (their parents are published or precede them here), and published
-    // ones whose every replica went bad or was removed — so a damaged durable prefix heals on the next
-    // request over it instead of ending every later restore at the damage.
+    // Per group: nodes a restore can read (published, with a ready replica somewhere) are skipped;
+    // the rest is captured: unpublished ones (their parents are published or precede them here), and
+    // published ones whose every replica went bad or was removed — so a damaged durable prefix heals
+    // on the next request over it instead of ending every later restore at the damage.
     const servable = (n: ChainNode) => this.servable(catalogNodeId(fp, n.hash));
-    let first = 0;
-    while (first < chain.length && servable(chain[first]!)) first++;
-    const nodes = chain
-      .slice(first)
-      .filter((n) => !this.pending.has(catalogNodeId(fp, n.hash)) && !servable(n));
-    if (nodes.length === 0 || nodes[0]!.start !== (chain[first]?.start ?? -1)) return "skipped";
+    const groups: GroupJob[] = [];
+    for (const gc of this.groups) {
+      const gchain = groupChain(chain, gc.group);
+      let first = 0;
+      while (first < gchain.length && servable(gchain[first]!)) first++;
+      const nodes = gchain
+        .slice(first)
+        .filter((n) => !this.pending.has(catalogNodeId(fp, n.hash)) && !servable(n));
+      if (nodes.length === 0 || nodes[0]!.start !== (gchain[first]?.start ?? -1)) continue;
+      groups.push({ chunks: gc, prefix: groupHashes(o.prefix, gc.group), nodes });
+    }
+    if (groups.length === 0) return "skipped";
+    const chunkBytes = groups.reduce((n, j) => n + geometry.chunkBytes(C, j.chunks.held), 0);
     const c = o.calibration;
     const decision = captureDecision(
       { tokens: C, bytes: chunkBytes, hits: o.hits },
@@ -181,7 +218,8 @@ export class Checkpointer implements RouteCheckpointer {
     );
     this.opts.logger.log("debug", "checkpoint.offer", {
       prefix: o.prefix[o.prefix.length - 1],
-      chunks: nodes.length,
+      chunks: groups.reduce((n, j) => n + j.nodes.length, 0),
+      groups: groups.length,
       hits: o.hits,
       capture: decision.capture,
       probe: decision.probe,
@@ -206,11 +244,11 @@ export class Checkpointer implements RouteCheckpointer {
       // One probe in flight at a time: the count restarts, and the probe's measurement resets it too.
       this.declinedSinceSample = 0;
     }
-    for (const n of nodes) this.pending.add(catalogNodeId(fp, n.hash));
+    for (const j of groups) for (const n of j.nodes) this.pending.add(catalogNodeId(fp, n.hash));
     this.queue.push({
       prefix: o.prefix,
       pages: o.pages,
-      nodes,
+      groups,
       calibration: o.calibration,
       released: o.released,
     });
@@ -252,8 +290,9 @@ export class Checkpointer implements RouteCheckpointer {
             message: (err as Error).message,
           });
         } finally {
-          for (const n of job.nodes)
-            this.pending.delete(catalogNodeId(this.opts.catalog.id.fingerprint, n.hash));
+          for (const j of job.groups)
+            for (const n of j.nodes)
+              this.pending.delete(catalogNodeId(this.opts.catalog.id.fingerprint, n.hash));
         }
       }
     } finally {
@@ -262,69 +301,77 @@ export class Checkpointer implements RouteCheckpointer {
   }
 
   /**
-   * Phase 1: each chunk of the prefix, in chain order, downloaded from the
+   * Phase 1: each group's chunks of the prefix, group 0 first and each
+   * group in chain order, downloaded from the
    * device, re-packed and put in the store, while its pages are held. The
    * local writes take milliseconds; the remote confirmation (an S3 upload:
    * tens of ms, seconds while S3 retries) is awaited in phase 2, so the
    * pages are needed only for this short phase and a later request evicting
-   * them no longer cuts a capture short while it waits on S3. Stops at the
-   * first chunk it cannot take (pages evicted, store refused): what was
-   * stored before it is still published, a chain's prefix.
+   * them no longer cuts a capture short while it waits on S3. A group stops
+   * at its first chunk whose pages are gone (what was stored before it is
+   * still published, a chain's prefix) and the next group goes on; a store
+   * refusal ends the phase.
    */
   private async store(job: CaptureJob): Promise<StoredChunk[]> {
     const { catalog, tiers, geometry, pageTokens: P } = this.opts;
     const stored: StoredChunk[] = [];
-    for (const node of job.nodes) {
-      const end = node.start + node.count;
-      const firstPage = Math.floor(node.start / P);
-      const pageCount = Math.ceil(end / P) - firstPage;
-      const t0 = performance.now();
-      let capture: ReturnType<PageManager["beginCapturePrefix"]>;
-      try {
-        capture = job.pages.beginCapturePrefix(job.prefix, firstPage, pageCount);
-      } catch (err) {
-        if (!(err instanceof PageError)) throw err;
-        this.opts.logger.log("debug", "checkpoint.pages_gone", {
-          prefix: job.prefix[job.prefix.length - 1],
-          start: node.start,
-          reason: err.message,
-        });
-        break;
+    for (const group of job.groups) {
+      const { chunks: gc } = group;
+      for (const node of group.nodes) {
+        const end = node.start + node.count;
+        const firstPage = Math.floor(node.start / P);
+        const pageCount = Math.ceil(end / P) - firstPage;
+        const t0 = performance.now();
+        let capture: ReturnType<PageManager["beginCapturePrefix"]>;
+        try {
+          capture = job.pages.beginCapturePrefix(group.prefix, firstPage, pageCount);
+        } catch (err) {
+          if (!(err instanceof PageError)) throw err;
+          this.opts.logger.log("debug", "checkpoint.pages_gone", {
+            prefix: job.prefix[job.prefix.length - 1],
+            group: gc.group,
+            start: node.start,
+            reason: err.message,
+          });
+          break;
+        }
+        let pageBytes: Uint8Array;
+        try {
+          pageBytes = await this.opts.engine.downloadPages(capture.pages.map((t) => t.page as PageId));
+        } finally {
+          job.pages.endCapture(capture.id);
+          job.released();
+        }
+        const payload = packChunk(
+          geometry,
+          { bytes: pageBytes, firstPageRow: firstPage * P, pageTokens: P },
+          node.start,
+          node.count,
+          gc.held,
+        );
+        const { descriptor, meta, id } = describeChunk(
+          catalog.id.fingerprint,
+          catalog.id.layout,
+          gc.mask,
+          node,
+          payload,
+        );
+        const put = await tiers.store.put(id, payload, meta, "optional");
+        if (put.status === "refused") {
+          this.counters.skippedFull++;
+          this.opts.logger.log("debug", "checkpoint.refused", {
+            prefix: job.prefix[job.prefix.length - 1],
+            reason: put.reason,
+          });
+          return stored;
+        }
+        // The capture's own cost ends with the local writes; the remote tier's
+        // confirmation is measured apart (admission.ts says why).
+        const storedAt = performance.now();
+        this.capturePerByte = smooth(this.capturePerByte, (storedAt - t0) / payload.byteLength, 0.2);
+        this.declinedSinceSample = 0;
+        stored.push({ group: gc.group, descriptor, id, put, storeMs: storedAt - t0, storedAt });
       }
-      let pageBytes: Uint8Array;
-      try {
-        pageBytes = await this.opts.engine.downloadPages(capture.pages.map((t) => t.page as PageId));
-      } finally {
-        job.pages.endCapture(capture.id);
-        job.released();
-      }
-      const payload = packChunk(
-        geometry,
-        { bytes: pageBytes, firstPageRow: firstPage * P, pageTokens: P },
-        node.start,
-        node.count,
-      );
-      const { descriptor, meta, id } = describeChunk(
-        catalog.id.fingerprint,
-        catalog.id.layout,
-        node,
-        payload,
-      );
-      const put = await tiers.store.put(id, payload, meta, "optional");
-      if (put.status === "refused") {
-        this.counters.skippedFull++;
-        this.opts.logger.log("debug", "checkpoint.refused", {
-          prefix: job.prefix[job.prefix.length - 1],
-          reason: put.reason,
-        });
-        break;
-      }
-      // The capture's own cost ends with the local writes; the remote tier's
-      // confirmation is measured apart (admission.ts says why).
-      const storedAt = performance.now();
-      this.capturePerByte = smooth(this.capturePerByte, (storedAt - t0) / payload.byteLength, 0.2);
-      this.declinedSinceSample = 0;
-      stored.push({ descriptor, id, put, storeMs: storedAt - t0, storedAt });
     }
     return stored;
   }
@@ -333,16 +380,16 @@ export class Checkpointer implements RouteCheckpointer {
    * Phase 2: in chain order, each stored chunk's confirmation awaited, then
    * its facts proposed. A failed confirmation ends the capture there (it
    * throws): neither that chunk nor any later one is proposed, since a child
-   * needs its parent published. Returns the last chunk proposed.
+   * needs its parent published. Returns each group's last chunk proposed.
    */
   private async publish(
     job: CaptureJob,
     stored: readonly StoredChunk[],
-  ): Promise<ChunkDescriptor | undefined> {
+  ): Promise<Map<number, ChunkDescriptor>> {
     const { catalog, tiers } = this.opts;
     const me = catalog.id.workerId;
-    let last: ChunkDescriptor | undefined;
-    for (const { descriptor, id, put, storeMs, storedAt } of stored) {
+    const last = new Map<number, ChunkDescriptor>();
+    for (const { group, descriptor, id, put, storeMs, storedAt } of stored) {
       await put.durable;
       const confirmed = performance.now();
       this.confirmWait = smooth(this.confirmWait, confirmed - storedAt, 0.2);
@@ -380,7 +427,7 @@ export class Checkpointer implements RouteCheckpointer {
         confirmMs: confirmed - storedAt,
         proposeMs: performance.now() - proposing,
       });
-      last = descriptor;
+      last.set(group, descriptor);
     }
     return last;
   }
@@ -389,16 +436,22 @@ export class Checkpointer implements RouteCheckpointer {
     const { catalog } = this.opts;
     const stored = await this.store(job);
     const last = await this.publish(job, stored);
-    if (last === undefined) return;
-    // Pages become durable (restorable, so cheaper to evict) only once their chunks are visible here.
+    const final = stored[stored.length - 1];
+    if (final === undefined) return;
+    // Pages become durable (restorable, so cheaper to evict) only once their chunks are visible here;
+    // the replica applies proposals in order, so the last one proposed applied means all did.
     const applied = await catalog.waitUntil(
-      () => catalog.db.eidOf("chunk/node", last.node) !== undefined,
+      () => catalog.db.eidOf("chunk/node", final.descriptor.node) !== undefined,
       this.opts.publishTimeoutMs,
     );
     if (!applied) return;
     const P = this.opts.pageTokens;
-    const covered = job.prefix.slice(0, Math.floor((last.start + last.tokens) / P));
-    job.pages.markDurable(covered, residencyCosts(job.calibration, P, this.opts.geometry.pageBytes(P)));
-    if (stored.length === job.nodes.length) this.counters.durablePrefixes++;
+    const costs = residencyCosts(job.calibration, P, this.opts.geometry.pageBytes(P));
+    for (const group of job.groups) {
+      const l = last.get(group.chunks.group);
+      if (l !== undefined)
+        job.pages.markDurable(group.prefix.slice(0, Math.floor((l.start + l.tokens) / P)), costs);
+    }
+    if (stored.length === job.groups.reduce((n, j) => n + j.nodes.length, 0)) this.counters.durablePrefixes++;
   }
 }

@@ -1,4 +1,4 @@
-import type { ModelSpec } from "../../native/index.ts";
+import type { ModelSpec } from "../../native/model-spec.ts";
 import { catalogNodeId, contentId } from "../../schema/identity.ts";
 import type { ContentId, ModelFingerprint, NodeId, PrefixHash } from "../../schema/ids.ts";
 import type { ChunkMeta } from "../store/chunk.ts";
@@ -7,22 +7,44 @@ import type { ChunkMeta } from "../store/chunk.ts";
  * The durable chunk format: token-major, so a chunk's bytes (and so its
  * content id) never depend on the page size that produced them.
  *
- * A chunk holds token rows [start, start + tokens) of one continuation. Its
- * payload, for each layer l ascending:
+ * A chunk holds token rows [start, start + tokens) of one continuation, for
+ * the layers its metadata's `layers` mask names (one layer group's: all
+ * layers of a uniform model; a grouped model's chunk holds one group). Its
+ * payload, for each held layer in mask order (the i-th is held layer i):
  *
  *   K rows [tokens, nKv, headDim]  fp16 little-endian
  *   V rows [tokens, nKv, vHeadDim] fp16 little-endian
  *
- * so layer l begins at l · tokens · (kRow + vRow) bytes, where kRow = nKv ·
- * headDim · 2 and vRow = nKv · vHeadDim · 2.
+ * so held layer i begins at i · tokens · (kRow + vRow) bytes, where kRow =
+ * nKv · headDim · 2 and vRow = nKv · vHeadDim · 2.
  *
- * The engine's page bytes (native/index.ts) are page-major: for each page,
- * for each layer, the K page [pageTokens, nKv, headDim] then the V page
- * [pageTokens, nKv, vHeadDim]. Within one page and layer, rows are contiguous,
+ * The engine's page bytes (native/engine.ts) are page-major: for each page,
+ * for each storage slot (a group's layers by rank), the K page [pageTokens,
+ * nKv, headDim] then the V page [pageTokens, nKv, vHeadDim]; held layer i is
+ * slot i of its group's pages. Within one page and slot, rows are contiguous,
  * so converting between the two copies runs of rows: a row run never crosses
- * a page boundary and is one memcpy per layer per K/V.
+ * a page boundary and is one memcpy per held layer per K/V.
+ *
+ * v2: the `layers` mask joined the metadata (so the content id), so chunks of
+ * different layer sets never collide; v1 chunks held every layer, unnamed.
  */
-export const CHUNK_FORMAT = "continuum/kv-chunk/v1";
+export const CHUNK_FORMAT = "continuum/kv-chunk/v2";
+
+/**
+ * The `layers` mask of a chunk holding `layers` of a model of `nLayers`:
+ * their indices ascending, comma-separated ("0,1,2" for a 3-layer uniform
+ * model, "5,11" for Gemma 3's global group). Refuses any other set.
+ */
+export function layerMask(layers: readonly number[], nLayers: number): string {
+  if (layers.length === 0) throw new RangeError("a chunk holds at least one layer");
+  layers.forEach((l, i) => {
+    if (!Number.isSafeInteger(l) || l < 0 || l >= nLayers || (i > 0 && l <= layers[i - 1]!))
+      throw new RangeError(
+        `layers [${layers.join(",")}] are not ascending distinct indices of a ${nLayers}-layer model`,
+      );
+  });
+  return layers.join(",");
+}
 
 /** Byte geometry of one model's attention state. */
 export class KvGeometry {
@@ -37,27 +59,34 @@ export class KvGeometry {
     readonly nKvHeads: number,
     readonly headDim: number,
     readonly vHeadDim: number,
+    /** Layers' K/V one engine page holds (the pool's largest layer group; every layer with one group). */
+    readonly slots: number = nLayers,
   ) {
-    for (const [k, v] of Object.entries({ nLayers, nKvHeads, headDim, vHeadDim })) {
+    for (const [k, v] of Object.entries({ nLayers, nKvHeads, headDim, vHeadDim, slots })) {
       if (!Number.isSafeInteger(v) || v < 1)
         throw new RangeError(`KvGeometry.${k} must be a positive integer`);
     }
+    if (slots > nLayers) throw new RangeError(`KvGeometry.slots ${slots} exceeds the ${nLayers} layers`);
     this.kRow = nKvHeads * headDim * 2;
     this.vRow = nKvHeads * vHeadDim * 2;
     this.tokenBytes = nLayers * (this.kRow + this.vRow);
   }
 
-  static of(spec: Pick<ModelSpec, "nLayers" | "nKvHeads" | "headDim" | "vHeadDim">): KvGeometry {
-    return new KvGeometry(spec.nLayers, spec.nKvHeads, spec.headDim, spec.vHeadDim ?? spec.headDim);
+  static of(
+    spec: Pick<ModelSpec, "nLayers" | "nKvHeads" | "headDim" | "vHeadDim">,
+    slots: number = spec.nLayers,
+  ): KvGeometry {
+    return new KvGeometry(spec.nLayers, spec.nKvHeads, spec.headDim, spec.vHeadDim ?? spec.headDim, slots);
   }
 
-  /** Bytes of one engine page of `pageTokens` rows (= engine.pageBytes). */
+  /** Bytes of one engine page of `pageTokens` rows (= engine.pageBytes): slots · pageTokens · (kRow + vRow). */
   pageBytes(pageTokens: number): number {
-    return pageTokens * this.tokenBytes;
+    return pageTokens * this.slots * (this.kRow + this.vRow);
   }
 
-  chunkBytes(tokens: number): number {
-    return tokens * this.tokenBytes;
+  /** Bytes of a chunk of `tokens` rows holding `layers` layers (default all). */
+  chunkBytes(tokens: number, layers: number = this.nLayers): number {
+    return tokens * layers * (this.kRow + this.vRow);
   }
 }
 
@@ -88,16 +117,17 @@ function checkSpan(g: KvGeometry, span: PageSpan, from: number, count: number): 
 }
 
 /**
- * Copies rows [from, from + count) between a token-major chunk payload (whose
- * row 0 is route row `chunkStart`) and a page span, in the direction given.
- * For each layer, each maximal run of rows inside one page is one copy of K and
- * one of V:
+ * Copies rows [from, from + count) between a token-major chunk payload of
+ * `held` layers (whose row 0 is route row `chunkStart`) and a page span, in
+ * the direction given. For each held layer l (page slot l), each maximal run
+ * of rows inside one page is one copy of K and one of V:
  *   page offset  = (row − firstPageRow) / P · pageBytes + l · P · (kRow + vRow) + (row mod P) · kRow
  *   chunk offset = l · chunkTokens · (kRow + vRow) + (row − chunkStart) · kRow
  * (V: add P · kRow in the page, chunkTokens · kRow in the chunk, and use vRow.)
  */
 function copyRows(
   g: KvGeometry,
+  held: number,
   chunk: Uint8Array,
   chunkStart: number,
   chunkTokens: number,
@@ -106,8 +136,12 @@ function copyRows(
   count: number,
   toChunk: boolean,
 ): void {
-  if (chunk.byteLength !== g.chunkBytes(chunkTokens))
-    throw new RangeError(`chunk payload is ${chunk.byteLength} bytes, expected ${g.chunkBytes(chunkTokens)}`);
+  if (!Number.isSafeInteger(held) || held < 1 || held > g.slots)
+    throw new RangeError(`a chunk of ${held} layers does not fit pages of ${g.slots} slots`);
+  if (chunk.byteLength !== g.chunkBytes(chunkTokens, held))
+    throw new RangeError(
+      `chunk payload is ${chunk.byteLength} bytes, expected ${g.chunkBytes(chunkTokens, held)}`,
+    );
   if (from < chunkStart || from + count > chunkStart + chunkTokens)
     throw new RangeError(
       `rows [${from}, ${from + count}) are outside the chunk [${chunkStart}, ${chunkStart + chunkTokens})`,
@@ -125,7 +159,7 @@ function copyRows(
     const inPage = rel % P;
     const run = Math.min(P - inPage, from + count - row);
     const c = row - chunkStart;
-    for (let l = 0; l < g.nLayers; l++) {
+    for (let l = 0; l < held; l++) {
       const pk = page * pageBytes + l * pageLayer + inPage * kRow;
       const pv = page * pageBytes + l * pageLayer + P * kRow + inPage * vRow;
       const ck = l * chunkLayer + c * kRow;
@@ -142,10 +176,20 @@ function copyRows(
   }
 }
 
-/** Packs rows [start, start + tokens) from page-major bytes into a new token-major chunk payload. */
-export function packChunk(g: KvGeometry, span: PageSpan, start: number, tokens: number): Uint8Array {
-  const out = new Uint8Array(g.chunkBytes(tokens));
-  copyRows(g, out, start, tokens, span, start, tokens, true);
+/**
+ * Packs rows [start, start + tokens) from page-major bytes into a new
+ * token-major chunk payload of the pages' first `held` slots (default all
+ * layers: one group of every layer).
+ */
+export function packChunk(
+  g: KvGeometry,
+  span: PageSpan,
+  start: number,
+  tokens: number,
+  held: number = g.nLayers,
+): Uint8Array {
+  const out = new Uint8Array(g.chunkBytes(tokens, held));
+  copyRows(g, held, out, start, tokens, span, start, tokens, true);
   return out;
 }
 
@@ -162,8 +206,9 @@ export function unpackChunk(
   span: PageSpan,
   from: number,
   count: number,
+  held: number = g.nLayers,
 ): void {
-  copyRows(g, payload, chunkStart, chunkTokens, span, from, count, false);
+  copyRows(g, held, payload, chunkStart, chunkTokens, span, from, count, false);
 }
 
 /** What a chunk's metadata records; all of it is covered by the content id. */
@@ -175,6 +220,8 @@ export interface ChunkDescriptor {
   readonly start: number;
   readonly tokens: number;
   readonly layout: string;
+  /** The layers held (layerMask). */
+  readonly layers: string;
   readonly bytes: number;
 }
 
@@ -188,6 +235,7 @@ export function chunkMeta(d: ChunkDescriptor): ChunkMeta {
     start: d.start,
     tokens: d.tokens,
     layout: d.layout,
+    layers: d.layers,
     bytes: d.bytes,
   };
 }
@@ -196,6 +244,7 @@ export function chunkMeta(d: ChunkDescriptor): ChunkMeta {
 export function describeChunk(
   fingerprint: ModelFingerprint,
   layout: string,
+  layers: string,
   node: {
     readonly hash: PrefixHash;
     readonly parent: PrefixHash;
@@ -212,6 +261,7 @@ export function describeChunk(
     start: node.start,
     tokens: node.count,
     layout,
+    layers,
     bytes: payload.byteLength,
   };
   const meta = chunkMeta(descriptor);
@@ -220,11 +270,13 @@ export function describeChunk(
 
 /**
  * Checks that verified metadata is the chunk the catalog promised: the same
- * node, range, model, layout and size. Content ids already tie bytes to
+ * format, node, range, model, layout, layer mask and size. Content ids already tie bytes to
  * metadata; this ties the metadata to the plan. Returns the reason it is not,
  * or null.
  */
 export function metaMismatch(meta: ChunkMeta, expected: ChunkDescriptor): string | null {
+  if (meta.format === CHUNK_FORMAT && meta.layers !== expected.layers)
+    return `chunk holds layers ${JSON.stringify(meta.layers)}, expected ${JSON.stringify(expected.layers)}`;
   const want = chunkMeta(expected);
   for (const [k, v] of Object.entries(want)) {
     if (meta[k] !== v) return `metadata ${k} is ${JSON.stringify(meta[k])}, expected ${JSON.stringify(v)}`;

@@ -1,4 +1,4 @@
-import type { Engine } from "../../native/index.ts";
+import type { Engine } from "../../native/engine.ts";
 import {
   checkWork,
   DecodeError,

@@ -1,4 +1,4 @@
-import type { Engine } from "../../native/index.ts";
+import type { Engine } from "../../native/engine.ts";
 import type { PageId } from "../../schema/ids.ts";
 import { NO_PAGE, windowDeadPages } from "../pages/route.ts";
 import {

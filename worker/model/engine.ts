@@ -1,11 +1,6 @@
-import {
-  createEngine,
-  type Engine,
-  type EngineOptions,
-  type ModelSpec,
-  type WeightDType,
-  type WeightTensor,
-} from "../../native/index.ts";
+import { createEngine, type Engine, type EngineOptions } from "../../native/engine.ts";
+import type { ModelSpec } from "../../native/model-spec.ts";
+import type { WeightDType, WeightTensor } from "../../native/weights.ts";
 import type { EngineSpec } from "./config.ts";
 import { bf16BitsToF32, f32ToBf16Bits, roundToF16, type WeightFormat } from "./dtype.ts";
 import { layerWindows } from "./layout.ts";
@@ -90,7 +85,7 @@ export function nativeSpec(spec: EngineSpec, embedDtype: WeightFormat = "F32"): 
   };
 }
 
-/** The tensors by the engine's names (native/index.ts: weightNames), taken from their roles. */
+/** The tensors by the engine's names (native/weights.ts: weightNames), taken from their roles. */
 export function nativeWeights(weights: ModelWeights, spec: EngineSpec): Map<string, WeightTensor> {
   const out = new Map<string, WeightTensor>();
   const put = (name: string, t: LoadedTensor | undefined) => {

@@ -24,8 +24,12 @@ export type AttentionLayout =
 
 export const GLOBAL_LAYER: AttentionLayout = { kind: "global" };
 
-/** The name of the all-global layout, unchanged from before layouts existed. */
-export const KV_LAYOUT = "kv-gqa/v1";
+/**
+ * The name of the all-global layout. In the fingerprint, so it versions the
+ * chunks too: v2 came with chunk format v2 (chunks name their layers), so a
+ * catalog that outlives an upgrade never holds v1 chunks on v2's node ids.
+ */
+export const KV_LAYOUT = "kv-gqa/v2";
 
 /**
  * A sliding layer of window W. A window that covers every position the model
@@ -39,9 +43,9 @@ export function slidingLayer(window: number, maxPosition: number): AttentionLayo
 }
 
 /**
- * The manifest's layout field: "kv-gqa/v1" when every layer is global (the
+ * The manifest's layout field: "kv-gqa/v2" when every layer is global (the
  * name every all-global model had before), else that name with the layers as
- * runs, e.g. "kv-gqa/v1;layers=s512x5,g,s512x5,g" (s<W> sliding, g global,
+ * runs, e.g. "kv-gqa/v2;layers=s512x5,g,s512x5,g" (s<W> sliding, g global,
  * x<N> a run of N equal layers, layer 0 first).
  */
 export function layoutName(layers: readonly AttentionLayout[]): string {
@@ -61,6 +65,14 @@ export function layoutName(layers: readonly AttentionLayout[]): string {
 /** The windows as the native engine takes them: 0 for a global layer, W for sliding. */
 export function layerWindows(layers: readonly AttentionLayout[]): Int32Array {
   return Int32Array.from(layers, (l) => (l.kind === "global" ? 0 : l.window));
+}
+
+/** The layouts an engine spec's layerWindows give (layerWindows' inverse; absent: every layer global). */
+export function layoutsOfWindows(windows: Int32Array | undefined, nLayers: number): AttentionLayout[] {
+  return Array.from({ length: nLayers }, (_, i) => {
+    const w = windows?.[i] ?? 0;
+    return w === 0 ? GLOBAL_LAYER : { kind: "sliding", window: w };
+  });
 }
 
 /**
@@ -126,10 +138,11 @@ export function layerGroups(layers: readonly AttentionLayout[]): LayerGroups {
 }
 
 /**
- * The groups a served model's pages are held in. Chunks (checkpoint and
- * restore) hold one page table, so with durable reuse on, a layout of several
- * groups is served as one group of every layer (every layer keeps every page
- * of the context, as before grouping); without it, each group keeps its own
+ * The groups a served model's pages are held in. Chunks are written per
+ * group (checkpointer.ts), but a restore fills one page table, so with
+ * durable reuse on, a layout of several groups is served as one group of
+ * every layer (every layer keeps every page of the context, as before
+ * grouping); without it, each group keeps its own
  * table and a sliding group releases its pages outside its window. A uniform
  * layout is one group either way.
  */

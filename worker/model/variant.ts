@@ -1,4 +1,4 @@
-import type { BackendName, CudaStatus } from "../../native/index.ts";
+import type { BackendName, CudaStatus } from "../../native/backends.ts";
 
 /**
  * Execution variants: the name, in the model fingerprint, of the numerics an

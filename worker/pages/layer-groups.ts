@@ -1,5 +1,5 @@
 import { createHash } from "node:crypto";
-import type { StepBatch } from "../../native/index.ts";
+import type { StepBatch } from "../../native/engine.ts";
 import { ContinuationId, PrefixHash, type TokenCount } from "../../schema/ids.ts";
 import type { LayerGroups } from "../model/layout.ts";
 import { buildBatch, type Lane } from "../runtime/batch.ts";
@@ -46,7 +46,7 @@ export class GroupedRoutes {
 
   /** The prefix hashes group g's pages carry. */
   groupHashes(hashes: readonly PrefixHash[], g: number): readonly PrefixHash[] {
-    return g === 0 ? hashes : hashes.map((h) => groupHash(h, g));
+    return groupHashes(hashes, g);
   }
 
   /** Leading pages of `prefix` that every group holds (resident or cached): the exact hit. */
@@ -214,6 +214,11 @@ export function buildGroupedBatch(lanes: readonly GroupedLane[], groups: number)
 }
 
 const GROUP_TAG = "continuum/layer-group/v1";
+
+/** Group g's hashes of a plain prefix-chain: the chain itself for group 0. */
+export function groupHashes(hashes: readonly PrefixHash[], g: number): readonly PrefixHash[] {
+  return g === 0 ? hashes : hashes.map((h) => groupHash(h, g));
+}
 
 /** Group g's hash of a page whose prefix-chain hash is h: sha256(tag ‖ u32 g ‖ h). */
 export function groupHash(h: PrefixHash, g: number): PrefixHash {

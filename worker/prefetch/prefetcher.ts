@@ -395,7 +395,10 @@ export class Prefetcher {
           ),
         ]);
         if (got === undefined) continue;
-        const wrong = metaMismatch(got.meta, expected(got.meta.parent as PrefixHash));
+        const wrong = metaMismatch(
+          got.meta,
+          expected(got.meta.parent as PrefixHash, got.meta.layers as string),
+        );
         if (wrong === null) return got;
         this.opts.logger.log("warn", "prefetch.wrong_chunk", { node, source: s.what, detail: wrong });
       } catch (err) {
@@ -417,13 +420,15 @@ export class Prefetcher {
    * chain's root has none: its parent is the tenant's salted root
    * (worker/pages/page-hashes.ts), which the catalog does not record, so at a
    * root the chunk's own parent stands: the read was verified against the
-   * content id the catalog holds, which covers the metadata.
+   * content id the catalog holds, which covers the metadata. So does its
+   * layer mask: a prefetch moves a chunk whatever layers it holds, and the
+   * restore that reads it checks the mask against the group it fills.
    */
-  private descriptor(node: NodeId, c: number): (rootParent: PrefixHash) => ChunkDescriptor {
+  private descriptor(node: NodeId, c: number): (rootParent: PrefixHash, layers: string) => ChunkDescriptor {
     const db = this.db;
     const parent = db.get(c, "chunk/parent") as number | undefined;
     const linked = parent === undefined ? undefined : (db.get(parent, "chunk/prefix") as PrefixHash);
-    return (rootParent) => ({
+    return (rootParent, layers) => ({
       node,
       prefix: db.get(c, "chunk/prefix") as PrefixHash,
       parent: linked ?? rootParent,
@@ -431,6 +436,7 @@ export class Prefetcher {
       start: db.get(c, "chunk/start") as number,
       tokens: db.get(c, "chunk/tokens") as number,
       layout: db.get(c, "chunk/layout") as string,
+      layers,
       bytes: db.get(c, "chunk/bytes") as number,
     });
   }

@@ -2,7 +2,8 @@ import { Effect } from "effect";
 import type { CatalogLog } from "../../catalog/log.ts";
 import { Replica } from "../../catalog/replica.ts";
 import type { SnapshotStore } from "../../catalog/snapshot.ts";
-import type { Engine } from "../../native/index.ts";
+import type { Engine } from "../../native/engine.ts";
+import type { ModelSpec } from "../../native/model-spec.ts";
 import { abortable } from "../../schema/abort.ts";
 import type { Config } from "../../schema/config.ts";
 import type { ModelFingerprint, NodeId } from "../../schema/ids.ts";
@@ -11,6 +12,7 @@ import { openScoped, resource, type Scoped } from "../../schema/scope.ts";
 import { CatalogLink } from "../checkpoint/catalog-link.ts";
 import { Checkpointer } from "../checkpoint/checkpointer.ts";
 import { KvGeometry } from "../checkpoint/chunk-format.ts";
+import { type LayerGroups, layoutsOfWindows, servedLayerGroups } from "../model/layout.ts";
 import type { PrefixRestorer, RouteCheckpointer } from "../pages/durable-hooks.ts";
 import { PeerServer } from "../peer/server.ts";
 import type { StoreReporter } from "../store/chunk.ts";
@@ -50,6 +52,16 @@ export interface DurableCacheOptions {
   readonly signal?: AbortSignal;
 }
 
+/**
+ * The layer groups a runtime given durable hooks holds its pages in
+ * (servedLayerGroups, as loadEngine made the pool) and the page geometry
+ * they give: what the checkpointer and restorer work on.
+ */
+export function durableGeometry(spec: ModelSpec): { groups: LayerGroups; geometry: KvGeometry } {
+  const groups = servedLayerGroups(layoutsOfWindows(spec.layerWindows, spec.nLayers), true);
+  return { groups, geometry: KvGeometry.of(spec, groups.slots) };
+}
+
 /** Bound on each catalog wait of start-up (catching up, withdrawals, registration). */
 const STARTUP_CATALOG_MS = 30_000;
 
@@ -84,7 +96,11 @@ export class DurableCache {
 
   static async open(o: DurableCacheOptions): Promise<DurableCache> {
     const { config, engine } = o;
-    const geometry = KvGeometry.of(engine.spec);
+    const { groups, geometry } = durableGeometry(engine.spec);
+    if (engine.pageBytes !== 0 && engine.pageBytes !== geometry.pageBytes(config.pages.pageTokens))
+      throw new RangeError(
+        `engine pages are ${engine.pageBytes} bytes, the served groups' ${geometry.pageBytes(config.pages.pageTokens)}`,
+      );
     const opened = await openScoped(
       Effect.gen(function* () {
         const tiers = yield* resource(
@@ -134,6 +150,7 @@ export class DurableCache {
         const pages = {
           engine,
           geometry,
+          groups,
           tiers,
           catalog,
           pageTokens: config.pages.pageTokens,

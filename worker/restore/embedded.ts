@@ -6,7 +6,7 @@ import { CatalogDb } from "../../catalog/db.ts";
 import { InconsistentLogError } from "../../catalog/embedded-file.ts";
 import { EmbeddedLog } from "../../catalog/log-embedded.ts";
 import { CatalogWriter } from "../../catalog/writer.ts";
-import type { Engine } from "../../native/index.ts";
+import type { Engine } from "../../native/engine.ts";
 import type { Config } from "../../schema/config.ts";
 import type { Logger } from "../../schema/log.ts";
 import { openScoped, resource } from "../../schema/scope.ts";

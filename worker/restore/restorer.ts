@@ -1,5 +1,5 @@
 import { longestPublishedPrefix, readyReplicasOfChunk } from "../../catalog/queries.ts";
-import type { Engine } from "../../native/index.ts";
+import type { Engine } from "../../native/engine.ts";
 import type { CatalogOp, Tier } from "../../schema/catalog.ts";
 import { type ChainNode, catalogNodeId, prefixChain } from "../../schema/identity.ts";
 import type { ContentId, NodeId, PageId } from "../../schema/ids.ts";
@@ -14,6 +14,8 @@ import {
   metaMismatch,
   unpackChunk,
 } from "../checkpoint/chunk-format.ts";
+import { type GroupChunks, groupChunksOf } from "../checkpoint/group-chunks.ts";
+import type { LayerGroups } from "../model/layout.ts";
 import type { PrefixRestorer, RestoreRequest, RestoreTicket } from "../pages/durable-hooks.ts";
 import type { LoadTicket, PageManager } from "../pages/page-manager.ts";
 import { fetchPeerChunk } from "../peer/client.ts";
@@ -26,6 +28,8 @@ import { type PlannedChunk, planRestore, type RestorePlan, type SourceOption } f
 export interface RestorerOptions {
   readonly engine: Pick<Engine, "uploadPages">;
   readonly geometry: KvGeometry;
+  /** The layer groups the runtime holds pages in; one group is restored (several: every restore recomputes). */
+  readonly groups: LayerGroups;
   readonly tiers: ChunkTiers;
   readonly catalog: CatalogLink;
   readonly pageTokens: number;
@@ -95,8 +99,16 @@ export class Restorer implements PrefixRestorer {
     badReplicasProposed: 0,
   };
   private readonly running = new Set<Promise<boolean>>();
+  /** Group 0's chunks: every layer's when the pages are held in one group. */
+  private readonly chunks: GroupChunks;
 
-  constructor(private readonly opts: RestorerOptions) {}
+  constructor(private readonly opts: RestorerOptions) {
+    if (opts.groups.slots !== opts.geometry.slots)
+      throw new RangeError(
+        `restore geometry holds ${opts.geometry.slots} layers a page, the groups ${opts.groups.slots}`,
+      );
+    this.chunks = groupChunksOf(opts.groups)[0]!;
+  }
 
   stats(): RestoreStats {
     return structuredClone(this.counters);
@@ -151,6 +163,8 @@ export class Restorer implements PrefixRestorer {
   }
 
   begin(req: RestoreRequest): RestoreTicket | null {
+    // A restore fills one route's pages; several groups need a route each (not built yet): recompute.
+    if (this.opts.groups.groups.length !== 1) return null;
     let planned: ReturnType<Restorer["plan"]>;
     try {
       planned = this.plan(req);
@@ -244,6 +258,7 @@ export class Restorer implements PrefixRestorer {
         start: c.start,
         tokens: c.tokens,
         layout: catalog.id.layout,
+        layers: this.chunks.mask,
         bytes: c.bytes,
       };
       const t0 = performance.now();
@@ -268,6 +283,7 @@ export class Restorer implements PrefixRestorer {
         { bytes: staging, firstPageRow: base + firstPage * P, pageTokens: P },
         from,
         to - from,
+        this.chunks.held,
       );
       // A page is complete when its last row is written, or when it is the load's last page.
       const complete = to === end ? lastPage - firstPage + 1 : Math.floor((to - base) / P) - firstPage;

@@ -1,4 +1,4 @@
-import type { StepBatch } from "../../native/index.ts";
+import type { StepBatch } from "../../native/engine.ts";
 import type { PageId } from "../../schema/ids.ts";
 import type { StepShape } from "./prefill-pacer.ts";
 

@@ -2,10 +2,9 @@ import {
   type BackendChoice,
   type BackendName,
   chooseBackend,
-  type Engine,
-  type EngineOptions,
   nativeBackends,
-} from "../../native/index.ts";
+} from "../../native/backends.ts";
+import type { Engine, EngineOptions } from "../../native/engine.ts";
 import { openEngine } from "../model/engine.ts";
 import { servedLayerGroups } from "../model/layout.ts";
 import type { LoadedModel } from "../model/model-dir.ts";

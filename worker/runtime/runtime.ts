@@ -1,6 +1,6 @@
 import { randomInt } from "node:crypto";
 import { Effect, Fiber } from "effect";
-import type { Engine, StepBatch } from "../../native/index.ts";
+import type { Engine, StepBatch } from "../../native/engine.ts";
 import { StreamQueue } from "../../schema/channel.ts";
 import {
   type ModelFingerprint,

@@ -106,7 +106,8 @@ export class FakeWorker {
       }),
     );
   }
-  complete(o: Offer, tokens: number[]): void {
+  /** Streams tokens of the offer without finishing it. */
+  tokens(o: Offer, tokens: number[]): void {
     this.ws.send(
       encodeMessage(TokensMessage, {
         requestId: o.requestId,
@@ -116,6 +117,9 @@ export class FakeWorker {
         tokens,
       }),
     );
+  }
+  complete(o: Offer, tokens: number[]): void {
+    this.tokens(o, tokens);
     this.ws.send(
       encodeMessage(ResultMessage, {
         requestId: o.requestId,

@@ -121,6 +121,25 @@ describe("the fleet's front door", () => {
     expect(recorded().filter((id) => id.includes("trace-77"))).toEqual([offer.requestId]);
   });
 
+  it("answers 503 with Retry-After, not 500, when the worker dies after its first tokens", async () => {
+    for (const s of sockets.splice(0)) s.terminate();
+    await until("the earlier worker gone", () => hub.connectedWorkers().length === 0);
+    const w = await FakeWorker.connect(hub, "w2", SECRET, sockets);
+    const answer = postJson(base, "/v1/completions", { ...body, max_tokens: 4 });
+    await until("the offer", () => w.offers.length > 0);
+    const offer = w.offers.at(-1)!;
+    w.accept(offer);
+    w.tokens(offer, [3]);
+    // Tokens were delivered, so the request cannot move to another worker: it fails, as the fleet's fault.
+    await new Promise((r) => setTimeout(r, 50));
+    w.ws.terminate();
+    const r = await answer;
+    expect(r.status).toBe(503);
+    expect(Number(r.headers["retry-after"])).toBeGreaterThanOrEqual(1);
+    expect(r.json.error?.type).toBe("server_error");
+    expect(r.json.error?.message).toMatch(/lost_mid_stream/);
+  });
+
   it("cancels a runaway catalog query at its budget while /health answers", async () => {
     const q = postJson(base, "/v1/catalog/query", {
       query: "[:find ?x ?z :in $ % :where (r ?x ?z)]",

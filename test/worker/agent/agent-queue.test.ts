@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { WorkerHub } from "../../../controller/fleet/hub.ts";
-import type { Engine, StepBatch } from "../../../native/index.ts";
+import type { Engine, StepBatch } from "../../../native/engine.ts";
 import type { Offer } from "../../../schema/control.ts";
 import { RequestId, type WorkerId } from "../../../schema/ids.ts";
 import { silentLogger } from "../../../schema/log.ts";

@@ -2,7 +2,7 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { Engine } from "../../../native/index.ts";
+import type { Engine } from "../../../native/engine.ts";
 import { type Decoder, generate, prefill } from "../../../worker/model/decoder.ts";
 import { ContiguousDecoder } from "../../../worker/model/decoder-contiguous.ts";
 import { PageAllocator, PagedDecoder } from "../../../worker/model/decoder-paged.ts";

@@ -315,11 +315,11 @@ describe("what is refused, naming the key", () => {
 
 describe("the attention layout's name (the fingerprint's layout field)", () => {
   it("keeps the all-global name, and names sliding layers in runs", () => {
-    expect(layoutName(parseModelConfig(qwen3_06b).spec.layers)).toBe("kv-gqa/v1");
+    expect(layoutName(parseModelConfig(qwen3_06b).spec.layers)).toBe("kv-gqa/v2");
     expect(layoutName(parseModelConfig(gemma3_1b).spec.layers)).toBe(
-      "kv-gqa/v1;layers=s512x5,g,s512x5,g,s512x5,g,s512x5,g,s512x2",
+      "kv-gqa/v2;layers=s512x5,g,s512x5,g,s512x5,g,s512x5,g,s512x2",
     );
-    expect(layoutName(parseModelConfig(phi3_mini_4k).spec.layers)).toBe("kv-gqa/v1;layers=s2047x32");
+    expect(layoutName(parseModelConfig(phi3_mini_4k).spec.layers)).toBe("kv-gqa/v2;layers=s2047x32");
     expect([...layerWindows(parseModelConfig(gemma2_2b).spec.layers).slice(0, 4)]).toEqual([
       4096, 0, 4096, 0,
     ]);

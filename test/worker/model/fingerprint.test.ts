@@ -68,29 +68,29 @@ describe("the model identity without weights", () => {
 });
 
 describe("families and layouts in the fingerprint", () => {
-  // Fingerprints of generated tiny models (seed 0, cpu-f32acc/v1) from before
-  // families and layouts existed: a Llama-family model keeps its identity, so
-  // chunks published before stay reusable.
+  // Fingerprints of generated tiny models (seed 0, cpu-f32acc/v1), recorded at
+  // kv-gqa/v2 (chunk format v2): families and layouts leave an all-global
+  // model's identity alone, so it changes only when the layout version does.
   it.each([
-    ["llama", {}, "cff402f42d935c3e0d7708545c07ad974d4eb75ccc9a9bdf4f5c1443554fe362"],
-    ["qwen2", { arch: "qwen2" as Arch }, "5c37defb54dac0e36f161092c7b76601c8dbf8d1e3c4c7ee1a92a7f36de303b2"],
+    ["llama", {}, "cfdd1a055b1ab8a88990096d4b7fe01aef4d2c282cafc4b2284cf86f1de5ac6c"],
+    ["qwen2", { arch: "qwen2" as Arch }, "f14eebf92043cf1e7c8f1f860846e6dbdaa85b6ab1361287537bbf36ed8a0304"],
     [
       "tied f16",
       { tiedEmbeddings: true, dtype: "F16" as const },
-      "f958cf338844be6c781304a1956ac3d24050834e52e17440438f080d692d5234",
+      "0374d29658f5f5136f45b944c4359be09427220319f13c94c2e419f1db57fea0",
     ],
-  ])("an all-global %s model keeps its earlier fingerprint", async (name, opts, golden) => {
+  ])("an all-global %s model keeps its recorded fingerprint", async (name, opts, golden) => {
     const dir = (await generateModel({ preset: "tiny", out: join(root, `golden-${name}`), seed: 0, ...opts }))
       .dir;
     const m = await loadModelIdentity(dir, { variant: CPU_VARIANT });
-    expect(m.manifest.layout).toBe("kv-gqa/v1");
+    expect(m.manifest.layout).toBe("kv-gqa/v2");
     expect(m.fingerprint).toBe(golden);
   });
 
   it("names the sliding layers in the layout, and the layout and family fields change the fingerprint", async () => {
     const dir = (await generateModel({ preset: "tiny", out: join(root, "gemma2"), arch: "gemma2" })).dir;
     const m = await loadModelDir(dir, { variant: CPU_VARIANT });
-    expect(m.manifest.layout).toBe("kv-gqa/v1;layers=s24,g");
+    expect(m.manifest.layout).toBe("kv-gqa/v2;layers=s24,g");
     expect(m.manifest.architecture).toMatchObject({
       family: "gemma2",
       normOffset: true,

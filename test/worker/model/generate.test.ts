@@ -148,7 +148,7 @@ describe("generated models", () => {
     await run(process.execPath, [bin, "model", "init", "--preset", "tiny", "--arch", "gemma3", "--out", g3]);
     const g3info = JSON.parse((await run(process.execPath, [bin, "model", "info", g3, "--json"])).stdout);
     expect(g3info.architecture).toBe("Gemma3ForCausalLM");
-    expect(g3info.manifest.layout).toBe("kv-gqa/v1;layers=s24x5,g");
+    expect(g3info.manifest.layout).toBe("kv-gqa/v2;layers=s24x5,g");
     const { stdout } = await run(process.execPath, [bin, "model", "info", dir, "--json"]);
     const info = JSON.parse(stdout.trim().split("\n").at(-1)!);
     const m = await loadModelDir(dir, { variant: VARIANT });

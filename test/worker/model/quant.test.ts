@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { kernels, type WeightDType } from "../../../native/index.ts";
+import { kernels } from "../../../native/index.ts";
+import type { WeightDType } from "../../../native/weights.ts";
 import { dequantize, QUANT_BLOCKS, type QuantType, quantize } from "../../../worker/model/quant.ts";
 
 /**

@@ -2,7 +2,7 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { BackendUnavailableError, type CudaStatus, nativeBackends } from "../../../native/index.ts";
+import { BackendUnavailableError, type CudaStatus, nativeBackends } from "../../../native/backends.ts";
 import { generateModel } from "../../../worker/model/generate.ts";
 import { loadModelIdentity } from "../../../worker/model/model-dir.ts";
 import {

@@ -7,7 +7,7 @@ import { CatalogDb } from "../../../catalog/db.ts";
 import type { CatalogLog, TxLogReader, WriterLog } from "../../../catalog/log.ts";
 import { longestPublishedPrefix } from "../../../catalog/queries.ts";
 import { CatalogWriter } from "../../../catalog/writer.ts";
-import type { Engine } from "../../../native/index.ts";
+import type { Engine } from "../../../native/engine.ts";
 import { type Config, defaultConfig } from "../../../schema/config.ts";
 import { catalogNodeId, prefixChain } from "../../../schema/identity.ts";
 import type { ContinuationId } from "../../../schema/ids.ts";
@@ -17,11 +17,14 @@ import {
   type ConfiguredCosts,
   initialCalibration,
 } from "../../../worker/calibration/calibration.ts";
-import { KvGeometry } from "../../../worker/checkpoint/chunk-format.ts";
 import { releaseWindow } from "../../../worker/model/layout.ts";
 import type { LoadedModel } from "../../../worker/model/model-dir.ts";
 import { PageHashChain } from "../../../worker/pages/page-hashes.ts";
-import { DurableCache, type DurableCacheOptions } from "../../../worker/restore/durable-cache.ts";
+import {
+  DurableCache,
+  type DurableCacheOptions,
+  durableGeometry,
+} from "../../../worker/restore/durable-cache.ts";
 import { Restorer } from "../../../worker/restore/restorer.ts";
 import { loadEngine } from "../../../worker/runtime/engine-load.ts";
 import { type RuntimeOptions, WorkerRuntime } from "../../../worker/runtime/runtime.ts";
@@ -98,6 +101,26 @@ export interface WorkerSpec {
   readonly dir?: string;
 }
 
+/** The test workers' runtime options for `model`, with `overrides`. */
+export function runtimeOptions(model: LoadedModel, overrides: Partial<RuntimeOptions> = {}): RuntimeOptions {
+  return {
+    fingerprint: model.fingerprint,
+    vocab: model.config.spec.vocab,
+    maxContext: model.config.spec.maxPosition,
+    layers: model.config.spec.layers,
+    pageTokens: PAGE,
+    physicalPages: 256,
+    maxBatchTokens: 256,
+    maxBatchSeqs: 16,
+    minPrefillTokens: 32,
+    prefillTile: 64,
+    maxQueued: 64,
+    costs,
+    logger: silentLogger,
+    ...overrides,
+  };
+}
+
 /** One worker: engine, durable cache (own store dir, own replica, peer server) and a started runtime with its hooks. */
 export async function startWorker(model: LoadedModel, spec: WorkerSpec): Promise<TestWorker> {
   const dir = spec.dir ?? (await mkdtemp(join(tmpdir(), `continuum-restore-${spec.id}-`)));
@@ -112,22 +135,7 @@ export async function startWorker(model: LoadedModel, spec: WorkerSpec): Promise
     worker: { ...defaultConfig.worker, id: spec.id },
     auth: { ...defaultConfig.auth, clusterSecret: spec.secret ?? "cluster-secret" },
   };
-  const ropts: RuntimeOptions = {
-    fingerprint: model.fingerprint,
-    vocab: model.config.spec.vocab,
-    maxContext: model.config.spec.maxPosition,
-    layers: model.config.spec.layers,
-    pageTokens: PAGE,
-    physicalPages: 256,
-    maxBatchTokens: 256,
-    maxBatchSeqs: 16,
-    minPrefillTokens: 32,
-    prefillTile: 64,
-    maxQueued: 64,
-    costs,
-    logger: silentLogger,
-    ...spec.runtime,
-  };
+  const ropts = runtimeOptions(model, spec.runtime);
   const engine = await loadEngine(model, { ...ropts, durable: true }, { threads: 1 });
   const cache = await DurableCache.open({
     engine,
@@ -192,7 +200,7 @@ export function restorerFor(
 ): Restorer {
   return new Restorer({
     engine,
-    geometry: KvGeometry.of(engine.spec),
+    ...durableGeometry(engine.spec),
     tiers: worker.cache.tiers,
     catalog: worker.cache.catalog,
     pageTokens: PAGE,

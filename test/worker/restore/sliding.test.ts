@@ -3,7 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { EmbeddedLog } from "../../../catalog/log-embedded.ts";
-import type { Engine } from "../../../native/index.ts";
+import type { Engine } from "../../../native/engine.ts";
 import { generate as decode } from "../../../worker/model/decoder.ts";
 import { ContiguousDecoder } from "../../../worker/model/decoder-contiguous.ts";
 import { openEngine } from "../../../worker/model/engine.ts";

@@ -49,7 +49,7 @@ describe("chunk format", () => {
       Array.from({ length: 137 }, (_, i) => i),
       100,
     )[0]!;
-    expect(describeChunk(fp, "kv", node, a).id).toBe(describeChunk(fp, "kv", node, b).id);
+    expect(describeChunk(fp, "kv", "0,1,2", node, a).id).toBe(describeChunk(fp, "kv", "0,1,2", node, b).id);
   });
 
   it("chunks unpacked into pages (starting and ending mid-page) rebuild exactly the source pages", () => {

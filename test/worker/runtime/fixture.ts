@@ -1,7 +1,7 @@
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import type { Engine } from "../../../native/index.ts";
+import type { Engine } from "../../../native/engine.ts";
 import { silentLogger } from "../../../schema/log.ts";
 import { generateModel } from "../../../worker/model/generate.ts";
 import { type LoadedModel, loadModelDir } from "../../../worker/model/model-dir.ts";

@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { Engine, StepBatch } from "../../../native/index.ts";
+import type { Engine, StepBatch } from "../../../native/engine.ts";
 import { RequestId } from "../../../schema/ids.ts";
 import type { LoadedModel } from "../../../worker/model/model-dir.ts";
 import type { SubmitRequest } from "../../../worker/runtime/runtime.ts";

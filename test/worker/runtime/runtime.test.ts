@@ -1,6 +1,6 @@
 import { Effect } from "effect";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { Engine } from "../../../native/index.ts";
+import type { Engine } from "../../../native/engine.ts";
 import { RequestId } from "../../../schema/ids.ts";
 import { silentLogger } from "../../../schema/log.ts";
 import { resource } from "../../../schema/scope.ts";

@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { MAX_PREFILLING_ATTEMPTS } from "../../../schema/control.ts";
 import { RequestId } from "../../../schema/ids.ts";
-import { measuredTerms, prefillProgress } from "../../../worker/agent/report.ts";
+import { prefillProgress } from "../../../worker/agent/heartbeat.ts";
 
 const attempt = (
   i: number,
@@ -40,25 +40,5 @@ describe("prefillProgress", () => {
     );
     expect(p.prefilling).toHaveLength(MAX_PREFILLING_ATTEMPTS);
     expect(p.queuedTokens).toBe(2 * n);
-  });
-});
-
-describe("measuredTerms", () => {
-  it("splits a TTFT into queue, fetch and the rest, each clamped to what is left", () => {
-    expect(measuredTerms(100, { queueMs: 30, fetchMs: 20 } as never)).toEqual({
-      queueMs: 30,
-      fetchMs: 20,
-      prefillMs: 50,
-    });
-    expect(measuredTerms(100, { queueMs: 80, fetchMs: 50 } as never)).toEqual({
-      queueMs: 80,
-      fetchMs: 20,
-      prefillMs: 0,
-    });
-    expect(measuredTerms(100, { queueMs: null, fetchMs: 10 } as never)).toEqual({
-      queueMs: 0,
-      fetchMs: 10,
-      prefillMs: 90,
-    });
   });
 });
