@@ -86,6 +86,7 @@ CK_AVX2 void itile(const Q8Rows& x, const uint8_t* Wc, int64_t rb, const float* 
   const int32_t nb = x.K / 32;
   const __m256i ones16 = _mm256_set1_epi16(1);
   const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i hi4 = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
   __m256 acc[R][C];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
@@ -180,9 +181,11 @@ CK_AVX2 void itile(const Q8Rows& x, const uint8_t* Wc, int64_t rb, const float* 
           }
         } else {
           // The nibbles (0..15) unsigned against x, less 8 · x's lane sums.
-          const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb));
-          const __m256i nib =
-              _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1), m4);
+          // The 16 bytes in both halves, the high half shifted right by 4
+          // (per 32-bit lane; the AND drops the bits from the next byte):
+          // one shift where an extract and an insert took two.
+          const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb)));
+          const __m256i nib = _mm256_and_si256(_mm256_srlv_epi32(v, hi4), m4);
 #pragma GCC unroll 4
           for (int r = 0; r < R; ++r) {
             const int64_t xb = static_cast<int64_t>(r0 + r) * nb + b;

@@ -1,6 +1,7 @@
 #include "thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
 
 #if defined(__linux__)
 #include <sys/resource.h>
@@ -30,11 +31,34 @@ ThreadPool::ThreadPool(int32_t threads, bool background) {
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    stop_ = true;
+    stop_.store(true);
   }
   wake_.notify_all();
   for (auto& w : workers_) w.join();
 }
+
+namespace {
+
+// Spins until done() for at most kSpin, then returns done(). A decode step
+// issues ~60 parallel_fors back to back, each tens of microseconds long, and
+// a futex sleep and wake costs about as much as one of them.
+constexpr auto kSpin = std::chrono::microseconds(100);
+
+template <class Done>
+bool spin_until(Done done) {
+  const auto end = std::chrono::steady_clock::now() + kSpin;
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (done()) return true;
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    }
+    if (std::chrono::steady_clock::now() >= end) return done();
+  }
+}
+
+}  // namespace
 
 void ThreadPool::run_chunks() {
   for (;;) {
@@ -47,16 +71,22 @@ void ThreadPool::run_chunks() {
 void ThreadPool::worker_loop() {
   uint64_t seen = 0;
   for (;;) {
-    {
+    auto ready = [&] { return stop_.load(std::memory_order_acquire) || generation_.load(std::memory_order_acquire) != seen; };
+    if (!spin_until(ready)) {
       std::unique_lock<std::mutex> lk(mu_);
-      wake_.wait(lk, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
+      wake_.wait(lk, ready);
     }
-    run_chunks();
+    if (stop_.load()) return;
     {
       std::lock_guard<std::mutex> lk(mu_);
-      if (--active_ == 0) done_.notify_one();
+      seen = generation_.load(std::memory_order_relaxed);
+      if (!open_) continue;  // the caller claimed every chunk already
+      active_.fetch_add(1, std::memory_order_relaxed);
+    }
+    run_chunks();
+    if (active_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      std::lock_guard<std::mutex> lk(mu_);
+      done_.notify_one();
     }
   }
 }
@@ -74,13 +104,20 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void
     n_ = n;
     grain_ = grain;
     next_.store(0, std::memory_order_relaxed);
-    active_ = static_cast<int32_t>(workers_.size());
-    ++generation_;
+    open_ = true;
+    generation_.fetch_add(1, std::memory_order_release);
   }
   wake_.notify_all();
   run_chunks();
-  std::unique_lock<std::mutex> lk(mu_);
-  done_.wait(lk, [&] { return active_ == 0; });
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    open_ = false;
+  }
+  auto idle = [&] { return active_.load(std::memory_order_acquire) == 0; };
+  if (!spin_until(idle)) {
+    std::unique_lock<std::mutex> lk(mu_);
+    done_.wait(lk, idle);
+  }
   fn_ = nullptr;
 }
 

@@ -44,9 +44,13 @@ class ThreadPool {
   int64_t n_ = 0;
   int64_t grain_ = 1;
   std::atomic<int64_t> next_{0};
-  int32_t active_ = 0;        // workers still inside the current job
-  uint64_t generation_ = 0;   // bumps once per parallel_for, wakes workers
-  bool stop_ = false;
+  // Workers inside the current job. A worker joins (under mu_) only while
+  // the job is open; the caller closes it once every chunk is claimed, so it
+  // never waits for a worker that was not yet running then.
+  std::atomic<int32_t> active_{0};
+  bool open_ = false;
+  std::atomic<uint64_t> generation_{0};  // bumps once per parallel_for, wakes workers
+  std::atomic<bool> stop_{false};
 };
 
 // Lowers the calling thread's priority (Linux: nice +5 for this thread only;
