@@ -3,7 +3,8 @@ import { type PageId, RequestId } from "../schema/ids.ts";
 import { silentLogger } from "../schema/log.ts";
 import type { LoadedModel } from "../worker/model/model-dir.ts";
 import { Rng, seedRng } from "../worker/model/prng.ts";
-import { type RuntimeOptions, type SubmitRequest, WorkerRuntime } from "../worker/runtime/runtime.ts";
+import { WorkerRuntime } from "../worker/runtime/runtime.ts";
+import type { RuntimeOptions, SubmitRequest } from "../worker/runtime/runtime-api.ts";
 
 /**
  * The worker runtime driven in process for bench serve (no HTTP): an engine

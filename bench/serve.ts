@@ -1,6 +1,6 @@
 import { Rng, seedRng } from "../worker/model/prng.ts";
 import { loadEngine } from "../worker/runtime/engine-load.ts";
-import type { SubmitRequest } from "../worker/runtime/runtime.ts";
+import type { SubmitRequest } from "../worker/runtime/runtime-api.ts";
 import { ConstraintCompiler } from "../worker/structured/constraint.ts";
 import { smallModel } from "./_models.ts";
 import {

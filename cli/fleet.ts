@@ -8,7 +8,7 @@ import { WorkerId } from "../schema/ids.ts";
 import type { CheckpointStats } from "../worker/checkpoint/checkpointer.ts";
 import type { PrefetchStats } from "../worker/prefetch/prefetcher.ts";
 import type { RestoreStats } from "../worker/restore/restorer.ts";
-import type { RuntimeStats } from "../worker/runtime/runtime.ts";
+import type { RuntimeStats } from "../worker/runtime/runtime-api.ts";
 import { UsageError } from "./command.ts";
 
 /**

@@ -1,7 +1,7 @@
 import type { Config } from "../schema/config.ts";
 import type { Logger } from "../schema/log.ts";
 import type { LoadedModel } from "../worker/model/model-dir.ts";
-import type { RuntimeOptions } from "../worker/runtime/runtime.ts";
+import type { RuntimeOptions } from "../worker/runtime/runtime-api.ts";
 
 /**
  * A worker runtime's options from the configuration and the loaded model:

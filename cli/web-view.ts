@@ -5,7 +5,7 @@ import { WebView, type WebViewSource } from "../controller/ui/web-view.ts";
 import type { Config } from "../schema/config.ts";
 import type { WorkerStatus } from "../schema/control.ts";
 import { resource } from "../schema/scope.ts";
-import type { RuntimeStats } from "../worker/runtime/runtime.ts";
+import type { RuntimeStats } from "../worker/runtime/runtime-api.ts";
 
 /**
  * The web view (/ui) on a role's API server, when controller.ui is on: it

@@ -12,7 +12,8 @@ import {
 import type { Config } from "../../schema/config.ts";
 import { logitsRules } from "../../worker/model/logits.ts";
 import type { LoadedModel } from "../../worker/model/model-dir.ts";
-import { SubmitError, type WorkerRuntime } from "../../worker/runtime/runtime.ts";
+import type { WorkerRuntime } from "../../worker/runtime/runtime.ts";
+import { SubmitError } from "../../worker/runtime/runtime-api.ts";
 import type { RuntimeEvent } from "../../worker/runtime/sequence.ts";
 import { ConstraintCompiler } from "../../worker/structured/constraint.ts";
 import { textCodec } from "./text-codec.ts";

@@ -1,7 +1,7 @@
 import type { Decline, Offer } from "../../schema/control.ts";
 import { RequestId } from "../../schema/ids.ts";
 import { logitsRules, type TokenLogprob } from "../model/logits.ts";
-import type { RequestTiming, RuntimeGeneration, SubmitRequest } from "../runtime/runtime.ts";
+import type { RequestTiming, RuntimeGeneration, SubmitRequest } from "../runtime/runtime-api.ts";
 
 /** One accepted attempt as the agent runs it: its generation and what is still to send. */
 export interface RunningAttempt {

@@ -2,28 +2,18 @@ import { randomInt } from "node:crypto";
 import { Effect, Fiber } from "effect";
 import type { Engine, StepBatch } from "../../native/engine.ts";
 import { StreamQueue } from "../../schema/channel.ts";
-import {
-  type ModelFingerprint,
-  type PageCount,
-  pagesFor,
-  type RequestId,
-  TokenCount,
-} from "../../schema/ids.ts";
-import type { Logger } from "../../schema/log.ts";
-import { type Calibration, type ConfiguredCosts, CostCalibrator } from "../calibration/calibration.ts";
+import { type PageCount, pagesFor, type RequestId, TokenCount } from "../../schema/ids.ts";
+import { CostCalibrator } from "../calibration/calibration.ts";
 import { releaseWindow, servedLayerGroups } from "../model/layout.ts";
-import { type LogitsRules, NO_RULES, TokenHistory, tokenLogprob } from "../model/logits.ts";
+import { NO_RULES, TokenHistory, tokenLogprob } from "../model/logits.ts";
 import { initialSamplerState, nextToken, samplingParams } from "../model/sampling.ts";
-import type { PrefixRestorer, RouteCheckpointer } from "../pages/durable-hooks.ts";
 import { buildGroupedBatch, GroupedRoutes } from "../pages/layer-groups.ts";
 import { type AppendPlan, PageManager } from "../pages/page-manager.ts";
 import { type Admission, type Preemption, planIteration } from "../scheduler/plan-iteration.ts";
 import { type Budgets, phaseOf } from "../scheduler/request.ts";
-import type { TokenMachine } from "../structured/token-machine.ts";
 import { buildBatch, type Lane, stepShape } from "./batch.ts";
 import { PrefillPacer } from "./prefill-pacer.ts";
 import {
-  type RequestTiming,
   type RuntimeGeneration,
   type RuntimeOptions,
   type RuntimeStats,
@@ -32,15 +22,6 @@ import {
 } from "./runtime-api.ts";
 import { type RuntimeEvent, Sequence } from "./sequence.ts";
 import { SequencePages } from "./sequence-pages.ts";
-
-export {
-  type RequestTiming,
-  type RuntimeGeneration,
-  type RuntimeOptions,
-  type RuntimeStats,
-  SubmitError,
-  type SubmitRequest,
-} from "./runtime-api.ts";
 
 /** `plain`'s rows and logits (its lanes' prompt logits included) over the grouped batch's tables. */
 function withTables(plain: StepBatch, grouped: StepBatch): StepBatch {

@@ -5,7 +5,7 @@ import { EmbeddedService } from "../../../cli/embedded/service.ts";
 import type { Config } from "../../../schema/config.ts";
 import { resolveConfig } from "../../../schema/config-load.ts";
 import type { LoadedModel } from "../../../worker/model/model-dir.ts";
-import type { RuntimeOptions } from "../../../worker/runtime/runtime.ts";
+import type { RuntimeOptions } from "../../../worker/runtime/runtime-api.ts";
 import { startRuntime } from "../../worker/runtime/fixture.ts";
 
 /**

@@ -27,7 +27,8 @@ import {
 } from "../../../worker/restore/durable-cache.ts";
 import { Restorer } from "../../../worker/restore/restorer.ts";
 import { loadEngine } from "../../../worker/runtime/engine-load.ts";
-import { type RuntimeOptions, WorkerRuntime } from "../../../worker/runtime/runtime.ts";
+import { WorkerRuntime } from "../../../worker/runtime/runtime.ts";
+import type { RuntimeOptions } from "../../../worker/runtime/runtime-api.ts";
 
 export const PAGE = 16;
 /** 130 is not a multiple of 16: chunk boundaries fall inside pages (rows 130, 260, 390). */

@@ -7,7 +7,8 @@ import { generateModel } from "../../../worker/model/generate.ts";
 import { type LoadedModel, loadModelDir } from "../../../worker/model/model-dir.ts";
 import { CPU_VARIANT } from "../../../worker/model/variant.ts";
 import { loadEngine } from "../../../worker/runtime/engine-load.ts";
-import { type RuntimeOptions, WorkerRuntime } from "../../../worker/runtime/runtime.ts";
+import { WorkerRuntime } from "../../../worker/runtime/runtime.ts";
+import type { RuntimeOptions } from "../../../worker/runtime/runtime-api.ts";
 import type { RuntimeEvent } from "../../../worker/runtime/sequence.ts";
 
 /** The tiny generated model, loaded once per test file. */

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { Engine, StepBatch } from "../../../native/engine.ts";
 import { RequestId } from "../../../schema/ids.ts";
 import type { LoadedModel } from "../../../worker/model/model-dir.ts";
-import type { SubmitRequest } from "../../../worker/runtime/runtime.ts";
+import type { SubmitRequest } from "../../../worker/runtime/runtime-api.ts";
 import { collect, prompt, startRuntime, tinyModel } from "./fixture.ts";
 
 let model: LoadedModel;

@@ -12,7 +12,7 @@ import { layerGroups } from "../../../worker/model/layout.ts";
 import { type LoadedModel, loadModelDir } from "../../../worker/model/model-dir.ts";
 import { initialSamplerState, samplingParams } from "../../../worker/model/sampling.ts";
 import { CPU_VARIANT } from "../../../worker/model/variant.ts";
-import type { SubmitRequest } from "../../../worker/runtime/runtime.ts";
+import type { SubmitRequest } from "../../../worker/runtime/runtime-api.ts";
 import { collect, prompt, type RuntimeFixture, startRuntime } from "./fixture.ts";
 
 /**

@@ -6,7 +6,8 @@ import { silentLogger } from "../../../schema/log.ts";
 import { resource } from "../../../schema/scope.ts";
 import type { LoadedModel } from "../../../worker/model/model-dir.ts";
 import { loadEngine } from "../../../worker/runtime/engine-load.ts";
-import { type SubmitRequest, WorkerRuntime } from "../../../worker/runtime/runtime.ts";
+import { WorkerRuntime } from "../../../worker/runtime/runtime.ts";
+import type { SubmitRequest } from "../../../worker/runtime/runtime-api.ts";
 import type { RuntimeEvent } from "../../../worker/runtime/sequence.ts";
 import { collect, openRuntime, prompt, type RuntimeFixture, startRuntime, tinyModel } from "./fixture.ts";
 

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { RequestId } from "../../../schema/ids.ts";
 import { type LogitsRules, NO_RULES } from "../../../worker/model/logits.ts";
 import type { LoadedModel } from "../../../worker/model/model-dir.ts";
-import type { SubmitRequest } from "../../../worker/runtime/runtime.ts";
+import type { SubmitRequest } from "../../../worker/runtime/runtime-api.ts";
 import { collect, prompt, type RuntimeFixture, startRuntime, tinyModel } from "./fixture.ts";
 
 let model: LoadedModel;

@@ -3,7 +3,7 @@ import { RequestId } from "../../../schema/ids.ts";
 import type { TokenLogprob } from "../../../worker/model/logits.ts";
 import type { LoadedModel } from "../../../worker/model/model-dir.ts";
 import { referenceForward } from "../../../worker/model/reference.ts";
-import type { SubmitRequest } from "../../../worker/runtime/runtime.ts";
+import type { SubmitRequest } from "../../../worker/runtime/runtime-api.ts";
 import { prompt, type RuntimeFixture, startRuntime, tinyModel } from "./fixture.ts";
 
 /**

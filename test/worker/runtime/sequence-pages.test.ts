@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { RequestId } from "../../../schema/ids.ts";
 import type { LoadedModel } from "../../../worker/model/model-dir.ts";
 import type { CheckpointOffer, RouteCheckpointer } from "../../../worker/pages/durable-hooks.ts";
-import type { SubmitRequest } from "../../../worker/runtime/runtime.ts";
+import type { SubmitRequest } from "../../../worker/runtime/runtime-api.ts";
 import { collect, prompt, startRuntime, tinyModel } from "./fixture.ts";
 
 /**

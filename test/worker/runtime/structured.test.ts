@@ -4,7 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { ConstraintSpec } from "../../../schema/constraint.ts";
 import { RequestId } from "../../../schema/ids.ts";
 import type { LoadedModel } from "../../../worker/model/model-dir.ts";
-import type { SubmitRequest } from "../../../worker/runtime/runtime.ts";
+import type { SubmitRequest } from "../../../worker/runtime/runtime-api.ts";
 import { ConstraintCompiler } from "../../../worker/structured/constraint.ts";
 import { collect, prompt, type RuntimeFixture, startRuntime, tinyModel } from "./fixture.ts";
 
