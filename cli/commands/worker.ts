@@ -77,7 +77,7 @@ const command: Command = {
           id: modelId,
           engine,
           variant,
-        } = yield* openModelEngine(config, log, storeDir, config.worker.durableReuse);
+        } = yield* openModelEngine(config, log, storeDir);
         warm.mark("model", performance.now() - loadStart);
         // This worker's durable prefixes: RAM and local files of its own (one
         // directory per worker id, so workers sharing a data dir never share a

@@ -557,12 +557,13 @@ export class RouteTable {
    * O(pages released). Their rows are sealed, so one left unreferenced is
    * kept cached with `keep` (still findable for a prefix hit) or freed.
    */
-  private releaseOutsideWindow(r: Route, keep: ResidencyCosts | null): void {
+  protected releaseOutsideWindow(r: Route, keep: ResidencyCosts | null): void {
     const dead = windowDeadPages(r.tokens, r.window, this.pageTokens, r.pages.length);
     if (dead <= r.released) return;
     this.pool.tick();
     for (let i = r.released; i < dead; i++) {
-      this.pool.dereference(r.pages[i]!, keep);
+      // (A load's skipped entries hold no page.)
+      if (r.pages[i] !== NO_PAGE) this.pool.dereference(r.pages[i]!, keep);
       r.pages[i] = NO_PAGE;
     }
     this.windowReleases += dead - r.released;
