@@ -60,14 +60,10 @@ export function openModelEngine(
     );
     const engine = yield* resource(
       () =>
-        loadEngine(
-          model,
-          config.pages,
-          {
-            ...(config.worker.threads ? { threads: config.worker.threads } : {}),
-            backend: choice.backend,
-          },
-        ),
+        loadEngine(model, config.pages, {
+          ...(config.worker.threads ? { threads: config.worker.threads } : {}),
+          backend: choice.backend,
+        }),
       (e) => e.free(),
     );
     return { model, id, engine, variant: choice.variant };

@@ -21,11 +21,13 @@ import type { AppendPlan, PageManager, ReleaseOptions } from "./page-manager.ts"
  * one group everything is exactly the single-table path.
  *
  * A prefix hit is the shortest over the groups (matchPrefix): a sliding
- * group whose early pages were released and then evicted cuts the hit there,
- * and the rest is recomputed from that page on. That is exact, not
- * cost-chosen: a sliding group needs only the pages its window reaches at
- * the hit's end (vLLM matches sliding groups from the right), which is the
- * next step. Reservations still cover every group's whole growth.
+ * group whose early pages were released and then evicted (or, restored, were
+ * never loaded: restore/plan.ts) cuts the hit there, and the rest is
+ * restored or recomputed from that page on. That is exact, not cost-chosen:
+ * a sliding group needs only the pages its window reaches at the hit's end
+ * (vLLM matches sliding groups from the right), which is not built. A
+ * restore loads only those (PageManager.beginLoad's skip). Reservations
+ * still cover every group's whole growth.
  */
 export class GroupedRoutes {
   /** Each group's window, in group order (null: global). */

@@ -136,7 +136,8 @@ export class PageManager extends RouteTable {
    */
   markDurable(prefix: readonly PrefixHash[], costs: ResidencyCosts, from = 0): number {
     let to = from;
-    while (to < prefix.length && this.pool.lookup(prefix[to]!, (to + 1) * this.pageTokens) !== undefined) to++;
+    while (to < prefix.length && this.pool.lookup(prefix[to]!, (to + 1) * this.pageTokens) !== undefined)
+      to++;
     const pages = this.lookupAll(prefix, from, to);
     for (const p of pages) this.pool.markDurable(p, costs);
     this.afterMutation();

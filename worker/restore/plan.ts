@@ -153,7 +153,8 @@ export function planRestore(input: RestorePlanInput): RestorePlan {
       lo[g] = first;
       const p = prep[g]!;
       possible =
-        Math.ceil(end / P) - firstPage <= input.groups[g]!.availablePages && p.missing[k]! === p.missing[first]!;
+        Math.ceil(end / P) - firstPage <= input.groups[g]!.availablePages &&
+        p.missing[k]! === p.missing[first]!;
       cost += p.cost[k]! - p.cost[first]!;
     }
     if (possible && cost <= best.cost) best = { k, cost };

@@ -274,12 +274,19 @@ export class Restorer implements PrefixRestorer {
           this.counters.completed++;
           // Every full page up to restoreTo lies in published chunks: it can be restored again, cheaply.
           for (const load of plan.loads)
-            req.pages.markDurable(groupHashes(req.pageHashes.slice(0, full), load.group), costs, load.from / P);
+            req.pages.markDurable(
+              groupHashes(req.pageHashes.slice(0, full), load.group),
+              costs,
+              load.from / P,
+            );
         } else this.counters.abandoned++;
         return ok;
       },
       (err) => {
-        this.opts.logger.log("error", "restore.bug", { route: req.routes[0], message: (err as Error).message });
+        this.opts.logger.log("error", "restore.bug", {
+          route: req.routes[0],
+          message: (err as Error).message,
+        });
         this.failAll(req.pages, tickets.flat());
         this.counters.abandoned++;
         return false;
@@ -306,7 +313,15 @@ export class Restorer implements PrefixRestorer {
   ): Promise<boolean> {
     const reads: Read[] = [];
     for (const [i, load] of plan.loads.entries()) {
-      const ok = await this.streamGroup(req, plan.restoreTo, load, tickets[i]!, chains[load.group]!, contents[load.group]!, reads);
+      const ok = await this.streamGroup(
+        req,
+        plan.restoreTo,
+        load,
+        tickets[i]!,
+        chains[load.group]!,
+        contents[load.group]!,
+        reads,
+      );
       if (!ok) {
         this.failAll(req.pages, tickets.flat());
         return false;
@@ -395,7 +410,9 @@ export class Restorer implements PrefixRestorer {
       reads.push({ chunk: c, tier: got.tier, verified: got.chunk, node: expected.node });
     }
     if (nextPage !== tickets.length)
-      throw new Error(`restore: ${tickets.length - nextPage} pages of group ${load.group} were never uploaded`);
+      throw new Error(
+        `restore: ${tickets.length - nextPage} pages of group ${load.group} were never uploaded`,
+      );
     return true;
   }
 

@@ -195,7 +195,10 @@ describe.each([null, 3])("PageManager under random operation sequences (window %
                 const base = m!.rows.length;
                 // Under a window, some of the pages dead once the load ends may be left unloaded.
                 const end = base + n;
-                const unloadable = Math.max(0, windowDeadPages(end, window, P, Math.ceil(end / P)) - base / P);
+                const unloadable = Math.max(
+                  0,
+                  windowDeadPages(end, window, P, Math.ceil(end / P)) - base / P,
+                );
                 const skip = o.c % 3 === 0 ? o.c % (unloadable + 1) : unloadable;
                 const tickets = pm.beginLoad(
                   id,
