@@ -272,12 +272,13 @@ export class Restorer implements PrefixRestorer {
       (ok) => {
         if (ok) {
           this.counters.completed++;
-          // Every full page up to restoreTo lies in published chunks: it can be restored again, cheaply.
+          // Every full page up to restoreTo lies in published chunks: it can be restored again, cheaply
+          // (a group that left pages unloaded holds its pages from its load's first on).
           for (const load of plan.loads)
             req.pages.markDurable(
               groupHashes(req.pageHashes.slice(0, full), load.group),
               costs,
-              load.from / P,
+              load.skipPages > 0 ? load.from / P : 0,
             );
         } else this.counters.abandoned++;
         return ok;
