@@ -103,6 +103,11 @@ export class PageManager extends RouteTable {
     return { pages, evictable: this.pool.evictableAmong(this.lookupAll(prefix, 0, pages)) };
   }
 
+  /** Evictable cached pages among those sealed with prefix[from, prefix.length) (every one held: matched first). */
+  evictableIn(prefix: readonly PrefixHash[], from: number): number {
+    return this.pool.evictableAmong(this.lookupAll(prefix, from, prefix.length));
+  }
+
   /** A resident or cached page is sealed with `hash` at `tokens` rows (a cheap one-page match). */
   hasSealed(hash: PrefixHash, tokens: number): boolean {
     return this.pool.lookup(hash, tokens) !== undefined;

@@ -585,6 +585,26 @@ describe("PageManager with every layer sliding (window 6, pages of 4)", () => {
     expect(() => plain.beginLoad(a, TokenCount(14), sealed, { skip: 1 })).toThrow(/may leave 0 pages/);
   });
 
+  it("opens a route on a prefix whose pages dead for the window are left released, and no more", () => {
+    const pm = new PageManager({ pageTokens: P, physicalPages: 8, debugInvariants: true, window: 6 });
+    const a = cid("a");
+    pm.openRoute(a, { reserveTokens: TokenCount(16) });
+    pm.beginAppend(a, TokenCount(16));
+    pm.commitAppend(a, sealedHashes(rows, 0, 4), { cache: KEEP_COSTS });
+    pm.releaseRoute(a, { cache: KEEP_COSTS });
+    const prefix = sealedHashes(rows, 0, 4);
+    // 16 rows: the next query reads rows 11.., so pages 0 and 1 are dead.
+    expect(() => pm.openRoute(cid("b"), { prefix, window: 6, released: 3 })).toThrow(/at most the 2 dead/);
+    expect(() => pm.openRoute(cid("b"), { prefix, window: null, released: 1 })).toThrow(/at most the 0 dead/);
+    const b = pm.openRoute(cid("b"), { prefix, window: 6, released: 2, reserveTokens: TokenCount(20) });
+    expect(b.pages.slice(0, 2)).toEqual([NO_PAGE, NO_PAGE]);
+    expect(b.releasedPages).toBe(2);
+    expect(b.tokens).toBe(16);
+    expect(b.reservedPages).toBe(1);
+    pm.releaseRoute(cid("b"));
+    pm.checkInvariants();
+  });
+
   it("releases nothing without a window, and refuses a window that is not a positive integer", () => {
     const pm = new PageManager({ pageTokens: P, physicalPages: 8, debugInvariants: true });
     const a = cid("a");

@@ -192,6 +192,13 @@ describe.each(["gemma3", "mistral-sw"] as const)("durable reuse over layer group
     for (const [g, h] of held.entries())
       if (windows[g] !== null) for (const gh of globalHeld) expect(h).toBeLessThan(gh);
     b.runtime.pages.checkInvariants();
+
+    // Asked again, b hits every full page resident: a sliding group needs only its window's pages of the hit.
+    const restores = b.cache.restorer.stats().restores;
+    const again = await run(b.runtime, "again", prompt);
+    expect(again.cachedTokens).toBe(Math.floor((PROMPT - 1) / PAGE) * PAGE);
+    expect(again.logprobs).toEqual(computed.logprobs);
+    expect(b.cache.restorer.stats().restores).toBe(restores);
   });
 
   it("abandons every group's load when a sliding group's needed chunk is gone, and recomputes exactly", async () => {
