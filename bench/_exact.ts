@@ -10,6 +10,7 @@ import { silentLogger } from "../schema/log.ts";
 import { type ConfiguredCosts, initialCalibration } from "../worker/calibration/calibration.ts";
 import { PageAllocator, PagedDecoder } from "../worker/model/decoder-paged.ts";
 import { openEngine } from "../worker/model/engine.ts";
+import { layerGroups } from "../worker/model/layout.ts";
 import type { LoadedModel } from "../worker/model/model-dir.ts";
 import { PageHashChain } from "../worker/pages/page-hashes.ts";
 import { durableGeometry } from "../worker/restore/durable-cache.ts";
@@ -62,6 +63,18 @@ async function openDevice(model: LoadedModel, backend: BackendName): Promise<Gre
   return new GreedyDevice(engine, { pageTokens: PAGE, physicalPages: DEVICE_PAGES });
 }
 
+/**
+ * The checks restore into and run one page table (GreedyDevice); a model of
+ * several layer groups holds a table per group, so it is refused by name.
+ */
+export function refuseGrouped(model: LoadedModel, what: string): void {
+  const groups = layerGroups(model.config.spec.layers).groups.length;
+  if (groups > 1)
+    throw new Error(
+      `${what} runs one page table; the model ${model.manifest.layout} holds ${groups} layer groups`,
+    );
+}
+
 const routeName = () => `x-${randomUUID().slice(0, 8)}`;
 
 /** Costs under which every whole chunk pays to capture and to restore, from RAM first (the check needs them captured). */
@@ -73,6 +86,7 @@ const COSTS: ConfiguredCosts = {
 };
 
 async function checkRestore(model: LoadedModel, backend: BackendName, promptTokens: number) {
+  refuseGrouped(model, "the exactness check");
   const dir = await mkdtemp(join(tmpdir(), "continuum-exact-"));
   const prompt = promptOf(promptTokens, 11, model.config.spec.vocab);
   const engineA = await loadEngine(model, { physicalPages: DEVICE_PAGES, pageTokens: PAGE }, { backend });
@@ -143,13 +157,12 @@ async function checkRestore(model: LoadedModel, backend: BackendName, promptToke
     const route = b.openRoute(routeName(), prompt.length + 8);
     const t0 = performance.now();
     const ticket = restorer.begin({
-      route,
+      routes: [route],
       tokens: prompt.slice(0, -1),
       pageHashes: new PageHashChain(PAGE, undefined).extend(prompt, prompt.length - 1),
       salt: undefined,
       residentTokens: 0,
       pages: b.pages,
-      availablePages: b.pages.route(route).reservedPages,
       calibration: initialCalibration(COSTS),
       record: () => undefined,
     });

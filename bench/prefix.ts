@@ -16,6 +16,7 @@ import { DurableCache, durableGeometry } from "../worker/restore/durable-cache.t
 import { Restorer } from "../worker/restore/restorer.ts";
 import { buildBatch } from "../worker/runtime/batch.ts";
 import { loadEngine } from "../worker/runtime/engine-load.ts";
+import { refuseGrouped } from "./_exact.ts";
 import { smallModel } from "./_models.ts";
 import { type Bench, round } from "./contract.ts";
 
@@ -104,6 +105,7 @@ const bench: Bench = {
   async run({ quick, log }) {
     const N = quick ? 1024 : 4096;
     const model = await smallModel(log);
+    refuseGrouped(model, "bench prefix");
     const physicalPages = Math.ceil(N / PAGE) * 3 + 8;
     const engine = await loadEngine(model, { physicalPages, pageTokens: PAGE });
     const pages = new PageManager({ pageTokens: PAGE, physicalPages });
@@ -226,13 +228,12 @@ const bench: Bench = {
           pages.openRoute(route, { reserveTokens: TokenCount(N) });
           const s0 = performance.now();
           const ticket = restorer.begin({
-            route,
+            routes: [route],
             tokens: prompt.slice(0, cached),
             pageHashes: chain.slice(0, Math.floor(cached / PAGE)),
             salt: undefined,
             residentTokens: 0,
             pages,
-            availablePages: pages.route(route).reservedPages,
             calibration: preferring(tier, prefillPerTokenMs),
             record: () => undefined,
           });

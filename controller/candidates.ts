@@ -36,7 +36,12 @@ export interface RouteRequest {
 
 /**
  * The request's chain boundaries: the prompt minus its pending last token,
- * cut into whole chunks, each named by its catalog node id.
+ * cut into whole chunks, each named by its catalog node id. This is layer
+ * group 0's chain (a model of several groups writes one chain per group,
+ * worker/checkpoint/group-chunks.ts, group 0's the plain one), so for such a
+ * model the estimate counts group 0's chunks, their replicas and bytes; the
+ * worker's restorer restores less or recomputes when another group's needed
+ * chunk is missing.
  */
 export function planChain(
   fingerprint: ModelFingerprint,

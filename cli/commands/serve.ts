@@ -48,12 +48,7 @@ const command: Command = {
         };
         // One owner per data dir, before anything is written to it (the generated model included).
         yield* ownDataDirs(serveDirs(config), config.store.dataDir);
-        const { model, id, engine, variant } = yield* openModelEngine(
-          config,
-          log,
-          config.store.dataDir,
-          true,
-        );
+        const { model, id, engine, variant } = yield* openModelEngine(config, log, config.store.dataDir);
         const chatTemplate = yield* Effect.promise(() => configuredChatTemplate(config));
         // Durable prefixes (embedded catalog log + local chunk files): released after the runtime stops.
         const durable = yield* resource(

@@ -72,12 +72,7 @@ const command: Command = {
         // One owner per worker directory (its chunk files), before anything is written there.
         yield* ownDataDirs([storeDir], storeDir);
         // The controller routes to this worker only if it routes the engine's execution variant.
-        const {
-          model,
-          id: modelId,
-          engine,
-          variant,
-        } = yield* openModelEngine(config, log, storeDir, config.worker.durableReuse);
+        const { model, id: modelId, engine, variant } = yield* openModelEngine(config, log, storeDir);
         warm.mark("model", performance.now() - loadStart);
         // This worker's durable prefixes: RAM and local files of its own (one
         // directory per worker id, so workers sharing a data dir never share a

@@ -50,8 +50,6 @@ export function openModelEngine(
   config: Config,
   log: Logger,
   dataDir: string,
-  /** The runtime will get restore/checkpoint hooks (its pages held as servedLayerGroups says). */
-  durable: boolean,
 ): Effect.Effect<{ model: LoadedModel; id: string; engine: Engine; variant: string }, unknown, Scope.Scope> {
   return Effect.gen(function* () {
     const choice = chooseEngine(config.worker.backend, config.model.variant);
@@ -62,14 +60,10 @@ export function openModelEngine(
     );
     const engine = yield* resource(
       () =>
-        loadEngine(
-          model,
-          { ...config.pages, durable },
-          {
-            ...(config.worker.threads ? { threads: config.worker.threads } : {}),
-            backend: choice.backend,
-          },
-        ),
+        loadEngine(model, config.pages, {
+          ...(config.worker.threads ? { threads: config.worker.threads } : {}),
+          backend: choice.backend,
+        }),
       (e) => e.free(),
     );
     return { model, id, engine, variant: choice.variant };

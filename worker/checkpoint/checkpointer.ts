@@ -23,7 +23,7 @@ export interface CheckpointerOptions {
   readonly engine: Pick<Engine, "downloadPages">;
   /** The pool's geometry: its slots are `groups.slots`. */
   readonly geometry: KvGeometry;
-  /** The layer groups the runtime holds pages in (servedLayerGroups): each is checkpointed as chunks of its own layers. */
+  /** The layer groups the runtime holds pages in (layerGroups): each is checkpointed as chunks of its own layers. */
   readonly groups: LayerGroups;
   readonly tiers: ChunkTiers;
   readonly catalog: CatalogLink;

@@ -136,23 +136,3 @@ export function layerGroups(layers: readonly AttentionLayout[]): LayerGroups {
   });
   return { groups, groupOf, slots: size };
 }
-
-/**
- * The groups a served model's pages are held in. Chunks are written per
- * group (checkpointer.ts), but a restore fills one page table, so with
- * durable reuse on, a layout of several groups is served as one group of
- * every layer (every layer keeps every page of the context, as before
- * grouping); without it, each group keeps its own
- * table and a sliding group releases its pages outside its window. A uniform
- * layout is one group either way.
- */
-export function servedLayerGroups(layers: readonly AttentionLayout[], durable: boolean): LayerGroups {
-  const own = layerGroups(layers);
-  if (!durable || own.groups.length <= 1) return own;
-  const all = layers.map((_, i) => i);
-  return {
-    groups: [{ layout: { kind: "global" }, layers: all }],
-    groupOf: new Int32Array(layers.length),
-    slots: layers.length,
-  };
-}

@@ -8,35 +8,35 @@ import type { PageManager } from "./page-manager.ts";
  * bytes move afterwards, beside the loop.
  */
 export interface RestoreRequest {
-  readonly route: ContinuationId;
+  /** The continuation's route in each layer group (GroupedRoutes.routes), group 0 first; all restore or none. */
+  readonly routes: readonly ContinuationId[];
   /** Processed tokens: the prompt without its pending last token. */
   readonly tokens: readonly number[];
   /** The page-hash chain of `tokens`' full pages (the runtime holds it already): the restored pages' identities. */
   readonly pageHashes: readonly PrefixHash[];
   readonly salt: string | undefined;
-  /** Rows already in the route's pages (adopted resident pages; page-aligned). */
+  /** Rows already in every route's pages (adopted resident pages; page-aligned). */
   readonly residentTokens: number;
+  /** Holds the routes; a restore fills no more pages of a route than its reservation. */
   readonly pages: PageManager;
-  /** Pages the restore may fill: the route's reservation. */
-  readonly availablePages: number;
   readonly calibration: Calibration;
   readonly record: (sample: Sample) => void;
 }
 
 export interface RestoreTicket {
-  /** Rows the route holds once the load completes. */
+  /** Rows every route holds once the loads complete. */
   readonly restoreTo: number;
   /**
-   * Resolves true once every page of the load is uploaded and the route
-   * holds them (runnable); false when the restore gave up, in which case the
-   * load was abandoned and the route holds exactly its resident rows again
-   * (recompute). Never rejects.
+   * Resolves true once every page of every route's load is uploaded and the
+   * routes hold them (runnable); false when the restore gave up, in which
+   * case every load was abandoned and the routes hold exactly their resident
+   * rows again (recompute). Never rejects.
    */
   readonly done: Promise<boolean>;
 }
 
 export interface PrefixRestorer {
-  /** Plans and, when a restore beats recompute, begins the load on `route`; null: recompute. */
+  /** Plans and, when a restore beats recompute, begins the loads on the routes; null: recompute. */
   begin(req: RestoreRequest): RestoreTicket | null;
 }
 

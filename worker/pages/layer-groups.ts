@@ -4,6 +4,7 @@ import { ContinuationId, PrefixHash, type TokenCount } from "../../schema/ids.ts
 import type { LayerGroups } from "../model/layout.ts";
 import { buildBatch, type Lane } from "../runtime/batch.ts";
 import type { AppendPlan, PageManager, ReleaseOptions } from "./page-manager.ts";
+import { windowDeadPages } from "./route.ts";
 
 /**
  * A continuation's K/V under a layout of several layer groups (layout.ts
@@ -20,12 +21,12 @@ import type { AppendPlan, PageManager, ReleaseOptions } from "./page-manager.ts"
  * another group's layers. Group 0's route is the continuation's id, so with
  * one group everything is exactly the single-table path.
  *
- * A prefix hit is the shortest over the groups (matchPrefix): a sliding
- * group whose early pages were released and then evicted cuts the hit there,
- * and the rest is recomputed from that page on. That is exact, not
- * cost-chosen: a sliding group needs only the pages its window reaches at
- * the hit's end (vLLM matches sliding groups from the right), which is the
- * next step. Reservations still cover every group's whole growth.
+ * A prefix hit is one length for all groups (matchPrefix): a global group
+ * must hold every page of it, a sliding group only the pages its window
+ * reaches at its end (vLLM matches sliding groups from the right), so the
+ * pages a sliding group released and lost since, or a restore never loaded
+ * (PageManager.beginLoad's skip), do not cut it; its route opens with them
+ * released. Reservations still cover every group's whole growth.
  */
 export class GroupedRoutes {
   /** Each group's window, in group order (null: global). */
@@ -49,23 +50,50 @@ export class GroupedRoutes {
     return groupHashes(hashes, g);
   }
 
-  /** Leading pages of `prefix` that every group holds (resident or cached): the exact hit. */
+  /**
+   * The exact hit: the most leading pages h of `prefix` such that every
+   * global group holds pages [0, h) and every sliding group the pages its
+   * window reaches at h, [releasedAt(g, h), h) (resident or cached). O(pages
+   * × groups).
+   */
   matchPrefix(prefix: readonly PrefixHash[]): number {
     let n = prefix.length;
     for (let g = 0; g < this.windows.length && n > 0; g++)
-      n = Math.min(n, this.pages.matchPrefix(this.groupHashes(prefix.slice(0, n), g)));
+      if (this.windows[g] === null)
+        n = Math.min(n, this.pages.matchPrefix(this.groupHashes(prefix.slice(0, n), g)));
+    const P = this.pages.pageTokens;
+    /** fits[h]: every sliding group so far holds its window's pages at h. */
+    const fits = new Uint8Array(n + 1).fill(1);
+    for (let g = 0; g < this.windows.length && n > 0; g++) {
+      if (this.windows[g] === null) continue;
+      const hashes = this.groupHashes(prefix.slice(0, n), g);
+      let run = 0;
+      for (let h = 1; h <= n; h++) {
+        run = this.pages.hasSealed(hashes[h - 1]!, h * P) ? run + 1 : 0;
+        if (run < h - this.releasedAt(g, h)) fits[h] = 0;
+      }
+    }
+    while (n > 0 && fits[n] === 0) n--;
     return n;
   }
 
-  /** Opens every group's route sharing `prefix` (all groups hold it: matchPrefix first); all or none. */
+  /** Leading pages of a hit of h pages that group g leaves released: those dead for its window. */
+  releasedAt(g: number, h: number): number {
+    const P = this.pages.pageTokens;
+    return windowDeadPages(h * P, this.windows[g]!, P, h);
+  }
+
+  /** Opens every group's route sharing `prefix` (its hit: matchPrefix first), a sliding group its window's pages; all or none. */
   open(
     id: ContinuationId,
     options: { readonly prefix?: readonly PrefixHash[]; readonly reserveTokens?: TokenCount } = {},
   ): void {
+    const prefix = options.prefix ?? [];
     this.allOrNone(id, (route, g) =>
       this.pages.openRoute(route, {
-        prefix: this.groupHashes(options.prefix ?? [], g),
+        prefix: this.groupHashes(prefix, g),
         window: this.windows[g]!,
+        released: this.releasedAt(g, prefix.length),
         ...(options.reserveTokens === undefined ? {} : { reserveTokens: options.reserveTokens }),
       }),
     );
@@ -147,7 +175,10 @@ export class GroupedRoutes {
     const pages = this.matchPrefix(prefix);
     let evictable = 0;
     for (let g = 0; g < this.windows.length && pages > 0; g++)
-      evictable += this.pages.prefixHit(this.groupHashes(prefix.slice(0, pages), g)).evictable;
+      evictable += this.pages.evictableIn(
+        this.groupHashes(prefix.slice(0, pages), g),
+        this.releasedAt(g, pages),
+      );
     return { pages, evictable };
   }
 

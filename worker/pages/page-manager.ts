@@ -9,7 +9,7 @@ import {
 import type { ResidencyCosts } from "../residency/residency.ts";
 import type { PrefixBoundary } from "./page-pool.ts";
 import { type CaptureId, PageError, type PageState, type PageTicket } from "./page-state.ts";
-import { type Route, type RouteSnapshot, snapshotOf } from "./route.ts";
+import { NO_PAGE, type Route, type RouteSnapshot, snapshotOf, windowDeadPages } from "./route.ts";
 import { RouteTable } from "./route-table.ts";
 
 export type { PrefixBoundary } from "./page-pool.ts";
@@ -103,6 +103,11 @@ export class PageManager extends RouteTable {
     return { pages, evictable: this.pool.evictableAmong(this.lookupAll(prefix, 0, pages)) };
   }
 
+  /** Evictable cached pages among those sealed with prefix[from, prefix.length) (every one held: matched first). */
+  evictableIn(prefix: readonly PrefixHash[], from: number): number {
+    return this.pool.evictableAmong(this.lookupAll(prefix, from, prefix.length));
+  }
+
   /** A resident or cached page is sealed with `hash` at `tokens` rows (a cheap one-page match). */
   hasSealed(hash: PrefixHash, tokens: number): boolean {
     return this.pool.lookup(hash, tokens) !== undefined;
@@ -128,12 +133,17 @@ export class PageManager extends RouteTable {
   }
 
   /**
-   * The pages of `prefix` (its page-hash chain) are in published chunks: they
-   * are durable, so cheaper to lose, and are priced again with `costs` if
-   * cached. Pages no longer held are skipped. Returns the pages marked.
+   * The pages of `prefix` (its page-hash chain) from page `from` on are in
+   * published chunks: they are durable, so cheaper to lose, and are priced
+   * again with `costs` if cached. The run ends at the first page no longer
+   * held (`from` > 0: a sliding group's pages before its window are gone).
+   * Returns the pages marked.
    */
-  markDurable(prefix: readonly PrefixHash[], costs: ResidencyCosts): number {
-    const pages = this.lookupAll(prefix, 0, this.pool.match(prefix));
+  markDurable(prefix: readonly PrefixHash[], costs: ResidencyCosts, from = 0): number {
+    let to = from;
+    while (to < prefix.length && this.pool.lookup(prefix[to]!, (to + 1) * this.pageTokens) !== undefined)
+      to++;
+    const pages = this.lookupAll(prefix, from, to);
     for (const p of pages) this.pool.markDurable(p, costs);
     this.afterMutation();
     return pages.length;
@@ -144,9 +154,19 @@ export class PageManager extends RouteTable {
   /**
    * Allocate pages after the route's (full) last page for `tokens` restored
    * rows; each page is loading until its transfer completes. `sealed` holds the
-   * prefix hash of every full restored page.
+   * prefix hash of every full page of the rows. `skip`: the first pages of the
+   * rows are not loaded but left released (NO_PAGE), allowed only for pages
+   * dead for the route's window once it holds the rows (windowDeadPages), so a
+   * sliding group's restore reads only what its window reaches; when the load
+   * completes, the route's resident pages dead then are released too, kept
+   * cached with `cache`. Tickets are for the loaded pages, in order.
    */
-  beginLoad(id: ContinuationId, tokens: TokenCount, sealed: readonly PrefixHash[]): readonly LoadTicket[] {
+  beginLoad(
+    id: ContinuationId,
+    tokens: TokenCount,
+    sealed: readonly PrefixHash[],
+    options: { readonly skip?: number; readonly cache?: ResidencyCosts } = {},
+  ): readonly LoadTicket[] {
     const r = this.getRoute(id);
     this.checkAcceptsWork(r);
     if (r.pending || r.load) throw new PageError("busy", `route ${id}: an append or load is in flight`);
@@ -163,7 +183,15 @@ export class PageManager extends RouteTable {
         "invalid",
         `route ${id}: load of ${tokens} rows fills ${Math.floor(tokens / P)} pages, got ${sealed.length} hashes`,
       );
-    const count = pagesFor(tokens, P);
+    const skip = options.skip ?? 0;
+    const end = r.tokens + tokens;
+    const dead = windowDeadPages(end, r.window, P, pagesFor(end as TokenCount, P));
+    if (!Number.isSafeInteger(skip) || skip < 0 || r.pages.length + skip > Math.max(r.pages.length, dead))
+      throw new PageError(
+        "invalid",
+        `route ${id}: a load to ${end} rows may leave ${Math.max(0, dead - r.pages.length)} pages unloaded (window ${r.window}), not ${skip}`,
+      );
+    const count = pagesFor(tokens, P) - skip;
     if (count > r.reserved + this.availablePages)
       throw new PageError(
         "over-capacity",
@@ -171,7 +199,15 @@ export class PageManager extends RouteTable {
       );
     const pages: PageId[] = [];
     for (let i = 0; i < count; i++) pages.push(this.allocate(r, () => this.pool.allocateLoading(id)));
-    r.load = { tokens, pages, sealed: [...sealed], outstanding: new Set(pages), failed: false };
+    r.load = {
+      tokens,
+      skip,
+      keep: options.cache ?? null,
+      pages,
+      sealed: [...sealed],
+      outstanding: new Set(pages),
+      failed: false,
+    };
     this.afterMutation();
     return pages.map((page) => ({ page, generation: this.pool.states.generation(page), route: id }));
   }
@@ -344,10 +380,12 @@ export class PageManager extends RouteTable {
       } else {
         const P = this.pageTokens;
         const first = r.pages.length;
+        for (let i = 0; i < load.skip; i++) r.pages.push(NO_PAGE);
         r.pages.push(...load.pages);
         r.tokens += load.tokens;
-        for (let i = 0; i < load.sealed.length; i++)
-          this.pool.seal(load.pages[i]!, load.sealed[i]!, (first + i + 1) * P);
+        for (let i = load.skip; i < load.sealed.length; i++)
+          this.pool.seal(load.pages[i - load.skip]!, load.sealed[i]!, (first + i + 1) * P);
+        this.releaseOutsideWindow(r, load.keep);
         ready = true;
       }
     }

@@ -156,6 +156,12 @@ export class RouteTable {
       readonly reserveTokens?: TokenCount;
       /** The route's own release window (a layer group's, layer-groups.ts); default the table's. */
       readonly window?: number | null;
+      /**
+       * Leading pages of `prefix` left released, not shared: at most those
+       * dead for the window at the prefix's end (a sliding group needs only
+       * the pages its window reaches, so the earlier ones need not be held).
+       */
+      readonly released?: number;
     } = {},
   ): RouteSnapshot {
     if (this.routes.has(id)) throw new PageError("route-exists", `route ${id} already exists`);
@@ -164,18 +170,28 @@ export class RouteTable {
     const startPosition = options.startPosition ?? 0;
     if (!Number.isSafeInteger(startPosition) || startPosition < 0)
       throw new PageError("invalid", `route ${id}: startPosition must be a non-negative integer`);
-    const matched = this.pool.match(prefix);
+    const P = this.pageTokens;
+    const released = options.released ?? 0;
+    const dead = windowDeadPages(prefix.length * P, window, P, prefix.length);
+    if (!Number.isSafeInteger(released) || released < 0 || released > dead)
+      throw new PageError(
+        "invalid",
+        `route ${id}: ${released} prefix pages left released; at most the ${dead} dead for window ${window}`,
+      );
+    let matched = released;
+    while (matched < prefix.length && this.pool.lookup(prefix[matched]!, (matched + 1) * P) !== undefined)
+      matched++;
     if (matched < prefix.length)
       throw new PageError(
         "unknown-prefix",
         `route ${id}: prefix page ${matched} (${prefix[matched]}) is not resident; match first`,
       );
-    const pages = this.lookupAll(prefix, 0, prefix.length);
-    const tokens = pages.length * this.pageTokens;
+    const pages = this.lookupAll(prefix, released, prefix.length);
+    const tokens = prefix.length * P;
     const reserveTokens = options.reserveTokens ?? tokens;
     this.checkTokens(id, "reserveTokens", reserveTokens);
     // Adopted pages are full, so no copy-on-write page is needed.
-    const need = Math.max(0, pagesFor(reserveTokens as TokenCount, this.pageTokens) - pages.length);
+    const need = Math.max(0, pagesFor(reserveTokens as TokenCount, P) - prefix.length);
     const taken = this.pool.evictableAmong(pages);
     if (need + taken > this.availablePages)
       throw new PageError(
@@ -184,7 +200,9 @@ export class RouteTable {
       );
     this.pool.tick();
     for (const p of pages) this.pool.reference(p, true);
-    const route = newRoute(id, pages, tokens, startPosition, need, window);
+    const table = [...Array.from({ length: released }, () => NO_PAGE), ...pages];
+    const route = newRoute(id, table, tokens, startPosition, need, window);
+    route.released = released;
     this.pool.reserved += need;
     this.routes.set(route.id, route);
     this.afterMutation();
@@ -557,12 +575,13 @@ export class RouteTable {
    * O(pages released). Their rows are sealed, so one left unreferenced is
    * kept cached with `keep` (still findable for a prefix hit) or freed.
    */
-  private releaseOutsideWindow(r: Route, keep: ResidencyCosts | null): void {
+  protected releaseOutsideWindow(r: Route, keep: ResidencyCosts | null): void {
     const dead = windowDeadPages(r.tokens, r.window, this.pageTokens, r.pages.length);
     if (dead <= r.released) return;
     this.pool.tick();
     for (let i = r.released; i < dead; i++) {
-      this.pool.dereference(r.pages[i]!, keep);
+      // (A load's skipped entries hold no page.)
+      if (r.pages[i] !== NO_PAGE) this.pool.dereference(r.pages[i]!, keep);
       r.pages[i] = NO_PAGE;
     }
     this.windowReleases += dead - r.released;

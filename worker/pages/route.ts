@@ -25,6 +25,10 @@ export interface PendingAppend {
 /** A restore in flight into pages appended after the route's current table. */
 export interface PendingLoad {
   readonly tokens: number;
+  /** Pages of the rows left released, before the loaded ones (dead for the window at the load's end). */
+  readonly skip: number;
+  /** How the route's resident pages dead once the load completes are released: kept cached with these costs, or freed. */
+  readonly keep: ResidencyCosts | null;
   /** Pages of the load still held by it (a failed page leaves at once, freed). */
   pages: readonly PageId[];
   readonly sealed: readonly PrefixHash[];
@@ -112,6 +116,8 @@ export function newRoute(
 
 export interface RouteSnapshot {
   readonly id: ContinuationId;
+  /** The window outside which its pages are released (null: none). */
+  readonly window: number | null;
   /** The page table; the first `releasedPages` entries are NO_PAGE. */
   readonly pages: readonly PageId[];
   readonly releasedPages: PageCount;
@@ -141,6 +147,7 @@ export function waitingFor(r: Route): Waiting[] {
 export function snapshotOf(r: Route): RouteSnapshot {
   return {
     id: r.id,
+    window: r.window,
     pages: [...r.pages],
     releasedPages: r.released as PageCount,
     tokens: TokenCount(r.tokens),

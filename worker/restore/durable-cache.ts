@@ -12,7 +12,7 @@ import { openScoped, resource, type Scoped } from "../../schema/scope.ts";
 import { CatalogLink } from "../checkpoint/catalog-link.ts";
 import { Checkpointer } from "../checkpoint/checkpointer.ts";
 import { KvGeometry } from "../checkpoint/chunk-format.ts";
-import { type LayerGroups, layoutsOfWindows, servedLayerGroups } from "../model/layout.ts";
+import { type LayerGroups, layerGroups, layoutsOfWindows } from "../model/layout.ts";
 import type { PrefixRestorer, RouteCheckpointer } from "../pages/durable-hooks.ts";
 import { PeerServer } from "../peer/server.ts";
 import type { StoreReporter } from "../store/chunk.ts";
@@ -53,12 +53,12 @@ export interface DurableCacheOptions {
 }
 
 /**
- * The layer groups a runtime given durable hooks holds its pages in
- * (servedLayerGroups, as loadEngine made the pool) and the page geometry
- * they give: what the checkpointer and restorer work on.
+ * The layer groups a runtime holds its pages in (layerGroups, as loadEngine
+ * made the pool) and the page geometry they give: what the checkpointer and
+ * restorer work on.
  */
 export function durableGeometry(spec: ModelSpec): { groups: LayerGroups; geometry: KvGeometry } {
-  const groups = servedLayerGroups(layoutsOfWindows(spec.layerWindows, spec.nLayers), true);
+  const groups = layerGroups(layoutsOfWindows(spec.layerWindows, spec.nLayers));
   return { groups, geometry: KvGeometry.of(spec, groups.slots) };
 }
 

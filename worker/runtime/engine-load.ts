@@ -6,7 +6,7 @@ import {
 } from "../../native/backends.ts";
 import type { Engine, EngineOptions } from "../../native/engine.ts";
 import { openEngine } from "../model/engine.ts";
-import { servedLayerGroups } from "../model/layout.ts";
+import { layerGroups } from "../model/layout.ts";
 import type { LoadedModel } from "../model/model-dir.ts";
 import { executionVariant, servedVariant } from "../model/variant.ts";
 
@@ -32,18 +32,17 @@ export function chooseEngine(backend: BackendChoice, configured: string): Engine
 
 /**
  * Creates the engine for a loaded model and allocates its page pool, one
- * page table per served layer group (servedLayerGroups: one group when
- * `pool.durable`, as the WorkerRuntime given restore/checkpoint hooks holds
- * them); frees the engine if the pool fails.
+ * page table per layer group (layerGroups, as the WorkerRuntime holds its
+ * pages); frees the engine if the pool fails.
  */
 export async function loadEngine(
   model: LoadedModel,
-  pool: { readonly physicalPages: number; readonly pageTokens: number; readonly durable?: boolean },
+  pool: { readonly physicalPages: number; readonly pageTokens: number },
   opts: EngineOptions = {},
 ): Promise<Engine> {
   const engine = await openEngine(model.config.spec, model.weights, opts);
   try {
-    const groups = servedLayerGroups(model.config.spec.layers, pool.durable ?? false);
+    const groups = layerGroups(model.config.spec.layers);
     engine.createPool(
       pool.physicalPages,
       pool.pageTokens,

@@ -4,7 +4,7 @@ import type { Engine, StepBatch } from "../../native/engine.ts";
 import { StreamQueue } from "../../schema/channel.ts";
 import { type PageCount, pagesFor, type RequestId, TokenCount } from "../../schema/ids.ts";
 import { CostCalibrator } from "../calibration/calibration.ts";
-import { releaseWindow, servedLayerGroups } from "../model/layout.ts";
+import { layerGroups, releaseWindow } from "../model/layout.ts";
 import { NO_RULES, TokenHistory, tokenLogprob } from "../model/logits.ts";
 import { initialSamplerState, nextToken, samplingParams } from "../model/sampling.ts";
 import { buildGroupedBatch, GroupedRoutes } from "../pages/layer-groups.ts";
@@ -86,9 +86,8 @@ export class WorkerRuntime {
       physicalPages: opts.physicalPages,
       window: releaseWindow(opts.layers),
     });
-    // Durable hooks: one group (chunks hold one table); the engine's pool was made the same way (loadEngine).
-    const durable = opts.restore !== undefined || opts.checkpoint !== undefined;
-    this.routes = new GroupedRoutes(this.pages, servedLayerGroups(opts.layers, durable));
+    // The engine's pool was made with the same groups (loadEngine).
+    this.routes = new GroupedRoutes(this.pages, layerGroups(opts.layers));
     this.calibrator = new CostCalibrator(opts.costs);
     this.held = new SequencePages(this.routes, this.calibrator, {
       fingerprint: opts.fingerprint,
@@ -145,13 +144,10 @@ export class WorkerRuntime {
         `prompt (${req.prompt.length}) plus max tokens (${req.maxTokens}) exceeds the context of ${o.maxContext}`,
       );
     }
-    // One spare page for a copy-on-write tail.
-    if (pagesFor(TokenCount(total), o.pageTokens) + 1 > o.physicalPages) {
-      throw new SubmitError(
-        400,
-        `the request needs ${pagesFor(TokenCount(total), o.pageTokens) + 1} pages; the pool has ${o.physicalPages}`,
-      );
-    }
+    // Every layer group's route reserves its whole growth; one spare page for a copy-on-write tail.
+    const need = this.routes.windows.length * pagesFor(TokenCount(total), o.pageTokens) + 1;
+    if (need > o.physicalPages)
+      throw new SubmitError(400, `the request needs ${need} pages; the pool has ${o.physicalPages}`);
     if (this.seqs.size >= o.maxQueued)
       throw new SubmitError(429, `the worker has ${o.maxQueued} requests queued`);
     let params: ReturnType<typeof samplingParams>;

@@ -52,7 +52,7 @@ export class SequencePages {
     this.pages = routes.pages;
   }
 
-  /** Several groups: durable restore, checkpoint and in-flight adoption (single-table paths) are off. */
+  /** Several groups: in-flight adoption (a single-table path) is off. */
   private get grouped(): boolean {
     return this.routes.windows.length > 1;
   }
@@ -219,22 +219,21 @@ export class SequencePages {
 
   /**
    * At first admission, after resident pages were adopted: lets the durable
-   * cache restore more of the prompt's prefix into the route. While its load is
+   * cache restore more of the prompt's prefix into every group's route. While its load is
    * in flight the request is admitted but not runnable; when it settles the
    * request continues from the restored rows, or (the restore gave up, the
    * load abandoned) from its resident rows, recomputing the rest.
    */
   private beginRestore(seq: Sequence): void {
     const restore = this.opts.restore;
-    if (!restore || this.grouped) return;
+    if (!restore) return;
     const ticket = restore.begin({
-      route: seq.route,
+      routes: this.routes.routes(seq.route),
       tokens: seq.tokens.slice(0, seq.tokens.length - 1),
       pageHashes: seq.chain.extend(seq.tokens, seq.tokens.length - 1),
       salt: seq.salt,
       residentTokens: seq.processed,
       pages: this.pages,
-      availablePages: this.pages.route(seq.route).reservedPages,
       calibration: this.calibrator.value,
       record: (sample) => this.calibrator.record(sample),
     });

@@ -135,8 +135,8 @@ export async function warmCatalog(
     tokens,
     salt: WARM_SALT,
     residentTokens: 0,
-    availablePages: 0,
     calibration: runtime.stats().calibration,
+    routes: cache.restorer.groups.map((g) => ({ window: g.window, availablePages: 0 })),
   });
 }
 

@@ -165,18 +165,31 @@ describe("a route per layer group over one pool (Gemma 3 tiny)", () => {
       expect(ta[12]).not.toBe(tc[12]);
     }
 
-    // D's released sliding pages are freed, not cached: E's hit stops where a sliding group lost its page.
+    // D's released sliding pages are freed, not cached. E still hits all 6 of D's pages: the global
+    // group holds every one, each sliding group the 2 its window reaches at row 96 (pages 4 and 5).
     const d = seq("d");
     const dPrompt = promptOf(4 * W, 3, vocab);
     gr.open(d.id, { reserveTokens: TokenCount(100) });
     await prefill(d, dPrompt, false);
     const dSealed = sealedOf(dPrompt);
-    expect(pm.matchPrefix(dSealed)).toBe(6); // the global group still holds every page
+    expect(pm.matchPrefix(dSealed)).toBe(6);
     expect(pm.matchPrefix(gr.groupHashes(dSealed, 1))).toBe(0);
-    expect(gr.matchPrefix(dSealed)).toBe(0);
+    expect(gr.matchPrefix(dSealed)).toBe(6);
+    // A shorter hit's window reaches pages D's sliding groups freed: none.
+    expect(gr.matchPrefix(dSealed.slice(0, 5))).toBe(0);
     const e = seq("e");
-    gr.open(e.id, { reserveTokens: TokenCount(100) });
-    await prefill(e, dPrompt, true);
+    gr.open(e.id, { prefix: dSealed, reserveTokens: TokenCount(100) });
+    for (let g = 1; g < groups.groups.length; g++) {
+      const te = pm.route(gr.routeOf(e.id, g));
+      expect(te.releasedPages).toBe(4);
+      expect(te.pages.slice(4)).toEqual(pm.route(gr.routeOf(d.id, g)).pages.slice(4));
+    }
+    e.tokens.push(...dPrompt);
+    e.chain.extend(e.tokens, e.tokens.length);
+    await oracle.step([{ seq: e.oracle, tokens: dPrompt }]);
+    // E continues past the shared pages, every step the oracle's bits.
+    logits = await prefill(e, promptOf(40, 4, vocab), true);
+    for (let i = 0; i < 3; i++) logits = (await step([{ s: e, tokens: [argmax(logits)] }], true))[0]!;
 
     // A group's pages answer only to its own hashes.
     expect(groupHash(dSealed[0]!, 1)).not.toBe(dSealed[0]);

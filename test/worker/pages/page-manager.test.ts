@@ -47,7 +47,7 @@ const sealedHashes = (rows: readonly number[], from: number, to: number) =>
 interface ModelRoute {
   rows: number[];
   pending: { plan: AppendPlan; values: number[] } | null;
-  load: { values: number[]; tickets: LoadTicket[]; base: number } | null;
+  load: { values: number[]; tickets: LoadTicket[]; base: number; skip: number } | null;
   cancelled: boolean;
   pins: number;
 }
@@ -80,6 +80,7 @@ describe.each([null, 3])("PageManager under random operation sequences (window %
       adopted: 0,
       adoptedLater: 0,
       released: window === null ? 11 : 0,
+      skippedLoads: window === null ? 11 : 0,
     };
     fc.assert(
       fc.property(
@@ -192,12 +193,21 @@ describe.each([null, 3])("PageManager under random operation sequences (window %
                 const values = fresh(n);
                 const rows = [...m!.rows, ...values];
                 const base = m!.rows.length;
+                // Under a window, some of the pages dead once the load ends may be left unloaded.
+                const end = base + n;
+                const unloadable = Math.max(
+                  0,
+                  windowDeadPages(end, window, P, Math.ceil(end / P)) - base / P,
+                );
+                const skip = o.c % 3 === 0 ? o.c % (unloadable + 1) : unloadable;
                 const tickets = pm.beginLoad(
                   id,
                   TokenCount(n),
                   sealedHashes(rows, Math.floor(base / P), Math.floor(base / P) + Math.floor(n / P)),
+                  { skip, ...(o.c % 2 ? { cache: KEEP } : {}) },
                 );
-                m!.load = { values, tickets: [...tickets], base };
+                expect(tickets).toHaveLength(Math.ceil(n / P) - skip);
+                m!.load = { values, tickets: [...tickets], base, skip };
                 allTickets.push(...tickets);
                 return;
               }
@@ -212,7 +222,7 @@ describe.each([null, 3])("PageManager under random operation sequences (window %
                 if (o.kind === 10) {
                   // The "DMA" writes only a live ticket's page; a stale one must change nothing.
                   if (live) {
-                    const k = owner!.load!.tickets.indexOf(t);
+                    const k = owner!.load!.tickets.indexOf(t) + owner!.load!.skip;
                     for (let i = 0; i < P; i++) {
                       const v = owner!.load!.values[k * P + i];
                       if (v !== undefined) mem.write(t.page, i, v);
@@ -319,8 +329,12 @@ describe.each([null, 3])("PageManager under random operation sequences (window %
               const r = pm.route(rid);
               if (m.load && !r.loading) {
                 seen.loadsDone++;
-                if (r.tokens === m.load.base + m.load.values.length) m.rows.push(...m.load.values);
-                else expect(r.tokens).toBe(m.load.base);
+                if (r.tokens === m.load.base + m.load.values.length) {
+                  m.rows.push(...m.load.values);
+                  if (m.load.skip > 0) seen.skippedLoads++;
+                  // A completed load leaves exactly the pages dead for the window released.
+                  expect(r.releasedPages).toBe(windowDeadPages(r.tokens, window, P, r.pages.length));
+                } else expect(r.tokens).toBe(m.load.base);
                 m.load = null;
               }
             }
@@ -537,6 +551,57 @@ describe("PageManager with every layer sliding (window 6, pages of 4)", () => {
     expect(pm.releasablePages(a)).toBe(2);
     pm.releaseRoute(a);
     pm.releaseRoute(b);
+    pm.checkInvariants();
+  });
+
+  it("a load may leave the pages dead for the window at its end unloaded, and releases the resident ones dead then", () => {
+    const pm = new PageManager({ pageTokens: P, physicalPages: 8, debugInvariants: true, window: 6 });
+    const a = cid("a");
+    pm.openRoute(a, { reserveTokens: TokenCount(20) });
+    pm.beginAppend(a, TokenCount(4));
+    pm.commitAppend(a, sealedHashes(rows, 0, 1), { cache: KEEP_COSTS });
+    const resident = pm.route(a).pages[0]!;
+    // To 18 rows: the next query reads rows 13.., so pages 0..2 are dead; page 0 is resident, 1 and 2 need no load.
+    const sealed = sealedHashes(rows, 1, 4);
+    const before = pm.snapshot();
+    expect(() => pm.beginLoad(a, TokenCount(14), sealed, { skip: 3 })).toThrow(/may leave 2 pages unloaded/);
+    expect(pm.snapshot()).toEqual(before);
+    const tickets = pm.beginLoad(a, TokenCount(14), sealed, { skip: 2, cache: KEEP_COSTS });
+    expect(tickets).toHaveLength(2);
+    for (const t of tickets) pm.completeLoad(t);
+    const r = pm.route(a);
+    expect(r.tokens).toBe(18);
+    expect(r.releasedPages).toBe(3);
+    expect(r.pages.slice(0, 3)).toEqual([NO_PAGE, NO_PAGE, NO_PAGE]);
+    expect(r.pages.slice(3)).toEqual(tickets.map((t) => t.page));
+    // The resident page dead now is kept cached and findable; the loaded full page is sealed.
+    expect(pm.pageState(resident).kind).toBe("cached");
+    expect(pm.matchPrefix(sealedHashes(rows, 0, 1))).toBe(1);
+    expect(pm.hasSealed(sealed[2]!, 16)).toBe(true);
+    expect(pm.hasSealed(sealed[0]!, 8)).toBe(false);
+    // No window: nothing may be left unloaded.
+    const plain = new PageManager({ pageTokens: P, physicalPages: 8, debugInvariants: true });
+    plain.openRoute(a, { reserveTokens: TokenCount(20) });
+    expect(() => plain.beginLoad(a, TokenCount(14), sealed, { skip: 1 })).toThrow(/may leave 0 pages/);
+  });
+
+  it("opens a route on a prefix whose pages dead for the window are left released, and no more", () => {
+    const pm = new PageManager({ pageTokens: P, physicalPages: 8, debugInvariants: true, window: 6 });
+    const a = cid("a");
+    pm.openRoute(a, { reserveTokens: TokenCount(16) });
+    pm.beginAppend(a, TokenCount(16));
+    pm.commitAppend(a, sealedHashes(rows, 0, 4), { cache: KEEP_COSTS });
+    pm.releaseRoute(a, { cache: KEEP_COSTS });
+    const prefix = sealedHashes(rows, 0, 4);
+    // 16 rows: the next query reads rows 11.., so pages 0 and 1 are dead.
+    expect(() => pm.openRoute(cid("b"), { prefix, window: 6, released: 3 })).toThrow(/at most the 2 dead/);
+    expect(() => pm.openRoute(cid("b"), { prefix, window: null, released: 1 })).toThrow(/at most the 0 dead/);
+    const b = pm.openRoute(cid("b"), { prefix, window: 6, released: 2, reserveTokens: TokenCount(20) });
+    expect(b.pages.slice(0, 2)).toEqual([NO_PAGE, NO_PAGE]);
+    expect(b.releasedPages).toBe(2);
+    expect(b.tokens).toBe(16);
+    expect(b.reservedPages).toBe(1);
+    pm.releaseRoute(cid("b"));
     pm.checkInvariants();
   });
 

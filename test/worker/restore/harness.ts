@@ -137,7 +137,7 @@ export async function startWorker(model: LoadedModel, spec: WorkerSpec): Promise
     auth: { ...defaultConfig.auth, clusterSecret: spec.secret ?? "cluster-secret" },
   };
   const ropts = runtimeOptions(model, spec.runtime);
-  const engine = await loadEngine(model, { ...ropts, durable: true }, { threads: 1 });
+  const engine = await loadEngine(model, ropts, { threads: 1 });
   const cache = await DurableCache.open({
     engine,
     fingerprint: model.fingerprint,
@@ -241,13 +241,12 @@ export async function restoreInto(
   // A resident prefix computed here first (page-aligned), as admission would adopt it.
   if (residentTokens > 0) await dev.continueGreedy(route, prompt.slice(0, residentTokens), 0);
   const ticket = restorer.begin({
-    route,
+    routes: [route],
     tokens: prompt.slice(0, -1),
     pageHashes: new PageHashChain(PAGE, undefined).extend(prompt, prompt.length - 1),
     salt: undefined,
     residentTokens: dev.pages.route(route).tokens,
     pages: dev.pages,
-    availablePages: dev.pages.route(route).reservedPages,
     calibration,
     record: () => undefined,
   });

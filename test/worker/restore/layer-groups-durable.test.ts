@@ -8,7 +8,7 @@ import { generate as decode } from "../../../worker/model/decoder.ts";
 import { ContiguousDecoder } from "../../../worker/model/decoder-contiguous.ts";
 import { openEngine } from "../../../worker/model/engine.ts";
 import { generateModel } from "../../../worker/model/generate.ts";
-import { layerGroups, servedLayerGroups } from "../../../worker/model/layout.ts";
+import { layerGroups } from "../../../worker/model/layout.ts";
 import { type LoadedModel, loadModelDir } from "../../../worker/model/model-dir.ts";
 import { initialSamplerState, samplingParams } from "../../../worker/model/sampling.ts";
 import { CPU_VARIANT } from "../../../worker/model/variant.ts";
@@ -16,9 +16,9 @@ import { generate, promptOf, startWorker, startWriter, type TestWorker, waitPubl
 
 /**
  * A model of sliding and global layers (the tiny gemma2) with durable reuse
- * on: chunks hold one page table, so the runtime given restore/checkpoint
- * hooks holds every layer in one group (servedLayerGroups) and its prefixes
- * are checkpointed and restored exactly, as for any uniform model.
+ * on: the runtime given restore/checkpoint hooks holds its pages in the
+ * model's own layer groups, each checkpointed on its own chain, and a prefix
+ * is restored into every group exactly.
  */
 let root: string;
 let model: LoadedModel;
@@ -34,8 +34,8 @@ beforeAll(async () => {
   model = await loadModelDir(g.dir, { variant: CPU_VARIANT });
   log = await EmbeddedLog.open();
   writer = startWriter(log);
-  // Room for about one request: a second prompt evicts the first's cached pages.
-  a = await startWorker(model, { id: "w-groups", log, runtime: { physicalPages: 40 } });
+  // Room for about one request in both groups: a second prompt evicts the first's cached pages.
+  a = await startWorker(model, { id: "w-groups", log, runtime: { physicalPages: 80 } });
 });
 
 afterAll(async () => {
@@ -47,14 +47,11 @@ afterAll(async () => {
 });
 
 describe("a layer-grouped model with durable reuse on", () => {
-  it("is held in one group with hooks and in its own groups without", () => {
-    const layers = model.config.spec.layers;
-    expect(layerGroups(layers).groups.length).toBeGreaterThan(1);
-    expect(servedLayerGroups(layers, false).groups.length).toBe(layerGroups(layers).groups.length);
-    const one = servedLayerGroups(layers, true);
-    expect(one.groups).toHaveLength(1);
-    expect(one.groups[0]!.layers).toEqual(layers.map((_, i) => i));
-    expect([...one.groupOf].every((g) => g === 0)).toBe(true);
+  it("is held in its own layer groups with its hooks on", () => {
+    const groups = layerGroups(model.config.spec.layers);
+    expect(groups.groups.length).toBeGreaterThan(1);
+    expect(a.runtime.routes.groups).toEqual(groups);
+    expect(a.cache.restorer.groups.map((g) => g.window)).toEqual(a.runtime.routes.windows);
   });
 
   it("starts with its hooks, checkpoints a prefix, and after eviction restores it to the oracle's tokens", async () => {

@@ -111,13 +111,12 @@ describe("restore from each source tier is bit-exact", () => {
     expect(dev.pages.matchPrefix(hashes)).toBe(Math.floor(390 / PAGE));
     const short = dev.openRoute("short", prompt.length + 16);
     const ticket = restorer.begin({
-      route: short,
+      routes: [short],
       tokens: prompt.slice(0, -1),
       pageHashes: hashes.slice(0, 10),
       salt: undefined,
       residentTokens: 0,
       pages: dev.pages,
-      availablePages: dev.pages.route(short).reservedPages,
       calibration: preferring("ssd"),
       record: () => undefined,
     });

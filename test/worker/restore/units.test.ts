@@ -11,7 +11,6 @@ import {
 } from "../../../worker/checkpoint/chunk-format.ts";
 import { fetchPeerBytes, fetchPeerChunk, PeerUnavailableError } from "../../../worker/peer/client.ts";
 import { PeerServer, parseRange } from "../../../worker/peer/server.ts";
-import { planRestore } from "../../../worker/restore/plan.ts";
 import { VerifiedChunk } from "../../../worker/store/chunk.ts";
 
 const g = new KvGeometry(3, 2, 4, 4);
@@ -112,65 +111,6 @@ describe("chunk format", () => {
       ),
     ).toThrow(/expected/);
     expect(() => new KvGeometry(0, 1, 1, 1)).toThrow(/nLayers/);
-  });
-});
-
-describe("restore planning", () => {
-  const chunk = (i: number, sources: { tier: "ram" | "ssd" | "peer" | "s3"; costMs: number }[]) => ({
-    start: i * 100,
-    tokens: 100,
-    bytes: 1000,
-    sources: sources.map((s) => ({ ...s, worker: "w" })),
-  });
-  const base = {
-    processedTokens: 350,
-    residentTokens: 0,
-    pageTokens: 16,
-    prefillPerTokenMs: 1,
-    availablePages: 100,
-  };
-
-  it("restores the longest prefix that is cheaper than recompute, cheapest source first", () => {
-    const p = planRestore({
-      ...base,
-      chunks: [
-        chunk(0, [
-          { tier: "s3", costMs: 50 },
-          { tier: "ram", costMs: 5 },
-        ]),
-        chunk(1, [{ tier: "ssd", costMs: 10 }]),
-        chunk(2, [{ tier: "s3", costMs: 20 }]),
-      ],
-    });
-    expect(p.restoreTo).toBe(300);
-    expect(p.chunks.map((c) => c.sources[0]!.tier)).toEqual(["ram", "ssd", "s3"]);
-    expect(p.chunks[0]!.sources.map((s) => s.tier)).toEqual(["ram", "s3"]);
-    expect(p.predictedMs).toBe(5 + 10 + 20 + 50);
-    expect(p.recomputeMs).toBe(350);
-  });
-
-  it("recomputes when every source costs more than the tokens", () => {
-    const p = planRestore({ ...base, chunks: [chunk(0, [{ tier: "s3", costMs: 500 }])] });
-    expect(p.restoreTo).toBe(0);
-    expect(p.chunks).toEqual([]);
-  });
-
-  it("stops at a chunk without sources, and picks a shorter prefix under page pressure", () => {
-    const cs = [chunk(0, [{ tier: "ram", costMs: 1 }]), chunk(1, []), chunk(2, [{ tier: "ram", costMs: 1 }])];
-    expect(planRestore({ ...base, chunks: cs }).restoreTo).toBe(100);
-    const two = [chunk(0, [{ tier: "ram", costMs: 1 }]), chunk(1, [{ tier: "ram", costMs: 1 }])];
-    expect(planRestore({ ...base, chunks: two, availablePages: 10 }).restoreTo).toBe(100);
-  });
-
-  it("skips what is resident and never restores the pending token's row", () => {
-    const cs = [0, 1, 2, 3].map((i) => chunk(i, [{ tier: "ram", costMs: 1 }]));
-    const p = planRestore({ ...base, processedTokens: 399, residentTokens: 160, chunks: cs });
-    expect(p.restoreTo).toBe(300);
-    expect(p.chunks.map((c) => c.index)).toEqual([1, 2]);
-  });
-
-  it("refuses a resident count that is not whole pages", () => {
-    expect(() => planRestore({ ...base, residentTokens: 10, chunks: [] })).toThrow(/whole pages/);
   });
 });
 
