@@ -165,7 +165,10 @@ export function decideBatch(
   };
   /** A batch's item: one proposal, never unpacked again. */
   const decideItem = (offset: number, bytes: Uint8Array): void => {
-    if (bytes.length > limits.maxProposalBytes) return oversized(offset, bytes);
+    if (bytes.length > limits.maxProposalBytes) {
+      oversized(offset, bytes);
+      return;
+    }
     const env = open(offset, bytes);
     if (env !== undefined) decideOpened(offset, env);
   };
