@@ -116,6 +116,12 @@ export class CatalogDb implements RulesDb {
   chunkOf(model: number, prefix: string): number | undefined {
     return this.prefixes.find(prefix, model);
   }
+  eidOfHex(a: Attr, v: string): number | undefined {
+    return this.hexUnique.get(a)?.findHex(v);
+  }
+  chunkOfHex(model: number, prefix: string): number | undefined {
+    return this.prefixes.findHex(prefix, model);
+  }
   /** Replica entities of a chunk entity, in every state, oldest first. */
   replicasOf(chunk: number): readonly number[] {
     return this.replicas.members(chunk);

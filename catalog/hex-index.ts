@@ -25,6 +25,12 @@ export class HexIndex {
   /** Occupied slots, stale ones included. */
   private used = 0;
   private readonly key = Buffer.alloc(32);
+  // The value in `key` and its hash with qualifier keyQ: a lookup of the same value again (every
+  // publication's model fingerprint; the writer's rules, then its apply, on a new chunk's node id)
+  // skips the hex conversion, the hash and, in find, the format check (keyValue passed it).
+  private keyValue: string | undefined;
+  private keyQ = 0;
+  private keyHash = 0;
 
   constructor(
     private readonly store: EntityStore,
@@ -38,14 +44,22 @@ export class HexIndex {
 
   /** The entity holding `value` (with qualifier `q`), if any; undefined for a value that is not 64 lowercase hex. */
   find(value: string, q = 0): number | undefined {
-    return isHex64(value) ? this.findHex(value, q) : undefined;
+    return value === this.keyValue || isHex64(value) ? this.findHex(value, q) : undefined;
   }
 
   /** `find` for a value the caller has checked is 64 lowercase hex. */
   findHex(value: string, q = 0): number | undefined {
-    this.key.write(value, 0, 32, "hex");
+    if (value !== this.keyValue) {
+      this.key.write(value, 0, 32, "hex");
+      this.keyValue = value;
+      this.keyHash = hash(this.key, 0, q);
+      this.keyQ = q;
+    } else if (q !== this.keyQ) {
+      this.keyHash = hash(this.key, 0, q);
+      this.keyQ = q;
+    }
     const mask = this.slots.length - 1;
-    for (let i = hash(this.key, 0, q) & mask; ; i = (i + 1) & mask) {
+    for (let i = this.keyHash & mask; ; i = (i + 1) & mask) {
       const e = this.slots[i]!;
       if (e === 0) return undefined;
       if (this.matches(e, this.key, q)) return e;

@@ -36,8 +36,10 @@ export interface RulesDb {
   get(e: number, a: Attr): Value | undefined;
   /** The entity holding a unique value. */
   eidOf(a: Attr, v: Value): number | undefined;
-  /** The chunk entity of a model entity's prefix hash, if published. */
-  chunkOf(model: number, prefix: string): number | undefined;
+  /** eidOf for a unique hex attribute and a value the caller has checked is 64 lowercase hex. */
+  eidOfHex(a: Attr, v: string): number | undefined;
+  /** The chunk entity of a model entity's prefix hash (checked 64 lowercase hex), if published. */
+  chunkOfHex(model: number, prefix: string): number | undefined;
   /** The replica / placement entity of (chunk, worker, tier), if any. */
   replicaKey(chunk: number, worker: number, tier: string): number | undefined;
   placementKey(chunk: number, worker: number, tier: string): number | undefined;
@@ -80,7 +82,9 @@ function oneOf(what: string, s: string, values: readonly string[]): void {
     throw new Reject(`${what} must be one of ${values.join("|")}, got ${JSON.stringify(s)}`);
 }
 
-const ATTR_SPECS: Record<string, AttrSpec> = ATTRIBUTES;
+const UNIQUE_ATTRS: ReadonlySet<string> = new Set(
+  (Object.entries(ATTRIBUTES) as [string, AttrSpec][]).filter(([, spec]) => spec.unique).map(([a]) => a),
+);
 
 /**
  * schema/identity.ts catalogNodeId, for the writer's hot path: one
@@ -171,6 +175,10 @@ class Draft {
   private lookup(a: Attr, v: Value): number | undefined {
     return this.newUniq?.get(a)?.get(v) ?? this.db.eidOf(a, v);
   }
+  /** lookup of a hex value this draft has already checked (hex()): the db skips the format check. */
+  private lookupHex(a: Attr, v: string): number | undefined {
+    return this.newUniq?.get(a)?.get(v) ?? this.db.eidOfHex(a, v);
+  }
   private create(): number {
     if (this.nextEid > MAX_EID) throw new Reject("the catalog is out of entity ids");
     return this.nextEid++;
@@ -187,7 +195,7 @@ class Draft {
       this.overlay.set(e, o);
     }
     o.set(a, v);
-    if (ATTR_SPECS[a]!.unique) {
+    if (UNIQUE_ATTRS.has(a)) {
       this.newUniq ??= new Map();
       let byValue = this.newUniq.get(a);
       if (byValue === undefined) {
@@ -198,7 +206,7 @@ class Draft {
     }
   }
   private chunkOfPrefix(model: number, prefix: string): number | undefined {
-    return this.newPrefixes?.get(`${model}|${prefix}`) ?? this.db.chunkOf(model, prefix);
+    return this.newPrefixes?.get(`${model}|${prefix}`) ?? this.db.chunkOfHex(model, prefix);
   }
   private keyed(kind: "r" | "p", chunk: number, worker: number, tier: string): number | undefined {
     const found = this.newKeys?.get(`${kind}|${chunk}|${worker}|${tier}`);
@@ -319,7 +327,7 @@ class Draft {
       );
     if (op.layout !== this.get(m, "model/layout"))
       throw new Reject(`layout ${op.layout} differs from the model's ${String(this.get(m, "model/layout"))}`);
-    const existing = this.lookup("chunk/node", op.node);
+    const existing = this.lookupHex("chunk/node", op.node);
     if (existing !== undefined) {
       // Chunks are immutable: a second publication of the same bytes is a no-op.
       const content = this.get(existing, "chunk/content");

@@ -1,5 +1,6 @@
 import { abortable, sleep } from "../schema/abort.ts";
 import {
+  decodeProposalValue,
   type Proposal,
   ProposalMsg,
   type Rejection,
@@ -10,8 +11,8 @@ import {
 import type { Logger } from "../schema/log.ts";
 import { type Backoff, backoffMs } from "../schema/retry.ts";
 import { encodeTx } from "../schema/tx-encode.ts";
-import { decodeMessage, encodeMessage, WireError } from "../schema/wire.ts";
-import { mayBePacked, PackedRecordError, PROPOSAL_BATCH, unpack } from "./kafka/records.ts";
+import { decodeMessage, encodeMessage, openMessage, WireError } from "../schema/wire.ts";
+import { mayBePacked, PackedRecordError, PROPOSAL_BATCH, packedItems, unpack } from "./kafka/records.ts";
 import {
   CatalogLogError,
   type LogRecord,
@@ -95,19 +96,35 @@ export function decideBatch(
   const tx: Uint8Array[] = [];
   const rejections: Uint8Array[] = [];
   const reject = (r: Rejection) => rejections.push(encodeMessage(RejectionMsg, r));
-  const decideOne = (offset: number, bytes: Uint8Array): void => {
-    if (bytes.length > limits.maxProposalBytes) {
+  const oversized = (offset: number, bytes: Uint8Array): void => {
+    reject({
+      proposalId: null,
+      clientId: null,
+      reason: `oversized: proposal of ${bytes.length} bytes exceeds the ${limits.maxProposalBytes}-byte limit`,
+      proposalOffset: offset,
+    });
+  };
+  /** The envelope of bytes, or undefined once they are rejected as malformed. */
+  const open = (offset: number, bytes: Uint8Array): ReturnType<typeof openMessage> | undefined => {
+    try {
+      return openMessage(bytes);
+    } catch (err) {
+      if (!(err instanceof WireError)) throw err;
       reject({
         proposalId: null,
         clientId: null,
-        reason: `oversized: proposal of ${bytes.length} bytes exceeds the ${limits.maxProposalBytes}-byte limit`,
+        reason: `malformed: ${err.message}`,
         proposalOffset: offset,
       });
-      return;
+      return undefined;
     }
+  };
+  const decideOpened = (offset: number, env: ReturnType<typeof openMessage>): void => {
     let p: Proposal;
     try {
-      p = decodeMessage(ProposalMsg, bytes);
+      if (env.kind !== ProposalMsg.kind)
+        throw new WireError(`expected a ${ProposalMsg.kind} message, got ${env.kind}`);
+      p = decodeProposalValue(env.value);
     } catch (err) {
       if (!(err instanceof WireError)) throw err;
       reject({
@@ -146,30 +163,61 @@ export function decideBatch(
     db.apply(record);
     tx.push(encoded);
   };
+  /** A batch's item: one proposal, never unpacked again. */
+  const decideItem = (offset: number, bytes: Uint8Array): void => {
+    if (bytes.length > limits.maxProposalBytes) {
+      oversized(offset, bytes);
+      return;
+    }
+    const env = open(offset, bytes);
+    if (env !== undefined) decideOpened(offset, env);
+  };
+  const refuseBatch = (offset: number, err: unknown): void => {
+    if (!(err instanceof PackedRecordError)) throw err;
+    reject({
+      proposalId: null,
+      clientId: null,
+      reason: `${err.problem}: ${err.message}`,
+      proposalOffset: offset,
+    });
+  };
   for (const rec of proposals) {
-    // A proposal batch (catalog/kafka/records.ts) that the transport handed over whole — the embedded
-    // log never unpacks, and the Kafka log hands over one it could not unpack — is decided item by item,
-    // or refused as a whole with the reason; its items are never unpacked again.
-    if (mayBePacked(PROPOSAL_BATCH, rec.bytes)) {
+    // A record is a proposal, or a proposal batch (catalog/kafka/records.ts) that the transport handed
+    // over whole — the embedded log never unpacks, and the Kafka log hands over one it could not unpack —
+    // decided item by item, or refused as a whole with the reason. Its envelope is opened once and its
+    // kind decides which; only a record over the proposal limit is scanned for the batch kind first, so
+    // that an oversized proposal is refused undecoded.
+    const { offset, bytes } = rec;
+    if (bytes.length > limits.maxProposalBytes) {
+      if (!mayBePacked(PROPOSAL_BATCH, bytes)) {
+        oversized(offset, bytes);
+        continue;
+      }
       let items: Uint8Array[] | undefined;
       try {
-        items = unpack(PROPOSAL_BATCH, rec.bytes);
+        items = unpack(PROPOSAL_BATCH, bytes);
       } catch (err) {
-        if (!(err instanceof PackedRecordError)) throw err;
-        reject({
-          proposalId: null,
-          clientId: null,
-          reason: `${err.problem}: ${err.message}`,
-          proposalOffset: rec.offset,
-        });
+        refuseBatch(offset, err);
         continue;
       }
-      if (items !== undefined) {
-        for (const item of items) decideOne(rec.offset, item);
-        continue;
-      }
+      if (items === undefined) oversized(offset, bytes);
+      else for (const item of items) decideItem(offset, item);
+      continue;
     }
-    decideOne(rec.offset, rec.bytes);
+    const env = open(offset, bytes);
+    if (env === undefined) continue;
+    if (env.kind !== PROPOSAL_BATCH.kind) {
+      decideOpened(offset, env);
+      continue;
+    }
+    let items: Uint8Array[];
+    try {
+      items = packedItems(PROPOSAL_BATCH, env.value, bytes.length);
+    } catch (err) {
+      refuseBatch(offset, err);
+      continue;
+    }
+    for (const item of items) decideItem(offset, item);
   }
   return { tx, rejections, accepted: tx.length, rejected: rejections.length };
 }

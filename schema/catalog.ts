@@ -1,5 +1,5 @@
 import { Schema } from "effect";
-import { defineMessage, type MessageKind } from "./wire.ts";
+import { defineMessage, type MessageKind, messageBody } from "./wire.ts";
 
 /**
  * The catalog's vocabulary: the DataScript schema (attributes, value types,
@@ -435,6 +435,14 @@ export const ProposalMsg: MessageKind<Proposal> = {
   kind: checkedProposal.kind,
   decodeBody: (body) => decodeProposalFast(body) ?? checkedProposal.decodeBody(body),
 };
+/**
+ * A proposal from its opened envelope (openMessage's `value`, `v` and `kind`
+ * still in it: the fast guard reads neither, so the writer copies no body).
+ * Throws WireError as ProposalMsg.decodeBody does.
+ */
+export function decodeProposalValue(value: Record<string, unknown>): Proposal {
+  return decodeProposalFast(value) ?? checkedProposal.decodeBody(messageBody(value));
+}
 /**
  * Tx decoding: the guard alone decides (the body is returned as it is, as
  * Schema.declare would); only a body it refuses goes through the Effect

@@ -68,8 +68,12 @@ export function encodeMessage<T extends object>(kind: MessageKind<T>, body: T): 
   return bytes;
 }
 
-/** Unpacks and checks the envelope; returns its kind and the remaining body. */
-export function openEnvelope(bytes: Uint8Array): { kind: string; body: Record<string, unknown> } {
+/**
+ * Unpacks and checks the envelope; returns its kind and the map as decoded,
+ * `v` and `kind` still in it. For hot paths whose readers ignore those two
+ * keys (the writer's proposals): no copy of the body.
+ */
+export function openMessage(bytes: Uint8Array): { kind: string; value: Record<string, unknown> } {
   if (!(bytes instanceof Uint8Array)) throw new WireError("message must be bytes");
   if (bytes.length === 0) throw new WireError("empty message");
   if (bytes.length > MAX_MESSAGE_BYTES) {
@@ -86,11 +90,23 @@ export function openEnvelope(bytes: Uint8Array): { kind: string; body: Record<st
   if (typeof value !== "object" || value === null || Array.isArray(value) || value instanceof Uint8Array) {
     throw new WireError("envelope must be a msgpack map");
   }
-  const { v, kind, ...body } = value as Record<string, unknown>;
+  const { v, kind } = value as Record<string, unknown>;
   if (v !== WIRE_VERSION)
     throw new WireError(`unknown wire version ${JSON.stringify(v)} (this build speaks ${WIRE_VERSION})`);
   if (typeof kind !== "string" || kind === "") throw new WireError("envelope has no kind");
-  return { kind, body };
+  return { kind, value: value as Record<string, unknown> };
+}
+
+/** The body of an opened message: its map without `v` and `kind`. */
+export function messageBody(value: Record<string, unknown>): Record<string, unknown> {
+  const { v: _v, kind: _kind, ...body } = value;
+  return body;
+}
+
+/** Unpacks and checks the envelope; returns its kind and the remaining body. */
+export function openEnvelope(bytes: Uint8Array): { kind: string; body: Record<string, unknown> } {
+  const { kind, value } = openMessage(bytes);
+  return { kind, body: messageBody(value) };
 }
 
 /** Decodes bytes that must hold a message of one kind. */

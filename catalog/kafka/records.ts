@@ -1,5 +1,5 @@
 import { Packr } from "msgpackr";
-import { openEnvelope, WIRE_VERSION, WireError } from "../../schema/wire.ts";
+import { openMessage, WIRE_VERSION, WireError } from "../../schema/wire.ts";
 import { CatalogLogError } from "../log.ts";
 import { type BatchLimits, groups } from "./grouping.ts";
 
@@ -112,20 +112,29 @@ export function unpack(k: PackedKind, bytes: Uint8Array): Uint8Array[] | undefin
       `${k.kind}: ${bytes.length} bytes, over the ${k.maxBytes}-byte limit`,
     );
   }
-  let env: ReturnType<typeof openEnvelope>;
+  let env: ReturnType<typeof openMessage>;
   try {
-    env = openEnvelope(bytes);
+    env = openMessage(bytes);
   } catch (err) {
     throw new PackedRecordError("malformed", (err as Error).message);
   }
   if (env.kind !== k.kind) return undefined;
-  if (bytes.length > k.maxBytes) {
+  return packedItems(k, env.value, bytes.length);
+}
+
+/**
+ * The items of an opened envelope of kind `k` (`value` as openMessage
+ * returns it, of a record of `byteLength` bytes), views into its bytes.
+ * Throws PackedRecordError when it is over the kind's bounds or malformed.
+ */
+export function packedItems(k: PackedKind, value: Record<string, unknown>, byteLength: number): Uint8Array[] {
+  if (byteLength > k.maxBytes) {
     throw new PackedRecordError(
       "oversized",
-      `${k.kind}: ${bytes.length} bytes, over the ${k.maxBytes}-byte limit`,
+      `${k.kind}: ${byteLength} bytes, over the ${k.maxBytes}-byte limit`,
     );
   }
-  const items = env.body[k.field];
+  const items = value[k.field];
   if (!Array.isArray(items)) {
     throw new PackedRecordError(
       "malformed",

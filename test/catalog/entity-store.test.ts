@@ -118,6 +118,37 @@ describe("HexIndex", () => {
     expect(idx.find(hex(n + 2999), 7)).toBe(n + 2999);
   });
 
+  it("a value looked up again finds what a first lookup would, across qualifiers, changes and removals", () => {
+    const s = new EntityStore();
+    const prefix = info("chunk/prefix");
+    const model = info("chunk/model");
+    const idx = new HexIndex(s, prefix, model);
+    for (const [e, q] of [
+      [1, 7],
+      [2, 8],
+    ] as const) {
+      s.set(e, prefix, hex(1));
+      s.set(e, model, q);
+      idx.add(e);
+    }
+    // An equal string that is another object, and the same value under another qualifier and back.
+    const again = hex(1).split("").join("");
+    expect(idx.find(hex(1), 7)).toBe(1);
+    expect(idx.find(again, 7)).toBe(1);
+    expect(idx.find(again, 8)).toBe(2);
+    expect(idx.find(hex(1), 7)).toBe(1);
+    expect(idx.find(hex(1).toUpperCase(), 7)).toBeUndefined();
+    expect(idx.find(hex(1), 7)).toBe(1);
+    // The value moves to another entity, then goes: the repeated lookup follows.
+    s.set(1, prefix, hex(2));
+    idx.add(1);
+    expect(idx.find(hex(1), 7)).toBeUndefined();
+    expect(idx.find(hex(2), 7)).toBe(1);
+    s.delete(2, prefix);
+    expect(idx.find(hex(1), 8)).toBeUndefined();
+    expect(idx.findHex(hex(2), 7)).toBe(1);
+  });
+
   it("agrees with a Map on random values, changes and removals", () => {
     const r = rng(5);
     const s = new EntityStore();

@@ -69,6 +69,7 @@ describe("decideBatch", () => {
       enc(p("orphan", publish(3))), // rejected: its parent (2) is not published
       new Uint8Array([0xc1, 0x00]), // malformed
       new Uint8Array(limits.maxProposalBytes + 1), // oversized
+      encodeMessage(RejectionMsg, { proposalId: null, clientId: null, reason: "x", proposalOffset: 0 }), // another kind
       enc(p("a", publish(1))), // duplicate id: rejected, chunk 1 not published
       enc(p("b", publish(1))), // sees a's chunk 0 from earlier in the group
       enc(
@@ -83,7 +84,7 @@ describe("decideBatch", () => {
     ];
     const { out, db } = groupedEqualsOneByOne(bytes);
     expect(out.accepted).toBe(4);
-    expect(out.rejected).toBe(4);
+    expect(out.rejected).toBe(5);
     const txs = out.tx.map((b) => decodeMessage(TxMsg, b));
     expect(txs.map((t) => [t.txNo, t.proposalId, t.time])).toEqual([
       [1, "setup", 5],
@@ -96,12 +97,14 @@ describe("decideBatch", () => {
       [2, "orphan"],
       [3, null],
       [4, null],
-      [5, "a"],
+      [5, null],
+      [6, "a"],
     ]);
     expect(reasons[0]!.reason).toMatch(/parent chunk .* is not published/);
     expect(reasons[1]!.reason).toMatch(/^malformed: /);
     expect(reasons[2]!.reason).toMatch(/^oversized: /);
-    expect(reasons[3]!.reason).toMatch(/^duplicate: /);
+    expect(reasons[3]!.reason).toBe("malformed: expected a catalog.proposal message, got catalog.rejection");
+    expect(reasons[4]!.reason).toMatch(/^duplicate: /);
     const chunk = (i: number) => db.eidOf("chunk/node", catalogNodeId(fp, chain[i]!.hash));
     expect(db.get(chunk(2)!, "chunk/parent")).toBe(chunk(1));
     expect(chunk(3)).toBeUndefined();
