@@ -64,7 +64,14 @@ beforeAll(async () => {
   log = await EmbeddedLog.open();
   writer = startWriter(log);
   // Room for one request's whole reservation and little more: a second prompt evicts the first's cached pages.
-  a = await startWorker(model, { id: "w-sliding", log, runtime: { physicalPages: 40 } });
+  // Capture is priced so cheap that the checkpoint is taken whatever the prefill calibrates to:
+  // on a fast host a cheap recompute made the offer lose, and the restore case had no chunks.
+  a = await startWorker(model, {
+    id: "w-sliding",
+    log,
+    runtime: { physicalPages: 40 },
+    cache: { checkpoint: { capturePerByteMs: 1e-12 } },
+  });
   const base = await device(false);
   baseline = await base.continueGreedy(base.openRoute("base", prompt.length + 16), prompt, DECODE);
 });
