@@ -35,7 +35,13 @@ beforeAll(async () => {
   log = await EmbeddedLog.open();
   writer = startWriter(log);
   // Room for about one request in both groups: a second prompt evicts the first's cached pages.
-  a = await startWorker(model, { id: "w-groups", log, runtime: { physicalPages: 80 } });
+  // Capture priced cheap, so the checkpoint is taken whatever the prefill calibrates to on this host.
+  a = await startWorker(model, {
+    id: "w-groups",
+    log,
+    runtime: { physicalPages: 80 },
+    cache: { checkpoint: { capturePerByteMs: 1e-12 } },
+  });
 });
 
 afterAll(async () => {
