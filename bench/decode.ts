@@ -33,8 +33,9 @@ const median = (xs: readonly number[]): number => percentile(xs, 50);
  * q8_0_over_bf16_decode_b1 (goal ≥ 1.7) and q4_0_over_bf16_decode_b1 (goal
  * ≥ 2.5), each format's weight bytes per token × tokens/s over the read
  * bandwidth; prefill_over_gemm_rate divides the batch-16 prefill's weight
- * math (2 · matrix parameters · tokens / step time) by the bf16 GEMM rate at
- * the model's up-projection shape measured in the same rounds (goal ≥ 0.8).
+ * math (prefillMultiplyAdds: the LM head only for each sequence's last row)
+ * by the bf16 GEMM rate at the model's up-projection shape, measured in the
+ * rounds of the prefills it divides (goal ≥ 0.8).
  *
  * The model is generated once under .continuum/models/small (seed 0) and
  * reused. Then a sliding-window run (bench/_sliding.ts): decode tokens/s of
@@ -70,12 +71,22 @@ function weightBytesPerToken(model: LoadedModel): number {
   return n;
 }
 
-/** Multiply-adds of the weight matrices per token (the embedding is a lookup): prefill FLOPs = 2 · this · tokens. */
-function matrixParams(model: LoadedModel): number {
+/**
+ * Multiply-adds of the weight matrices a prefill of `batch` sequences of
+ * `promptLen` tokens runs: every layer's matrices once per token, the LM head
+ * (lm_head, or the tied embedding) only for each sequence's last row, the one
+ * that needs logits; the untied embedding is a lookup. FLOPs = 2 · this.
+ */
+function prefillMultiplyAdds(model: LoadedModel, batch: number, promptLen: number): number {
+  const tied = model.config.spec.tiedEmbeddings;
   let n = 0;
-  for (const [name, t] of model.weights.tensors)
-    if (t.shape.length === 2 && (name !== "model.embed_tokens.weight" || model.config.spec.tiedEmbeddings))
-      n += t.shape[0]! * t.shape[1]!;
+  for (const [name, t] of model.weights.tensors) {
+    if (t.shape.length !== 2) continue;
+    const params = t.shape[0]! * t.shape[1]!;
+    const head = name === "lm_head.weight" || (tied && name === "model.embed_tokens.weight");
+    if (head) n += params * batch;
+    else if (name !== "model.embed_tokens.weight") n += params * batch * promptLen;
+  }
   return n;
 }
 
@@ -155,6 +166,7 @@ const bench: Bench = {
 
     const ctx = promptLen + steps + 2;
     const engines: Engine[] = [];
+    const gemm: number[] = [];
     const figures: Record<string, number> = {
       memcpy_gb_per_s: round(bw.memcpy_gb_per_s),
       read_gb_per_s: round(bw.read_gb_per_s),
@@ -177,6 +189,8 @@ const bench: Bench = {
       // (of step times, prefill times and CPU per step) leave it out.
       const runs = new Map<string, Run[]>();
       for (let round_ = 0; round_ < rounds; round_++) {
+        // The GEMM reference in the same rounds as the prefills it divides.
+        gemm.push(gemmRate(spec.hidden, spec.ffn, 16 * promptLen, 10));
         for (const batch of BATCHES) {
           const kinds = Object.keys(decoders);
           if (round_ % 2 === 1) kinds.reverse();
@@ -209,7 +223,6 @@ const bench: Bench = {
     const formats: { key: string; model: LoadedModel }[] = [{ key: "bf16", model }];
     for (const q of QUANTIZED) formats.push({ key: q, model: await quantizedModel(q, log) });
     const qRuns = new Map<string, Run[]>();
-    const gemm: number[] = [];
     const qEngines: Engine[] = [];
     try {
       const decoders = new Map<string, Decoder>();
@@ -225,7 +238,6 @@ const bench: Bench = {
           const r = await measure(decoders.get(key)!, 1, promptLen, steps, spec.vocab);
           qRuns.set(key, [...(qRuns.get(key) ?? []), r]);
         }
-        gemm.push(gemmRate(spec.hidden, spec.ffn, 16 * promptLen, 3));
       }
     } finally {
       for (const e of qEngines) e.free();
@@ -239,8 +251,11 @@ const bench: Bench = {
       figures[`${key}_b1_decode_weight_gb_per_s`] = round((bytes * tokS) / 1e9);
       log(`${key}: batch-1 decode ${round(tokS)} tok/s, ${bytes} weight bytes per token`);
     }
-    const gemmGflops = median(gemm);
-    const prefillGflops = (2 * matrixParams(model) * figures.paged_b16_prefill_tok_per_s!) / 1e9;
+    // The fastest over every round: what the kernel reaches at this shape (load only lowers it),
+    // so a burst of other work on a shared host cannot flatter the ratio.
+    const gemmGflops = Math.max(...gemm);
+    const prefillMs = (16 * promptLen) / (figures.paged_b16_prefill_tok_per_s! / 1000);
+    const prefillGflops = (2 * prefillMultiplyAdds(model, 16, promptLen)) / prefillMs / 1e6;
     figures.gemm_bf16_gflop_per_s = round(gemmGflops);
     figures.paged_b16_prefill_weight_gflop_per_s = round(prefillGflops);
     log(
