@@ -149,6 +149,8 @@ describe("serve start-up on a troubled data dir (real processes)", () => {
       const dataDir = join(small.dir, "data");
       const first = await serve({ CONTINUUM_STORE_DATA_DIR: dataDir });
       await complete(first);
+      // The checkpoint is written in the background: stopping before it is ready raced it.
+      await replicaIn(first, "ssd");
       await stop(first);
       small.fill();
       const full = await serveExpectingExit({ CONTINUUM_STORE_DATA_DIR: dataDir }, FAIL_FAST_MS);
