@@ -2,6 +2,7 @@ import { createHash } from "node:crypto";
 import type { StepBatch } from "../../native/engine.ts";
 import { ContinuationId, PrefixHash, type TokenCount } from "../../schema/ids.ts";
 import type { LayerGroups } from "../model/layout.ts";
+import type { ResidencyCosts } from "../residency/residency.ts";
 import { buildBatch, type Lane } from "../runtime/batch.ts";
 import type { AppendPlan, PageManager, ReleaseOptions } from "./page-manager.ts";
 import { windowDeadPages } from "./route.ts";
@@ -106,6 +107,40 @@ export class GroupedRoutes {
     options: { readonly reserveTokens?: TokenCount } = {},
   ): void {
     this.allOrNone(dst, (route, g) => this.pages.fork(this.routeOf(src, g), route, options));
+  }
+
+  /**
+   * In-flight prefix sharing over every group (RouteTable.adoptPrefix):
+   * continuation `id`, idle at a page boundary with `have` pages, extends to
+   * the longest hit `to` > have of `prefix` (its own chain, matchPrefix) that
+   * fits the pool, each group sharing the pages its window reaches at `to`
+   * and leaving the others released; all groups or none. A shorter hit may
+   * take fewer cached pages, so on a shortfall `to` steps down: at most
+   * prefix.length − have tries, each O(pages × groups). Returns the pages
+   * adopted (0: none).
+   */
+  adoptInFlight(id: ContinuationId, prefix: readonly PrefixHash[], cache?: ResidencyCosts): number {
+    const have = this.pages.route(id).pages.length;
+    const hashes = this.windows.map((_, g) => this.groupHashes(prefix, g));
+    for (let to = this.matchPrefix(prefix); to > have; to--) {
+      const steps: { route: ContinuationId; g: number; skip: number; need: number }[] = [];
+      let total = 0;
+      for (let g = 0; g < this.windows.length; g++) {
+        const route = this.routeOf(id, g);
+        const skip = Math.max(0, this.releasedAt(g, to) - have);
+        const need = this.pages.adoptionNeed(route, hashes[g]!, to, skip);
+        if (need === null) break;
+        steps.push({ route, g, skip, need });
+        total += need;
+      }
+      if (steps.length < this.windows.length || total > this.pages.availablePages) continue;
+      // Those that give pages back first: then every partial sum stays within the total, so each fits.
+      steps.sort((a, b) => a.need - b.need);
+      for (const s of steps)
+        this.pages.adoptPrefix(s.route, hashes[s.g]!, { to, skip: s.skip, ...(cache ? { cache } : {}) });
+      return to - have;
+    }
+    return 0;
   }
 
   /** Plans one append in every group (each group's copy-on-write, slots and table); all or none. */

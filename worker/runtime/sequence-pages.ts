@@ -52,11 +52,6 @@ export class SequencePages {
     this.pages = routes.pages;
   }
 
-  /** Several groups: in-flight adoption (a single-table path) is off. */
-  private get grouped(): boolean {
-    return this.routes.windows.length > 1;
-  }
-
   isRestoring(id: RequestId): boolean {
     return this.restoring.has(id);
   }
@@ -194,7 +189,6 @@ export class SequencePages {
    * lookup per prefilling request.
    */
   adoptInFlight(seqs: Iterable<Sequence>): void {
-    if (this.grouped) return;
     const P = this.opts.pageTokens;
     for (const seq of seqs) {
       if (seq.state !== "running" || seq.cancelled || this.restoring.has(seq.id)) continue;
@@ -204,7 +198,11 @@ export class SequencePages {
       const page = seq.processed / P;
       const next = seq.chain.at(seq.tokens, rows, page);
       if (next === null || !this.pages.hasSealed(next, (page + 1) * P)) continue;
-      const adopted = this.pages.adoptPrefix(seq.route, seq.chain.extend(seq.tokens, rows));
+      const adopted = this.routes.adoptInFlight(
+        seq.route,
+        seq.chain.extend(seq.tokens, rows),
+        this.residencyCosts(),
+      );
       seq.processed += adopted * P;
       seq.cachedTokens += adopted * P;
       this.counters.cachedPromptTokens += adopted * P;

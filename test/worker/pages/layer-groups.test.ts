@@ -191,11 +191,32 @@ describe("a route per layer group over one pool (Gemma 3 tiny)", () => {
     logits = await prefill(e, promptOf(40, 4, vocab), true);
     for (let i = 0; i < 3; i++) logits = (await step([{ s: e, tokens: [argmax(logits)] }], true))[0]!;
 
+    // F, idle at row 0 while D ran, adopts D's 6 pages in flight: the global group all of them, each
+    // sliding group only the 2 its window reaches at row 96, leaving the 4 D freed released.
+    const f = seq("f");
+    gr.open(f.id, { reserveTokens: TokenCount(100) });
+    const reservedBefore = gr.reservedPages(f.id);
+    expect(gr.adoptInFlight(f.id, dSealed, KEEP)).toBe(6);
+    expect(gr.reservedPages(f.id)).toBe(reservedBefore - 6 * groups.groups.length);
+    expect(pm.route(f.id).pages).toEqual(pm.route(d.id).pages);
+    for (let g = 1; g < groups.groups.length; g++) {
+      const tf = pm.route(gr.routeOf(f.id, g));
+      expect([tf.tokens, tf.releasedPages]).toEqual([96, 4]);
+      expect(tf.pages.slice(4)).toEqual(pm.route(gr.routeOf(d.id, g)).pages.slice(4));
+    }
+    // Nothing more is sealed: a second adoption finds nothing.
+    expect(gr.adoptInFlight(f.id, dSealed, KEEP)).toBe(0);
+    f.tokens.push(...dPrompt);
+    f.chain.extend(f.tokens, f.tokens.length);
+    await oracle.step([{ seq: f.oracle, tokens: dPrompt }]);
+    logits = await prefill(f, promptOf(40, 5, vocab), true);
+    for (let i = 0; i < 3; i++) logits = (await step([{ s: f, tokens: [argmax(logits)] }], true))[0]!;
+
     // A group's pages answer only to its own hashes.
     expect(groupHash(dSealed[0]!, 1)).not.toBe(dSealed[0]);
     expect(groupHash(dSealed[0]!, 1)).not.toBe(groupHash(dSealed[0]!, 2));
 
-    for (const s of [a, b, c, d, e]) gr.release(s.id, { cache: KEEP });
+    for (const s of [a, b, c, d, e, f]) gr.release(s.id, { cache: KEEP });
     const end = pm.snapshot();
     expect(end.routes).toEqual([]);
     expect(end.freePages + end.cachedPages).toBe(N);

@@ -2,6 +2,8 @@ import { createHash } from "node:crypto";
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import { ContinuationId, type PageId, PrefixHash, TokenCount } from "../../../schema/ids.ts";
+import { GLOBAL_LAYER, layerGroups, slidingLayer } from "../../../worker/model/layout.ts";
+import { GroupedRoutes } from "../../../worker/pages/layer-groups.ts";
 import { type AppendPlan, type LoadTicket, PageManager } from "../../../worker/pages/page-manager.ts";
 import { type CaptureId, type LeaseId, PageError } from "../../../worker/pages/page-state.ts";
 import { NO_PAGE, windowDeadPages } from "../../../worker/pages/route.ts";
@@ -88,6 +90,11 @@ describe.each([null, 3])("PageManager under random operation sequences (window %
         fc.array(op, { minLength: 10, maxLength: 100, size: "max" }),
         (N, ops) => {
           const pm = new PageManager({ pageTokens: P, physicalPages: N, debugInvariants: true, window });
+          // The runtime's one-group view of the same table: in-flight adoption goes through it.
+          const routes = new GroupedRoutes(
+            pm,
+            layerGroups([window === null ? GLOBAL_LAYER : slidingLayer(window, 1 << 20)]),
+          );
           const mem = new PageMemory();
           const model = new Map<ContinuationId, ModelRoute>();
           const leases: LeaseId[] = [];
@@ -282,16 +289,18 @@ describe.each([null, 3])("PageManager under random operation sequences (window %
                 const chain = continues
                   ? sealedHashes(s!.rows, 0, Math.floor(pm.route(src!).tokens / P))
                   : sealedHashes(mine, 0, Math.floor(mine.length / P));
-                const expected = Math.max(0, pm.matchPrefix(chain) - pm.route(id).pages.length);
-                const adopted = pm.adoptPrefix(id, chain);
-                // Adoption stops short only at an evictable cached page (a window's released
-                // page) it has no room for: no reservation left, nothing available.
+                const have = pm.route(id).pages.length;
+                const expected = Math.max(0, routes.matchPrefix(chain) - have);
+                const to = have + expected;
+                const fullNeed =
+                  expected > 0
+                    ? pm.adoptionNeed(id, chain, to, Math.max(0, windowDeadPages(to * P, window, P, to) - have))
+                    : 0;
+                const available = pm.availablePages;
+                const adopted = routes.adoptInFlight(id, chain, o.c % 2 ? KEEP : undefined);
+                // Adoption stops short of the whole hit only when the hit did not fit.
                 expect(adopted).toBeLessThanOrEqual(expected);
-                if (adopted < expected) {
-                  expect(window).not.toBeNull();
-                  expect(pm.route(id).reservedPages).toBe(0);
-                  expect(pm.availablePages).toBe(0);
-                }
+                if (adopted < expected) expect(fullNeed).toBeGreaterThan(available);
                 if (adopted > 0) {
                   seen.adoptedLater++;
                   m!.rows = s!.rows.slice(0, mine.length + adopted * P);
@@ -498,21 +507,27 @@ describe("PageManager operations", () => {
     pm.openRoute(producer, { reserveTokens: TokenCount(13) });
     const waiter = cid("waiter");
     pm.openRoute(waiter, { reserveTokens: TokenCount(13) });
-    expect(pm.adoptPrefix(waiter, h)).toBe(0);
+    expect(pm.adoptionNeed(waiter, h, 1)).toBeNull();
+    expect(() => pm.adoptPrefix(waiter, h, { to: 1 })).toThrow(/not all findable/);
     pm.beginAppend(producer, TokenCount(8));
     pm.commitAppend(producer, h.slice(0, 2));
     const available = pm.availablePages;
-    expect(pm.adoptPrefix(waiter, h)).toBe(2);
+    expect(pm.adoptionNeed(waiter, h, 2)).toBe(-2);
+    pm.adoptPrefix(waiter, h, { to: 2 });
     expect(pm.route(waiter)).toMatchObject({ tokens: 8, pages: pm.route(producer).pages, reservedPages: 2 });
     expect(pm.availablePages).toBe(available + 2);
     // A chain that does not continue the route is refused and changes nothing.
     const before = pm.snapshot();
-    expect(() => pm.adoptPrefix(waiter, seal([9, 9, 9, 9, 9, 9, 9, 9], 0, 2))).toThrow(/does not continue/);
+    expect(() => pm.adoptPrefix(waiter, seal(Array<number>(12).fill(9), 0, 3), { to: 3 })).toThrow(
+      /does not continue/,
+    );
+    // Nor may it leave pages released that its window still reads (no window: none).
+    expect(() => pm.adoptPrefix(waiter, h, { to: 3, skip: 1 })).toThrow(/may leave 0 released/);
     expect(pm.snapshot()).toEqual(before);
     // Mid-page, a route cannot adopt.
     pm.beginAppend(waiter, TokenCount(1));
     pm.commitAppend(waiter, []);
-    expect(() => pm.adoptPrefix(waiter, h)).toThrow(/page boundary/);
+    expect(() => pm.adoptPrefix(waiter, h, { to: 3 })).toThrow(/page boundary/);
     pm.releaseRoute(producer);
     pm.releaseRoute(waiter);
     expect(pm.snapshot().freePages).toBe(8);

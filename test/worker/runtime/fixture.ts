@@ -1,14 +1,15 @@
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import type { Engine } from "../../../native/engine.ts";
+import type { Engine, StepBatch } from "../../../native/engine.ts";
+import { RequestId } from "../../../schema/ids.ts";
 import { silentLogger } from "../../../schema/log.ts";
 import { generateModel } from "../../../worker/model/generate.ts";
 import { type LoadedModel, loadModelDir } from "../../../worker/model/model-dir.ts";
 import { CPU_VARIANT } from "../../../worker/model/variant.ts";
 import { loadEngine } from "../../../worker/runtime/engine-load.ts";
 import { WorkerRuntime } from "../../../worker/runtime/runtime.ts";
-import type { RuntimeOptions } from "../../../worker/runtime/runtime-api.ts";
+import type { RuntimeOptions, SubmitRequest } from "../../../worker/runtime/runtime-api.ts";
 import type { RuntimeEvent } from "../../../worker/runtime/sequence.ts";
 
 /** The tiny generated model, loaded once per test file. */
@@ -95,4 +96,48 @@ export async function collect(
     else return { tokens, end: ev };
   }
   throw new Error("stream ended without an end event");
+}
+
+/** A greedy request (temperature 0, no top-p or top-k cut) for `prompt`, `extra` over it. */
+export function greedyRequest(
+  id: string,
+  prompt: readonly number[],
+  maxTokens: number,
+  extra: Partial<SubmitRequest> = {},
+): SubmitRequest {
+  return {
+    requestId: RequestId(id),
+    salt: undefined,
+    prompt: [...prompt],
+    maxTokens,
+    temperature: 0,
+    topP: 1,
+    topK: 0,
+    seed: 1,
+    stopTokenIds: [],
+    ...extra,
+  };
+}
+
+/**
+ * The engine as the runtime sees it, counting the prompt rows it computes
+ * (every row of a step except the decode rows, which are its logit rows),
+ * and calling `onStep` before each step with the rows computed so far.
+ */
+export function countingPrefill(onStep?: (prefillRowsSoFar: number) => void) {
+  const seen = { prefillRows: 0 };
+  const wrap = (inner: Engine): Engine =>
+    new Proxy(inner, {
+      get(target, key) {
+        if (key === "step")
+          return (batch: StepBatch) => {
+            onStep?.(seen.prefillRows);
+            seen.prefillRows += batch.tokens.length - batch.logitRows.length;
+            return target.step(batch);
+          };
+        const v = Reflect.get(target, key, target);
+        return typeof v === "function" ? v.bind(target) : v;
+      },
+    });
+  return { seen, wrap };
 }

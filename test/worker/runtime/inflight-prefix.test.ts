@@ -1,9 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { Engine, StepBatch } from "../../../native/engine.ts";
 import { RequestId } from "../../../schema/ids.ts";
 import type { LoadedModel } from "../../../worker/model/model-dir.ts";
 import type { SubmitRequest } from "../../../worker/runtime/runtime-api.ts";
-import { collect, prompt, startRuntime, tinyModel } from "./fixture.ts";
+import { collect, countingPrefill, prompt, startRuntime, tinyModel } from "./fixture.ts";
 
 let model: LoadedModel;
 let cleanup: () => Promise<void>;
@@ -29,29 +28,6 @@ function request(id: string, prompt: number[], maxTokens: number, seed = 1): Sub
     seed,
     stopTokenIds: [],
   };
-}
-
-/**
- * The engine as the runtime sees it, counting the prompt rows it computes
- * (every row of a step except the decode rows, which are its logit rows),
- * and calling `onStep` before each step with the rows computed so far.
- */
-function counting(onStep?: (prefillRowsSoFar: number) => void) {
-  const seen = { prefillRows: 0 };
-  const wrap = (inner: Engine): Engine =>
-    new Proxy(inner, {
-      get(target, key) {
-        if (key === "step")
-          return (batch: StepBatch) => {
-            onStep?.(seen.prefillRows);
-            seen.prefillRows += batch.tokens.length - batch.logitRows.length;
-            return target.step(batch);
-          };
-        const v = Reflect.get(target, key, target);
-        return typeof v === "function" ? v.bind(target) : v;
-      },
-    });
-  return { seen, wrap };
 }
 
 /** Each request run alone on a fresh runtime: the tokens it must produce. */
@@ -86,7 +62,7 @@ describe("in-flight prefix sharing (tiny model, real engine)", () => {
     );
     const expected = await alone(reqs);
 
-    const { seen, wrap } = counting();
+    const { seen, wrap } = countingPrefill();
     // Tiles of 32 rows: the producer seals two pages per step while the others wait.
     const f = await startRuntime(model, { prefillTile: 32, maxBatchTokens: 256 }, wrap);
     const results = await Promise.all(reqs.map((r) => collect(f.runtime.submit(r).events)));
@@ -111,7 +87,7 @@ describe("in-flight prefix sharing (tiny model, real engine)", () => {
     const same = prompt(12, 170);
     const reqs = Array.from({ length: 16 }, (_, i) => request(`i${i}`, same, 4, i));
     const expected = await alone(reqs);
-    const { seen, wrap } = counting();
+    const { seen, wrap } = countingPrefill();
     const f = await startRuntime(model, { prefillTile: 48 }, wrap);
     const results = await Promise.all(reqs.map((r) => collect(f.runtime.submit(r).events)));
     for (let i = 0; i < reqs.length; i++) expect(results[i]!.tokens, `request ${i}`).toEqual(expected[i]);
@@ -131,7 +107,7 @@ describe("in-flight prefix sharing (tiny model, real engine)", () => {
     // The first request is the producer (oldest at the same boundary); it is
     // cancelled before the step that would take it past 128 computed rows,
     // i.e. after it sealed 8 of the 25 shared pages.
-    const { seen, wrap } = counting((rows) => {
+    const { seen, wrap } = countingPrefill((rows) => {
       if (rows >= 128 && producer) {
         producer.cancel();
         producer = null;

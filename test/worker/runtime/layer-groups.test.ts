@@ -3,7 +3,6 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { Engine } from "../../../native/engine.ts";
-import { RequestId } from "../../../schema/ids.ts";
 import { generate as decode } from "../../../worker/model/decoder.ts";
 import { ContiguousDecoder } from "../../../worker/model/decoder-contiguous.ts";
 import { openEngine } from "../../../worker/model/engine.ts";
@@ -13,7 +12,7 @@ import { type LoadedModel, loadModelDir } from "../../../worker/model/model-dir.
 import { initialSamplerState, samplingParams } from "../../../worker/model/sampling.ts";
 import { CPU_VARIANT } from "../../../worker/model/variant.ts";
 import type { SubmitRequest } from "../../../worker/runtime/runtime-api.ts";
-import { collect, prompt, type RuntimeFixture, startRuntime } from "./fixture.ts";
+import { collect, countingPrefill, greedyRequest, prompt, type RuntimeFixture, startRuntime } from "./fixture.ts";
 
 /**
  * Serving a model of sliding and global layers (the tiny gemma2: alternating;
@@ -28,18 +27,7 @@ const PAGE = 16;
 const DECODE = 12;
 
 function request(id: string, tokens: number[], extra: Partial<SubmitRequest> = {}): SubmitRequest {
-  return {
-    requestId: RequestId(id),
-    salt: undefined,
-    prompt: tokens,
-    maxTokens: DECODE,
-    temperature: 0,
-    topP: 1,
-    topK: 0,
-    seed: 1,
-    stopTokenIds: [],
-    ...extra,
-  };
+  return greedyRequest(id, tokens, DECODE, extra);
 }
 
 async function oracle(model: LoadedModel, tokens: number[]): Promise<number[]> {
@@ -101,6 +89,29 @@ describe.each(["gemma2", "gemma3"] as const)("runtime over layer groups (tiny %s
       const b = await collect(f.runtime.submit(request("b", long)).events);
       expect(b.tokens).toEqual(expected);
       expect(f.runtime.stats().cachedPromptTokens).toBeGreaterThan(0);
+      expectNoLeak(f);
+    } finally {
+      await f.close();
+    }
+  });
+
+  it("concurrent requests over one long prefix compute it once, every group adopting it in flight, with the oracle's tokens", async () => {
+    const N = 4;
+    const shared = prompt(5, 5 * window + 7);
+    const reqs = Array.from({ length: N }, (_, i) => request(`f${i}`, [...shared, ...prompt(40 + i, 3 + i)]));
+    const expected: number[][] = [];
+    for (const r of reqs) expected.push(await oracle(model, [...r.prompt]));
+    const { seen, wrap } = countingPrefill();
+    // Tiles of 4 pages, longer than the window: a waiter's sliding groups leave the pages it jumps over released.
+    const f = await startRuntime(model, { pageTokens: PAGE, prefillTile: 4 * PAGE }, wrap);
+    try {
+      const results = await Promise.all(reqs.map((r) => collect(f.runtime.submit(r).events)));
+      for (const [i, r] of results.entries()) expect(r.tokens, `request ${i}`).toEqual(expected[i]);
+      // The shared full pages once, then each request's own rows before its pending token.
+      const sharedRows = Math.floor(shared.length / PAGE) * PAGE;
+      const own = reqs.reduce((a, r) => a + (r.prompt.length - 1 - sharedRows), 0);
+      expect(seen.prefillRows).toBe(sharedRows + own);
+      expect(f.runtime.stats().sharedInFlightTokens).toBe((N - 1) * sharedRows);
       expectNoLeak(f);
     } finally {
       await f.close();

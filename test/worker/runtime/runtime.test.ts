@@ -9,7 +9,15 @@ import { loadEngine } from "../../../worker/runtime/engine-load.ts";
 import { WorkerRuntime } from "../../../worker/runtime/runtime.ts";
 import type { SubmitRequest } from "../../../worker/runtime/runtime-api.ts";
 import type { RuntimeEvent } from "../../../worker/runtime/sequence.ts";
-import { collect, openRuntime, prompt, type RuntimeFixture, startRuntime, tinyModel } from "./fixture.ts";
+import {
+  collect,
+  greedyRequest,
+  openRuntime,
+  prompt,
+  type RuntimeFixture,
+  startRuntime,
+  tinyModel,
+} from "./fixture.ts";
 
 let model: LoadedModel;
 let cleanup: () => Promise<void>;
@@ -21,25 +29,7 @@ afterAll(async () => {
   await cleanup();
 });
 
-function request(
-  id: string,
-  prompt: number[],
-  maxTokens: number,
-  extra: Partial<SubmitRequest> = {},
-): SubmitRequest {
-  return {
-    requestId: RequestId(id),
-    salt: undefined,
-    prompt,
-    maxTokens,
-    temperature: 0,
-    topP: 1,
-    topK: 0,
-    seed: 1,
-    stopTokenIds: [],
-    ...extra,
-  };
-}
+const request = greedyRequest;
 
 async function run(rt: WorkerRuntime, req: SubmitRequest) {
   return collect(rt.submit(req).events);

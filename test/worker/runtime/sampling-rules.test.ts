@@ -1,9 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { RequestId } from "../../../schema/ids.ts";
 import { type LogitsRules, NO_RULES } from "../../../worker/model/logits.ts";
 import type { LoadedModel } from "../../../worker/model/model-dir.ts";
 import type { SubmitRequest } from "../../../worker/runtime/runtime-api.ts";
-import { collect, prompt, type RuntimeFixture, startRuntime, tinyModel } from "./fixture.ts";
+import { collect, greedyRequest, prompt, type RuntimeFixture, startRuntime, tinyModel } from "./fixture.ts";
 
 let model: LoadedModel;
 let cleanup: () => Promise<void>;
@@ -20,18 +19,7 @@ afterAll(async () => {
 
 let n = 0;
 function request(p: number[], maxTokens: number, extra: Partial<SubmitRequest> = {}): SubmitRequest {
-  return {
-    requestId: RequestId(`rules-${n++}`),
-    salt: undefined,
-    prompt: p,
-    maxTokens,
-    temperature: 0,
-    topP: 1,
-    topK: 0,
-    seed: 1,
-    stopTokenIds: [],
-    ...extra,
-  };
+  return greedyRequest(`rules-${n++}`, p, maxTokens, extra);
 }
 const rules = (r: Partial<LogitsRules>): LogitsRules => ({ ...NO_RULES, ...r });
 const run = (req: SubmitRequest) => collect(f.runtime.submit(req).events);

@@ -1,10 +1,9 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { RequestId } from "../../../schema/ids.ts";
 import type { TokenLogprob } from "../../../worker/model/logits.ts";
 import type { LoadedModel } from "../../../worker/model/model-dir.ts";
 import { referenceForward } from "../../../worker/model/reference.ts";
 import type { SubmitRequest } from "../../../worker/runtime/runtime-api.ts";
-import { prompt, type RuntimeFixture, startRuntime, tinyModel } from "./fixture.ts";
+import { greedyRequest, prompt, type RuntimeFixture, startRuntime, tinyModel } from "./fixture.ts";
 
 /**
  * Scoring a continuation (what lm-eval-harness's loglikelihood asks through
@@ -35,18 +34,7 @@ afterAll(async () => {
 
 let n = 0;
 function request(p: number[], extra: Partial<SubmitRequest> = {}): SubmitRequest {
-  return {
-    requestId: RequestId(`score-${n++}`),
-    salt: undefined,
-    prompt: p,
-    maxTokens: 1,
-    temperature: 0,
-    topP: 1,
-    topK: 0,
-    seed: 1,
-    stopTokenIds: [],
-    ...extra,
-  };
+  return greedyRequest(`score-${n++}`, p, 1, extra);
 }
 
 interface Scored {

@@ -1,9 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { RequestId } from "../../../schema/ids.ts";
 import type { LoadedModel } from "../../../worker/model/model-dir.ts";
 import type { CheckpointOffer, RouteCheckpointer } from "../../../worker/pages/durable-hooks.ts";
-import type { SubmitRequest } from "../../../worker/runtime/runtime-api.ts";
-import { collect, prompt, startRuntime, tinyModel } from "./fixture.ts";
+import { collect, greedyRequest, prompt, startRuntime, tinyModel } from "./fixture.ts";
 
 /**
  * The sequences' pages in the real runtime and engine: what a request leaves
@@ -18,19 +16,7 @@ afterAll(async () => {
   await cleanup();
 });
 
-function request(id: string, tokens: number[], maxTokens: number): SubmitRequest {
-  return {
-    requestId: RequestId(id),
-    salt: undefined,
-    prompt: tokens,
-    maxTokens,
-    temperature: 0,
-    topP: 1,
-    topK: 0,
-    seed: 1,
-    stopTokenIds: [],
-  };
-}
+const request = (id: string, tokens: number[], maxTokens: number) => greedyRequest(id, tokens, maxTokens);
 
 /** A checkpoint hook that holds a capture of every offered prefix open until `finish()`, as a slow download would. */
 class HeldCapture implements RouteCheckpointer {
