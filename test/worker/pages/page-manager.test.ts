@@ -294,7 +294,12 @@ describe.each([null, 3])("PageManager under random operation sequences (window %
                 const to = have + expected;
                 const fullNeed =
                   expected > 0
-                    ? pm.adoptionNeed(id, chain, to, Math.max(0, windowDeadPages(to * P, window, P, to) - have))
+                    ? pm.adoptionNeed(
+                        id,
+                        chain,
+                        to,
+                        Math.max(0, windowDeadPages(to * P, window, P, to) - have),
+                      )
                     : 0;
                 const available = pm.availablePages;
                 const adopted = routes.adoptInFlight(id, chain, o.c % 2 ? KEEP : undefined);

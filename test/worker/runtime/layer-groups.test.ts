@@ -12,7 +12,14 @@ import { type LoadedModel, loadModelDir } from "../../../worker/model/model-dir.
 import { initialSamplerState, samplingParams } from "../../../worker/model/sampling.ts";
 import { CPU_VARIANT } from "../../../worker/model/variant.ts";
 import type { SubmitRequest } from "../../../worker/runtime/runtime-api.ts";
-import { collect, countingPrefill, greedyRequest, prompt, type RuntimeFixture, startRuntime } from "./fixture.ts";
+import {
+  collect,
+  countingPrefill,
+  greedyRequest,
+  prompt,
+  type RuntimeFixture,
+  startRuntime,
+} from "./fixture.ts";
 
 /**
  * Serving a model of sliding and global layers (the tiny gemma2: alternating;
