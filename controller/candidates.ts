@@ -39,9 +39,9 @@ export interface RouteRequest {
  * cut into whole chunks, each named by its catalog node id. This is layer
  * group 0's chain (a model of several groups writes one chain per group,
  * worker/checkpoint/group-chunks.ts, group 0's the plain one), so for such a
- * model the estimate counts group 0's chunks, their replicas and bytes; the
- * worker's restorer restores less or recomputes when another group's needed
- * chunk is missing.
+ * model the estimate follows group 0's replicas and prices every layer's
+ * bytes (kvBytesPerToken) over their tokens; the worker's restorer restores
+ * less or recomputes when another group's needed chunk is missing.
  */
 export function planChain(
   fingerprint: ModelFingerprint,
