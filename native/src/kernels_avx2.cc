@@ -127,11 +127,24 @@ CK_AVX2 void quads_blocked(const float* x, int32_t T4, int32_t K, const void* W,
   const size_t acc_need = static_cast<size_t>(kQuadRows / 4) * nt * kTileAcc;
   if (tl_quad_acc.size() < acc_need) tl_quad_acc.resize(acc_need);
   float* accs = tl_quad_acc.data();
+  // The next work item's weight rows (as many rows after this item's, usually
+  // this thread's or its neighbour's next item) are prefetched a few lines
+  // per triplet block, so their stream from memory overlaps these FMAs
+  // instead of stalling the next item's widening. Lines per block: the
+  // item's lines over its triplet blocks, rounded up.
+  const int32_t next_rows = std::max(0, std::min(3 * nt, N - (n0 + 3 * nt)));
+  const char* pf = next_rows > 0 ? static_cast<const char*>(weight_row<WT>(W, n0 + 3 * nt, K)) : nullptr;
+  const int64_t pf_lines = (static_cast<int64_t>(next_rows) * bytes_of(WT, K) + 63) / 64;
+  const int64_t blocks = static_cast<int64_t>((T4 + kQuadRows - 1) / kQuadRows) * ((K8 + kQuadK - 1) / kQuadK) * nt;
+  const int64_t pf_per_block = blocks > 0 ? (pf_lines + blocks - 1) / blocks : 0;
+  int64_t pf_next = 0;
   for (int32_t r0 = 0; r0 < T4; r0 += kQuadRows) {
     const int32_t nq = std::min(kQuadRows, T4 - r0) / 4;
     for (int32_t k0 = 0; k0 < K8; k0 += kQuadK) {
       const int32_t n = std::min(kQuadK, K8 - k0);
       for (int32_t t = 0; t < nt; ++t) {
+        for (int64_t e = std::min(pf_lines, pf_next + pf_per_block); pf_next < e; ++pf_next)
+          _mm_prefetch(pf + 64 * pf_next, _MM_HINT_T1);
         const float* w = wide + static_cast<int64_t>(3) * t * K + k0;
         for (int32_t q = 0; q < nq; ++q) {
           const float* xr = x + static_cast<int64_t>(r0 + 4 * q) * K + k0;
