@@ -331,15 +331,19 @@ void routed_append(const float* rows, const int32_t* slots, int32_t B, int32_t r
 // 48 is a multiple of both register-tile widths (3 and 8).
 constexpr int32_t kMatmulBlock = 48;
 
-// Column blocks are handed out in runs, kRunsPerThread per thread, so a
-// thread's next block is usually the one after its own: the tiles prefetch
-// the weight rows past their block, and on a core with a private L2 those
-// lines help only the thread that prefetched them. Two runs a thread, not
-// one, so a thread held up elsewhere costs at most a quarter of the product
-// (with two threads) rather than half.
+// A product of few rows is bound by the weight stream (T multiply-adds per
+// weight read): its column blocks are handed out in runs, kRunsPerThread
+// per thread, so a thread's next block is usually the one after its own —
+// the tiles prefetch the weight rows past their block, and on a core with a
+// private L2 those lines help only the thread that prefetched them. Two
+// runs a thread, not one, so a thread held up elsewhere costs at most a
+// quarter of the product (two threads) rather than half. More rows are
+// compute bound: blocks go one at a time, balancing the threads.
 constexpr int64_t kRunsPerThread = 2;
+constexpr int32_t kStreamBoundRows = 32;
 
-inline int64_t column_grain(int64_t blocks, ThreadPool* pool) {
+inline int64_t column_grain(int64_t blocks, int32_t T, ThreadPool* pool) {
+  if (T > kStreamBoundRows) return 1;
   const int64_t runs = (pool != nullptr ? pool->threads() : 1) * kRunsPerThread;
   return std::max<int64_t>(1, (blocks + runs - 1) / runs);
 }
@@ -350,7 +354,7 @@ void matmul(const float* x, int32_t T, int32_t K, const void* W, DType wt, int32
   if (int8_path(wt)) {
     // x quantized once for every work item and batch size (quant_dot.h).
     const Q8Rows xq = quantize_rows(x, T, K);
-    parallel_for(pool, blocks, column_grain(blocks, pool), [&](int64_t b0, int64_t b1) {
+    parallel_for(pool, blocks, column_grain(blocks, T, pool), [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b) {
         const int32_t n0 = static_cast<int32_t>(b * kMatmulBlock);
         int8_matmul_columns(xq, W, wt, N, bias, y, n0, std::min(N, n0 + kMatmulBlock));
@@ -359,7 +363,7 @@ void matmul(const float* x, int32_t T, int32_t K, const void* W, DType wt, int32
     return;
   }
   const PackedRows xp(x, T, K);
-  parallel_for(pool, blocks, column_grain(blocks, pool), [&](int64_t b0, int64_t b1) {
+  parallel_for(pool, blocks, column_grain(blocks, T, pool), [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int32_t n0 = static_cast<int32_t>(b * kMatmulBlock);
       const int32_t n1 = std::min(N, n0 + kMatmulBlock);
@@ -377,7 +381,7 @@ void matmul_multi(const float* x, int32_t T, int32_t K, const MatmulOut* outs, i
   for (int32_t i = 0; i < n_outs; ++i) any_int8 = any_int8 || int8_path(outs[i].wt);
   const Q8Rows xq = any_int8 ? quantize_rows(x, T, K) : Q8Rows{};
   const PackedRows xp(x, T, K);
-  parallel_for(pool, first.back(), column_grain(first.back(), pool), [&](int64_t b0, int64_t b1) {
+  parallel_for(pool, first.back(), column_grain(first.back(), T, pool), [&](int64_t b0, int64_t b1) {
     int32_t i = 0;
     for (int64_t b = b0; b < b1; ++b) {
       while (b >= first[static_cast<size_t>(i) + 1]) ++i;
