@@ -58,8 +58,8 @@ export interface PagePoolSnapshot {
  * The one owner of a device's physical pages: the pool (page states, free
  * and cached pages in eviction order, the prefix index), the route table
  * (RouteTable: page tables, reservations, leases, copy-on-write tails) and
- * the transfers that move page bytes beside compute: restore loads and
- * checkpoint captures. Policy lives here (which page, refcounts,
+ * in-flight adoption of pages another route sealed, and the transfers that
+ * move page bytes beside compute: restore loads and checkpoint captures. Policy lives here (which page, refcounts,
  * generations); the engine owns the bytes and executes the copies, slots and
  * transfers this class hands out.
  *
@@ -147,6 +147,101 @@ export class PageManager extends RouteTable {
     for (const p of pages) this.pool.markDurable(p, costs);
     this.afterMutation();
     return pages.length;
+  }
+
+  // ---- in-flight adoption ---------------------------------------------
+
+  /**
+   * In-flight prefix sharing: extend the idle route, which ends at a page
+   * boundary with `have` pages, to `to` pages of `prefix` (its own page-hash
+   * chain) without computing them. Pages [have + skip, to) are sealed pages
+   * another route holds or the cache keeps, shared (refcount++); the `skip`
+   * before them are left released (at most those dead for the window at
+   * `to`). The reservation held the route's growth, so it shrinks by the
+   * `to − have` pages no longer computed; then the route's own pages now dead
+   * for its window are released (kept cached with `cache`). Refused, changing
+   * nothing, when a page is not findable or the adoption does not fit
+   * (adoptionNeed > availablePages).
+   */
+  adoptPrefix(
+    id: ContinuationId,
+    prefix: readonly PrefixHash[],
+    options: { readonly to: number; readonly skip?: number; readonly cache?: ResidencyCosts },
+  ): void {
+    const r = this.getRoute(id);
+    const skip = options.skip ?? 0;
+    const shared = this.adoptable(r, prefix, options.to, skip);
+    if (shared === null)
+      throw new PageError(
+        "unknown-prefix",
+        `route ${id}: prefix pages up to ${options.to} are not all findable`,
+      );
+    const need = this.adoptionCost(r, shared, options.to);
+    if (need > this.availablePages)
+      throw new PageError(
+        "over-capacity",
+        `route ${id}: adopting to ${options.to} pages takes ${need}, only ${this.availablePages} available`,
+      );
+    const giveBack = Math.min(r.reserved, options.to - r.pages.length);
+    r.reserved -= giveBack;
+    this.pool.reserved -= giveBack;
+    this.pool.tick();
+    for (const page of shared) this.pool.reference(page, true);
+    for (let i = 0; i < skip; i++) r.pages.push(NO_PAGE);
+    r.pages.push(...shared);
+    r.tokens = options.to * this.pageTokens;
+    this.releaseOutsideWindow(r, options.cache ?? null);
+    this.afterMutation();
+  }
+
+  /**
+   * Pages of capacity adoptPrefix(id, prefix, {to, skip}) takes from
+   * availablePages (each evictable cached page it shares, less the
+   * reservation it gives back; negative: it gives pages back), or null when a
+   * page it would share is not findable. Validates as adoptPrefix does.
+   */
+  adoptionNeed(id: ContinuationId, prefix: readonly PrefixHash[], to: number, skip = 0): number | null {
+    const r = this.getRoute(id);
+    const shared = this.adoptable(r, prefix, to, skip);
+    return shared === null ? null : this.adoptionCost(r, shared, to);
+  }
+
+  /** The pages adoptPrefix would share (null: one is not findable), after checking the route and the arguments. */
+  private adoptable(r: Route, prefix: readonly PrefixHash[], to: number, skip: number): PageId[] | null {
+    this.checkAcceptsWork(r);
+    if (r.pending || r.load)
+      throw new PageError("busy", `route ${r.id}: cannot adopt during an append or load`);
+    const P = this.pageTokens;
+    if (r.startPosition !== 0 || r.tokens % P !== 0)
+      throw new PageError(
+        "invalid",
+        `route ${r.id}: adopts only from position 0 at a page boundary (start ${r.startPosition}, ${r.tokens} rows)`,
+      );
+    const have = r.pages.length;
+    if (!Number.isSafeInteger(to) || to <= have || to > prefix.length)
+      throw new PageError(
+        "invalid",
+        `route ${r.id}: adopts to ${to} pages; must exceed its ${have} and be at most the prefix's ${prefix.length}`,
+      );
+    const dead = windowDeadPages(to * P, r.window, P, to);
+    if (!Number.isSafeInteger(skip) || skip < 0 || have + skip > Math.max(have, dead))
+      throw new PageError(
+        "invalid",
+        `route ${r.id}: adopting to ${to} pages may leave ${Math.max(0, dead - have)} released (window ${r.window}), not ${skip}`,
+      );
+    if (have > 0 && this.pool.states.identity(r.pages[have - 1]!)?.hash !== prefix[have - 1])
+      throw new PageError("invalid", `route ${r.id}: the prefix does not continue the route's ${have} pages`);
+    const shared: PageId[] = [];
+    for (let i = have + skip; i < to; i++) {
+      const page = this.pool.lookup(prefix[i]!, (i + 1) * P);
+      if (page === undefined) return null;
+      shared.push(page);
+    }
+    return shared;
+  }
+
+  private adoptionCost(r: Route, shared: readonly PageId[], to: number): number {
+    return this.pool.evictableAmong(shared) - Math.min(r.reserved, to - r.pages.length);
   }
 
   // ---- loads (restore transfers write pages) -----------------------------
