@@ -177,5 +177,7 @@ GemmTimes time_gemm(std::mt19937_64& rng, bool quick, int reps);
 // engine_check.cu
 void check_engine(Tally& tally, std::mt19937_64& rng);
 void check_engine_invariance(Tally& tally, std::mt19937_64& rng);
+// transfer_check.cu
+void check_transfers(Tally& tally, std::mt19937_64& rng);
 
 }  // namespace ck::harness
