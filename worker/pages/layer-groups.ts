@@ -46,9 +46,35 @@ export class GroupedRoutes {
     return g === 0 ? id : ContinuationId(`${id}#g${g}`);
   }
 
+  /**
+   * Tagged hashes already computed: a plain chain hash → its hashes in
+   * groups 1 … G − 1. A waiting prompt is planned (prefixHit) every
+   * iteration and a waiter re-scanned at every adoption, and tagging costs a
+   * sha256 per page and group. At most TAGGED_CACHE entries; the oldest
+   * goes first.
+   */
+  private readonly tagged = new Map<PrefixHash, readonly PrefixHash[]>();
+
+  /** Entries in the tag cache (≤ TAGGED_CACHE). */
+  get taggedCached(): number {
+    return this.tagged.size;
+  }
+
+  /** Group g's hash of the page whose prefix-chain hash is h (groupHash), through the tag cache. */
+  groupHash(h: PrefixHash, g: number): PrefixHash {
+    if (g === 0) return h;
+    let t = this.tagged.get(h);
+    if (t === undefined) {
+      t = this.windows.slice(1).map((_, k) => groupHash(h, k + 1));
+      this.tagged.set(h, t);
+      if (this.tagged.size > TAGGED_CACHE) this.tagged.delete(this.tagged.keys().next().value!);
+    }
+    return t[g - 1]!;
+  }
+
   /** The prefix hashes group g's pages carry. */
   groupHashes(hashes: readonly PrefixHash[], g: number): readonly PrefixHash[] {
-    return groupHashes(hashes, g);
+    return g === 0 ? hashes : hashes.map((h) => this.groupHash(h, g));
   }
 
   /**
@@ -110,22 +136,48 @@ export class GroupedRoutes {
   }
 
   /**
-   * In-flight prefix sharing over every group (RouteTable.adoptPrefix):
+   * In-flight prefix sharing over every group (PageManager.adoptPrefix):
    * continuation `id`, idle at a page boundary with `have` pages, extends to
-   * the longest hit `to` > have of `prefix` (its own chain, matchPrefix) that
-   * fits the pool, each group sharing the pages its window reaches at `to`
-   * and leaving the others released; all groups or none. A shorter hit may
-   * take fewer cached pages, so on a shortfall `to` steps down: at most
-   * prefix.length − have tries, each O(pages × groups). Returns the pages
+   * the longest hit `to` > have of `prefix` (its own chain) that fits the
+   * pool, each group sharing the pages its window reaches at `to` and
+   * leaving the others released; all groups or none. The hit is scanned from
+   * `have` on (the route holds what it needs below), tagging each group's
+   * hashes only as far as the scan reads, so a call costs O(pages scanned ×
+   * groups), not O(prompt) (it ends where a global group lacks a page; a
+   * layout of sliding groups only scans the prompt's rest). A shorter hit may take fewer cached pages, so on a
+   * shortfall `to` steps down: at most to − have tries. Returns the pages
    * adopted (0: none).
    */
   adoptInFlight(id: ContinuationId, prefix: readonly PrefixHash[], cache?: ResidencyCosts): number {
     const have = this.pages.route(id).pages.length;
-    const hashes = this.windows.map((_, g) => this.groupHashes(prefix, g));
-    for (let to = this.matchPrefix(prefix); to > have; to--) {
+    const G = this.windows.length;
+    const P = this.pages.pageTokens;
+    // Each group's hashes, filled in [have − 1, hit) only: all that adoptPrefix reads.
+    const hashes = this.windows.map(() => new Array<PrefixHash>(prefix.length));
+    const at = (g: number, i: number): PrefixHash => (hashes[g]![i] ??= this.groupHash(prefix[i]!, g));
+    if (have > 0) for (let g = 0; g < G; g++) at(g, have - 1);
+    /** Per sliding group: consecutive pages held ending at h − 1, counted from `have`. */
+    const run = new Array<number>(G).fill(0);
+    let hit = have;
+    for (let h = have + 1; h <= prefix.length; h++) {
+      let globalsHold = true;
+      let fits = true;
+      for (let g = 0; g < G; g++) {
+        const held = this.pages.hasSealed(at(g, h - 1), h * P);
+        if (this.windows[g] === null) {
+          globalsHold &&= held;
+          continue;
+        }
+        run[g] = held ? run[g]! + 1 : 0;
+        if (run[g]! < h - Math.max(have, this.releasedAt(g, h))) fits = false;
+      }
+      if (!globalsHold) break;
+      if (fits) hit = h;
+    }
+    for (let to = hit; to > have; to--) {
       const steps: { route: ContinuationId; g: number; skip: number; need: number }[] = [];
       let total = 0;
-      for (let g = 0; g < this.windows.length; g++) {
+      for (let g = 0; g < G; g++) {
         const route = this.routeOf(id, g);
         const skip = Math.max(0, this.releasedAt(g, to) - have);
         const need = this.pages.adoptionNeed(route, hashes[g]!, to, skip);
@@ -133,7 +185,7 @@ export class GroupedRoutes {
         steps.push({ route, g, skip, need });
         total += need;
       }
-      if (steps.length < this.windows.length || total > this.pages.availablePages) continue;
+      if (steps.length < G || total > this.pages.availablePages) continue;
       // Those that give pages back first: then every partial sum stays within the total, so each fits.
       steps.sort((a, b) => a.need - b.need);
       for (const s of steps)
@@ -280,6 +332,9 @@ export function buildGroupedBatch(lanes: readonly GroupedLane[], groups: number)
 }
 
 const GROUP_TAG = "continuum/layer-group/v1";
+
+/** The tag cache's bound: 16 Ki pages of chain (256 Ki tokens at 16-token pages), a few MiB. */
+export const TAGGED_CACHE = 16_384;
 
 /** Group g's hashes of a plain prefix-chain: the chain itself for group 0. */
 export function groupHashes(hashes: readonly PrefixHash[], g: number): readonly PrefixHash[] {

@@ -154,7 +154,8 @@ export class PageManager extends RouteTable {
   /**
    * In-flight prefix sharing: extend the idle route, which ends at a page
    * boundary with `have` pages, to `to` pages of `prefix` (its own page-hash
-   * chain) without computing them. Pages [have + skip, to) are sealed pages
+   * chain, of which only entries [have − 1, to) are read) without computing
+   * them. Pages [have + skip, to) are sealed pages
    * another route holds or the cache keeps, shared (refcount++); the `skip`
    * before them are left released (at most those dead for the window at
    * `to`). The reservation held the route's growth, so it shrinks by the

@@ -8,10 +8,15 @@ import type { SequenceId } from "../../../worker/model/decoder.ts";
 import { ContiguousDecoder } from "../../../worker/model/decoder-contiguous.ts";
 import { openEngine } from "../../../worker/model/engine.ts";
 import { generateModel } from "../../../worker/model/generate.ts";
-import { layerGroups } from "../../../worker/model/layout.ts";
+import { GLOBAL_LAYER, layerGroups, slidingLayer } from "../../../worker/model/layout.ts";
 import { type LoadedModel, loadModelDir } from "../../../worker/model/model-dir.ts";
 import { argmax } from "../../../worker/model/sampling.ts";
-import { buildGroupedBatch, GroupedRoutes, groupHash } from "../../../worker/pages/layer-groups.ts";
+import {
+  buildGroupedBatch,
+  GroupedRoutes,
+  groupHash,
+  TAGGED_CACHE,
+} from "../../../worker/pages/layer-groups.ts";
 import { PageHashChain } from "../../../worker/pages/page-hashes.ts";
 import { PageManager } from "../../../worker/pages/page-manager.ts";
 import type { ResidencyCosts } from "../../../worker/residency/residency.ts";
@@ -246,5 +251,29 @@ describe("a route per layer group over one pool (Gemma 3 tiny)", () => {
       /window must be a positive integer/,
     );
     pm.checkInvariants();
+  });
+});
+
+describe("the tag cache of group hashes", () => {
+  it("answers as groupHash does and holds at most TAGGED_CACHE entries, the oldest going first", () => {
+    const gr = new GroupedRoutes(
+      new PageManager({ pageTokens: P, physicalPages: 8 }),
+      layerGroups([GLOBAL_LAYER, slidingLayer(W, 1 << 20)]),
+    );
+    expect(gr.windows).toEqual([null, W]);
+    const chain = new PageHashChain(P, undefined).extend(
+      Array.from({ length: (TAGGED_CACHE + 100) * P }, (_, i) => i % 997),
+      (TAGGED_CACHE + 100) * P,
+    );
+    const first = chain[0]!;
+    expect(gr.groupHash(first, 0)).toBe(first);
+    expect(gr.groupHash(first, 1)).toBe(groupHash(first, 1));
+    const tagged = gr.groupHashes(chain, 1);
+    expect(tagged.length).toBe(chain.length);
+    expect(tagged[TAGGED_CACHE + 50]).toBe(groupHash(chain[TAGGED_CACHE + 50]!, 1));
+    expect(gr.taggedCached).toBe(TAGGED_CACHE);
+    // The oldest entries went: asking again recomputes them, the same hash.
+    expect(gr.groupHash(first, 1)).toBe(groupHash(first, 1));
+    expect(gr.taggedCached).toBe(TAGGED_CACHE);
   });
 });
