@@ -1,12 +1,13 @@
 import { randomUUID } from "node:crypto";
 import type { Engine } from "../native/engine.ts";
-import { ContinuationId, type PageId, RequestId, TokenCount } from "../schema/ids.ts";
+import { ContinuationId, type PageId, TokenCount } from "../schema/ids.ts";
 import { argmax } from "../worker/model/sampling.ts";
 import { PageHashChain } from "../worker/pages/page-hashes.ts";
 import { PageManager } from "../worker/pages/page-manager.ts";
 import type { PageManagerOptions } from "../worker/pages/route-table.ts";
 import { buildBatch } from "../worker/runtime/batch.ts";
 import type { WorkerRuntime } from "../worker/runtime/runtime.ts";
+import { greedyRequest } from "../worker/runtime/runtime-api.ts";
 
 /**
  * What the exactness checks share (bench/_exact.ts, which bench gpu runs,
@@ -110,17 +111,9 @@ export async function generateGreedy(
   maxTokens: number,
   opts: { readonly requestId?: string; readonly salt?: string | undefined } = {},
 ): Promise<{ tokens: number[]; cachedTokens: number }> {
-  const gen = runtime.submit({
-    requestId: RequestId(opts.requestId ?? `q-${randomUUID().slice(0, 8)}`),
-    salt: opts.salt,
-    prompt,
-    maxTokens,
-    temperature: 0,
-    topP: 1,
-    topK: 0,
-    seed: 1,
-    stopTokenIds: [],
-  });
+  const gen = runtime.submit(
+    greedyRequest(opts.requestId ?? `q-${randomUUID().slice(0, 8)}`, prompt, maxTokens, { salt: opts.salt }),
+  );
   const tokens: number[] = [];
   for await (const e of gen.events) {
     if (e.type === "token") tokens.push(e.token);

@@ -1,4 +1,4 @@
-import type { ModelFingerprint, RequestId } from "../../schema/ids.ts";
+import { type ModelFingerprint, RequestId } from "../../schema/ids.ts";
 import type { Logger } from "../../schema/log.ts";
 import type { Calibration, ConfiguredCosts } from "../calibration/calibration.ts";
 import type { AttentionLayout } from "../model/layout.ts";
@@ -69,6 +69,27 @@ export interface SubmitRequest {
   readonly promptLogprobs?: number;
   /** The grammar the output follows (structured output); absent: free. */
   readonly constraint?: TokenMachine;
+}
+
+/** A greedy request (temperature 0, no top-p or top-k cut, seed 1) for `prompt`, `extra` over it. */
+export function greedyRequest(
+  id: string,
+  prompt: readonly number[],
+  maxTokens: number,
+  extra: Partial<SubmitRequest> = {},
+): SubmitRequest {
+  return {
+    requestId: RequestId(id),
+    salt: undefined,
+    prompt: [...prompt],
+    maxTokens,
+    temperature: 0,
+    topP: 1,
+    topK: 0,
+    seed: 1,
+    stopTokenIds: [],
+    ...extra,
+  };
 }
 
 export interface RuntimeGeneration {

@@ -1,10 +1,10 @@
 import { randomBytes } from "node:crypto";
 import { longestPublishedPrefixOfChain, readyReplicas } from "../../catalog/queries.ts";
 import { catalogNodeId, contentId, prefixChain } from "../../schema/identity.ts";
-import { RequestId } from "../../schema/ids.ts";
 import type { Logger } from "../../schema/log.ts";
 import type { DurableCache } from "../restore/durable-cache.ts";
 import type { WorkerRuntime } from "../runtime/runtime.ts";
+import { greedyRequest } from "../runtime/runtime-api.ts";
 import { VerifiedChunk } from "../store/chunk.ts";
 import type { ChunkTiers } from "../store/chunk-tiers.ts";
 
@@ -151,19 +151,10 @@ const WARM_SALT = "continuum/warm-up";
  */
 export async function warmEngine(runtime: WorkerRuntime, pageTokens: number, vocab: number): Promise<void> {
   const prompt = Array.from({ length: 2 * pageTokens + 1 }, (_, i) => 1 + ((i * 7919) % (vocab - 1)));
-  const g = runtime.submit({
-    requestId: RequestId("continuum-warm-up"),
-    salt: WARM_SALT,
-    prompt,
-    maxTokens: 2,
-    temperature: 0,
-    topP: 1,
-    topK: 0,
-    seed: 1,
-    stopTokenIds: [],
+  const g = runtime.submit(
     // Leaves no page behind: a fresh worker's pool is empty once warm.
-    ephemeral: true,
-  });
+    greedyRequest("continuum-warm-up", prompt, 2, { salt: WARM_SALT, ephemeral: true }),
+  );
   for await (const e of g.events) {
     if (e.type === "error") throw new Error(`warm start: the warm-up request failed: ${e.message}`);
     if (e.type === "end") return;

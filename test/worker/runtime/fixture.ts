@@ -2,15 +2,16 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { Engine, StepBatch } from "../../../native/engine.ts";
-import { RequestId } from "../../../schema/ids.ts";
 import { silentLogger } from "../../../schema/log.ts";
 import { generateModel } from "../../../worker/model/generate.ts";
 import { type LoadedModel, loadModelDir } from "../../../worker/model/model-dir.ts";
 import { CPU_VARIANT } from "../../../worker/model/variant.ts";
 import { loadEngine } from "../../../worker/runtime/engine-load.ts";
 import { WorkerRuntime } from "../../../worker/runtime/runtime.ts";
-import type { RuntimeOptions, SubmitRequest } from "../../../worker/runtime/runtime-api.ts";
+import type { RuntimeOptions } from "../../../worker/runtime/runtime-api.ts";
 import type { RuntimeEvent } from "../../../worker/runtime/sequence.ts";
+
+export { greedyRequest } from "../../../worker/runtime/runtime-api.ts";
 
 /** The tiny generated model, loaded once per test file. */
 export async function tinyModel(): Promise<{ model: LoadedModel; cleanup: () => Promise<void> }> {
@@ -96,27 +97,6 @@ export async function collect(
     else return { tokens, end: ev };
   }
   throw new Error("stream ended without an end event");
-}
-
-/** A greedy request (temperature 0, no top-p or top-k cut) for `prompt`, `extra` over it. */
-export function greedyRequest(
-  id: string,
-  prompt: readonly number[],
-  maxTokens: number,
-  extra: Partial<SubmitRequest> = {},
-): SubmitRequest {
-  return {
-    requestId: RequestId(id),
-    salt: undefined,
-    prompt: [...prompt],
-    maxTokens,
-    temperature: 0,
-    topP: 1,
-    topK: 0,
-    seed: 1,
-    stopTokenIds: [],
-    ...extra,
-  };
 }
 
 /**
