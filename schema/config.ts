@@ -50,10 +50,8 @@ export interface Config {
     /** Rows per prefill tile of one long prompt. */
     prefillTile: number;
     /**
-     * While requests decode (or prompts that finish in one step, at most
-     * minPrefillTokens rows, wait for their first token), a step with a long
-     * prompt's rows may take at most this many times the step those lanes
-     * would take alone, as the runtime's fitted
+     * While requests decode, a step with prefill rows may take at most this
+     * many times the decode-only step it replaces, as the runtime's fitted
      * step-cost model predicts it (prefill tiles shrink to fit, down to
      * minPrefillTokens); 0 turns pacing off and tiles are always prefillTile.
      */
