@@ -299,21 +299,16 @@ export class WorkerRuntime {
     this.fenceCancelled();
     if (this.seqs.size === 0) return false;
     const records = [...this.seqs.values()].map((s) => this.held.record(s));
-    // The pacer's inputs: the paced lanes' rows and keys (a row at position
-    // p attends p + 1 keys), and the furthest other prefill's next row. The
-    // paced lanes are the decodes and the prompts whose rest fits in the
-    // minimum prefill budget (a prefix hit's suffix): their next step gives
-    // them a token, so a long prompt beside them is paced as beside decodes,
-    // and their first token does not wait behind its full-size tiles.
+    // The pacer's inputs: the decode lanes' rows and keys (a decode row at
+    // position p attends p + 1 keys), and the furthest prefill's next row.
     const decodes = { rows: 0, keys: 0 };
     let prefillAt = -1;
     for (const r of records) {
-      const { phase, remaining } = phaseOf(r);
-      if (!r.runnable || (phase === "decode" && r.state !== "running")) continue;
-      if (phase === "decode" || remaining <= this.opts.minPrefillTokens) {
-        decodes.rows += remaining;
-        decodes.keys += remaining * (r.processed + 1) + (remaining * (remaining - 1)) / 2;
-      } else prefillAt = Math.max(prefillAt, r.processed);
+      const phase = phaseOf(r).phase;
+      if (phase === "decode" && r.state === "running" && r.runnable) {
+        decodes.rows++;
+        decodes.keys += r.processed + 1;
+      } else if (phase !== "decode") prefillAt = Math.max(prefillAt, r.processed);
     }
     const plan = planIteration(records, this.budgets(decodes, prefillAt));
     for (const p of plan.preempt) this.preempt(p);
@@ -463,8 +458,7 @@ export class WorkerRuntime {
   // ---- scheduler inputs ----------------------------------------------------
 
   /**
-   * `decodes`: the paced lanes, the running decodes and the prompts that
-   * finish in one step (rows, keys; see iterate).
+   * `decodes`: the running requests in their decode phase (rows, keys).
    * While there are any, the pacer's tile caps the step's prefill rows, all
    * lanes together (the step's rows are at most decodes + tile), so several
    * prompts prefilling at once cannot stretch the step beyond the pace

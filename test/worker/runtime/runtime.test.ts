@@ -1,6 +1,6 @@
 import { Effect } from "effect";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { Engine, StepBatch } from "../../../native/engine.ts";
+import type { Engine } from "../../../native/engine.ts";
 import { RequestId } from "../../../schema/ids.ts";
 import { silentLogger } from "../../../schema/log.ts";
 import { resource } from "../../../schema/scope.ts";
@@ -185,63 +185,6 @@ describe("worker runtime (tiny model, real engine)", () => {
     }
     expect(outputs[1]).toEqual(outputs[0]);
     expect(outputs[0]!.map((o) => o.length)).toEqual([40, 40, 5]);
-  });
-
-  it("a prompt that finishes in one step is paced like a decode: its first token does not wait behind a long prompt's full tiles", async () => {
-    const short = request("short", prompt(35, 20), 3);
-    const [alone] = await (async () => {
-      const f = await startRuntime(model);
-      const r = await run(f.runtime, short);
-      await f.close();
-      return [r.tokens];
-    })();
-    const steps: number[] = [];
-    // The long prompt's second step waits until the short one is submitted, so the plan after it sees both.
-    let open!: () => void;
-    const gate = new Promise<void>((r) => {
-      open = r;
-    });
-    let atGate!: () => void;
-    const reachedGate = new Promise<void>((r) => {
-      atGate = r;
-    });
-    const wrap = (inner: Engine): Engine =>
-      new Proxy(inner, {
-        get(target, key) {
-          if (key === "step")
-            return async (batch: StepBatch) => {
-              steps.push(batch.tokens.length);
-              if (steps.length === 2) {
-                atGate();
-                await gate;
-              }
-              return target.step(batch);
-            };
-          const v = Reflect.get(target, key, target);
-          return typeof v === "function" ? v.bind(target) : v;
-        },
-      });
-    const f = await startRuntime(
-      model,
-      { decodePace: 1.5, prefillTile: 256, maxBatchTokens: 512, minPrefillTokens: 32, physicalPages: 512 },
-      wrap,
-    );
-    const long = f.runtime.submit(request("long", prompt(36, 1500), 2));
-    const longDone = collect(long.events);
-    await reachedGate;
-    expect(steps).toEqual([256, 256]);
-    const it = f.runtime.submit(short).events[Symbol.asyncIterator]();
-    open();
-    const first = await it.next();
-    const rest = await collect({ [Symbol.asyncIterator]: () => it });
-    expect([(first.value as { token: number }).token, ...rest.tokens]).toEqual(alone);
-    // The first step planned after it came (the one that gives it its token) held its 19
-    // prompt rows and at most the pacer's first tile of the long prompt (the minimum
-    // prefill budget), not another 256-row tile.
-    expect(steps[2]).toBeLessThanOrEqual(19 + 32);
-    expect((await longDone).end).toMatchObject({ type: "end", reason: "length" });
-    expectNoLeak(f);
-    await f.close();
   });
 
   it("in a scope, as the roles own it: closing the scope stops the loop, ends open requests, then frees the engine", async () => {
