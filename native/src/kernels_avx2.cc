@@ -127,8 +127,9 @@ CK_AVX2 void quads_blocked(const float* x, int32_t T4, int32_t K, const void* W,
   const size_t acc_need = static_cast<size_t>(kQuadRows / 4) * nt * kTileAcc;
   if (tl_quad_acc.size() < acc_need) tl_quad_acc.resize(acc_need);
   float* accs = tl_quad_acc.data();
-  // The next work item's weight rows (as many rows after this item's, usually
-  // this thread's or its neighbour's next item) are prefetched a few lines
+  // The next work item's weight rows (as many rows after this item's; the
+  // column blocks go out in runs per thread, so usually this thread's next
+  // item: kernels_cpu.cc column_grain) are prefetched a few lines
   // per triplet block, so their stream from memory overlaps these FMAs
   // instead of stalling the next item's widening. Lines per block: the
   // item's lines over its triplet blocks, rounded up.

@@ -143,10 +143,10 @@ export class GroupedRoutes {
    * leaving the others released; all groups or none. The hit is scanned from
    * `have` on (the route holds what it needs below), tagging each group's
    * hashes only as far as the scan reads, so a call costs O(pages scanned ×
-   * groups), not O(prompt) (it ends where a global group lacks a page; a
-   * layout of sliding groups only scans the prompt's rest). A shorter hit may take fewer cached pages, so on a
-   * shortfall `to` steps down: at most to − have tries. Returns the pages
-   * adopted (0: none).
+   * groups), not O(prompt): it ends where a global group lacks a page (a
+   * layout of sliding groups only scans the prompt's rest). A shorter hit
+   * may take fewer cached pages, so on a shortfall `to` steps down: at most
+   * to − have tries. Returns the pages adopted (0: none).
    */
   adoptInFlight(id: ContinuationId, prefix: readonly PrefixHash[], cache?: ResidencyCosts): number {
     const have = this.pages.route(id).pages.length;

@@ -57,11 +57,12 @@ export interface PagePoolSnapshot {
 /**
  * The one owner of a device's physical pages: the pool (page states, free
  * and cached pages in eviction order, the prefix index), the route table
- * (RouteTable: page tables, reservations, leases, copy-on-write tails) and
+ * (RouteTable: page tables, reservations, leases, copy-on-write tails), the
  * in-flight adoption of pages another route sealed, and the transfers that
- * move page bytes beside compute: restore loads and checkpoint captures. Policy lives here (which page, refcounts,
- * generations); the engine owns the bytes and executes the copies, slots and
- * transfers this class hands out.
+ * move page bytes beside compute: restore loads and checkpoint captures.
+ * Policy lives here (which page, refcounts, generations); the engine owns
+ * the bytes and executes the copies, slots and transfers this class hands
+ * out.
  *
  * Every public operation validates completely before it mutates, so a thrown
  * PageError leaves the manager exactly as it was; each is O(pages it touches).
@@ -155,10 +156,9 @@ export class PageManager extends RouteTable {
    * In-flight prefix sharing: extend the idle route, which ends at a page
    * boundary with `have` pages, to `to` pages of `prefix` (its own page-hash
    * chain, of which only entries [have − 1, to) are read) without computing
-   * them. Pages [have + skip, to) are sealed pages
-   * another route holds or the cache keeps, shared (refcount++); the `skip`
-   * before them are left released (at most those dead for the window at
-   * `to`). The reservation held the route's growth, so it shrinks by the
+   * them. Pages [have + skip, to) are sealed pages another route holds or
+   * the cache keeps, shared (refcount++); the `skip` before them are left
+   * released (at most those dead for the window at `to`). The reservation held the route's growth, so it shrinks by the
    * `to − have` pages no longer computed; then the route's own pages now dead
    * for its window are released (kept cached with `cache`). Refused, changing
    * nothing, when a page is not findable or the adoption does not fit

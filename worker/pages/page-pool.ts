@@ -139,10 +139,6 @@ export class PagePool {
     return n;
   }
 
-  isEvictable(page: PageId): boolean {
-    return this.queue.has(page);
-  }
-
   hitsOf(page: PageId): number {
     return this.hits[page]!;
   }
