@@ -23,6 +23,25 @@ F16Buffer F16Buffer::zeroed(int64_t elems) {
   return b;
 }
 
+uint8_t* WeightArena::allocate(size_t n) {
+  constexpr size_t kHuge = size_t{2} << 20, kChunk = size_t{32} << 20, kAlign = 64;
+  const size_t need = std::max<size_t>(kAlign, (n + kAlign - 1) & ~(kAlign - 1));
+  if (need > left_) {
+    // A new chunk; the old one's untouched tail is never faulted in.
+    const size_t bytes = std::max(kChunk, (need + kHuge - 1) & ~(kHuge - 1));
+    auto* p = static_cast<uint8_t*>(std::aligned_alloc(kHuge, bytes));
+    if (p == nullptr) return nullptr;
+    advise_huge_pages(p, bytes);
+    chunks_.emplace_back(p);
+    next_ = p;
+    left_ = bytes;
+  }
+  uint8_t* out = next_;
+  next_ += need;
+  left_ -= need;
+  return out;
+}
+
 Engine::Engine(const ModelSpec& spec, std::vector<float> inv_freq, int32_t threads)
     : spec_(spec),
       inv_freq_(per_layer_inv_freq(spec, std::move(inv_freq))),
@@ -52,12 +71,15 @@ std::string Engine::set_weight(size_t index, DType dtype, const uint8_t* data, s
       }
       f[static_cast<size_t>(i)] = 1.0f + v;
     }
-    const auto* fb = reinterpret_cast<const uint8_t*>(f.data());
-    w.bytes.assign(fb, fb + f.size() * sizeof(float));
+    uint8_t* p = arena_.allocate(f.size() * sizeof(float));
+    if (p == nullptr) return "setWeight: out of memory for weight " + std::to_string(index);
+    std::memcpy(p, f.data(), f.size() * sizeof(float));
+    w.bytes = p;
   } else {
-    w.bytes.reserve(bytes);
-    advise_huge_pages(w.bytes.data(), bytes);
-    w.bytes.assign(data, data + bytes);
+    uint8_t* p = arena_.allocate(bytes);
+    if (p == nullptr) return "setWeight: out of memory for weight " + std::to_string(index);
+    std::memcpy(p, data, bytes);
+    w.bytes = p;
   }
 
   auto to_f32 = [&](std::vector<float>& out) {

@@ -19,11 +19,30 @@
 
 namespace ck {
 
+// The engine's weight bytes, bump-allocated (64-byte aligned) in 2 MiB-aligned
+// chunks advised to huge pages before the first touch. A decode step streams
+// every weight, and most tensors of a small model are under 2 MiB: allocated
+// one by one, none would sit in a huge page, and the stream would need a new
+// TLB entry every 4 KiB. Bound: the bytes given, plus under one chunk.
+class WeightArena {
+ public:
+  // n bytes valid until the arena is destroyed; nullptr when out of memory.
+  uint8_t* allocate(size_t n);
+
+ private:
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  std::vector<std::unique_ptr<uint8_t, Free>> chunks_;
+  uint8_t* next_ = nullptr;
+  size_t left_ = 0;
+};
+
 struct Weight {
   DType dtype = DType::F32;
-  std::vector<uint8_t> bytes;
+  const uint8_t* bytes = nullptr;  // in the engine's WeightArena
   int64_t elems = 0;
-  const void* data() const { return bytes.data(); }
+  const void* data() const { return bytes; }
 };
 
 struct LayerWeights {
@@ -87,6 +106,7 @@ class Engine final : public Backend {
   ModelSpec spec_;
   std::vector<float> inv_freq_;  // [n_layers, head_dim / 2], any RoPE scaling applied
   ThreadPool pool_;
+  WeightArena arena_;  // owns every Weight's bytes
   Weight embed_, final_norm_, lm_head_;
   std::vector<LayerWeights> layers_;
 

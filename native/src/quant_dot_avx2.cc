@@ -96,7 +96,7 @@ CK_AVX2 void itile(const Q8Rows& x, const uint8_t* Wc, int64_t rb, const float* 
   alignas(32) float sm[kSuper ? R : 1][kSuper ? C : 1][8];  // Q4_K: −dmin · d_x
   for (int32_t b0 = 0; b0 < nb; b0 += 8) {
     const int g = std::min<int32_t>(8, nb - b0);
-    if (pf != nullptr) {
+    if (pf != nullptr && kSuper) {  // (Q4_K/Q6_K: the group's lines at once)
       constexpr int kPer = kSuper ? 8 : 1;  // activation blocks per weight block
       const int64_t lo = b0 == 0 ? 0 : (static_cast<int64_t>(b0 / kPer) * BB + 63) & ~int64_t{63};
       const int64_t hi = static_cast<int64_t>((b0 + g) / kPer) * BB;
@@ -127,6 +127,15 @@ CK_AVX2 void itile(const Q8Rows& x, const uint8_t* Wc, int64_t rb, const float* 
     }
     for (int k = 0; k < g; ++k) {
       const int64_t b = b0 + k;
+      if constexpr (!kSuper) {
+        // Q8_0/Q4_0: a line of each of the next tile's rows as this block's
+        // last byte enters it, spread over the tile (one burst of C · 4 lines
+        // per group left a Zen 1 core's loads waiting on memory).
+        const int64_t end = b * BB + BB - 1;
+        if (pf != nullptr && (b == 0 || (end >> 6) != ((end - BB) >> 6)))
+#pragma GCC unroll 8
+          for (int c = 0; c < C; ++c) _mm_prefetch(reinterpret_cast<const char*>(pf + c * rb + end), _MM_HINT_T0);
+      }
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c) {
         if constexpr (WT == DType::Q4_K) {
