@@ -96,12 +96,13 @@ CK_AVX2 void itile(const Q8Rows& x, const uint8_t* Wc, int64_t rb, const float* 
   alignas(32) float sm[kSuper ? R : 1][kSuper ? C : 1][8];  // Q4_K: −dmin · d_x
   for (int32_t b0 = 0; b0 < nb; b0 += 8) {
     const int g = std::min<int32_t>(8, nb - b0);
-    if (pf != nullptr && kSuper) {  // (Q4_K/Q6_K: the group's lines at once)
-      constexpr int kPer = kSuper ? 8 : 1;  // activation blocks per weight block
-      const int64_t lo = b0 == 0 ? 0 : (static_cast<int64_t>(b0 / kPer) * BB + 63) & ~int64_t{63};
-      const int64_t hi = static_cast<int64_t>((b0 + g) / kPer) * BB;
-      for (int c = 0; c < C; ++c)
-        for (int64_t o = lo; o < hi; o += 64) _mm_prefetch(reinterpret_cast<const char*>(pf + c * rb + o), _MM_HINT_T0);
+    if constexpr (kSuper) {
+      // Q4_K/Q6_K: a group is one super-block; its lines of the next tile's rows at once.
+      const int64_t lo = b0 == 0 ? 0 : (static_cast<int64_t>(b0 / 8) * BB + 63) & ~int64_t{63};
+      const int64_t hi = static_cast<int64_t>((b0 + g) / 8) * BB;
+      if (pf != nullptr)
+        for (int c = 0; c < C; ++c)
+          for (int64_t o = lo; o < hi; o += 64) _mm_prefetch(reinterpret_cast<const char*>(pf + c * rb + o), _MM_HINT_T0);
     }
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) {

@@ -158,11 +158,11 @@ export class PageManager extends RouteTable {
    * chain, of which only entries [have − 1, to) are read) without computing
    * them. Pages [have + skip, to) are sealed pages another route holds or
    * the cache keeps, shared (refcount++); the `skip` before them are left
-   * released (at most those dead for the window at `to`). The reservation held the route's growth, so it shrinks by the
-   * `to − have` pages no longer computed; then the route's own pages now dead
-   * for its window are released (kept cached with `cache`). Refused, changing
-   * nothing, when a page is not findable or the adoption does not fit
-   * (adoptionNeed > availablePages).
+   * released (at most those dead for the window at `to`). The reservation
+   * held the route's growth, so it shrinks by the `to − have` pages no longer
+   * computed; then the route's own pages now dead for its window are released
+   * (kept cached with `cache`). Refused, changing nothing, when a page is
+   * not findable or the adoption does not fit (adoptionNeed > availablePages).
    */
   adoptPrefix(
     id: ContinuationId,
