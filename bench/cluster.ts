@@ -1,4 +1,4 @@
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import OpenAI from "openai";
@@ -288,13 +288,17 @@ async function runVariant(
     // The controller proposes decisions in batches every second: let the last ones land.
     await new Promise((r) => setTimeout(r, 2_500));
     const all = await fleetDecisions(services.brokers, topics);
+    const decisions = decisionsSince(all, measuredFrom, measuredTo);
+    // Kept for a post-mortem with the logs (CONTINUUM_KEEP_BENCH_LOGS): the measured decisions, parsed.
+    if (process.env.CONTINUUM_KEEP_BENCH_LOGS)
+      await writeFile(join(root, spec.name, v.name, "decisions.json"), JSON.stringify(decisions));
     return {
       cold,
       measured: m,
       work: minus(after, before),
       total: after,
       routedTokens: routed,
-      decisions: decisionsSince(all, measuredFrom, measuredTo),
+      decisions,
       firstRequestTtftMs,
       steadyTtftMs,
     };
