@@ -60,7 +60,9 @@ export function prefillProgress<A extends PrefillingAttempt>(
 export function heartbeatCosts(c: Calibration): CalibratedCosts {
   return {
     prefillPerTokenMs: c.prefillPerTokenMs.value,
-    firstTokenMs: c.firstTokenMs.value,
+    // The router charges a prompt its rows and its first token: the pass of
+    // its (usually one) prefill step rides with the first token's step.
+    firstTokenMs: c.firstTokenMs.value + c.prefillStepMs,
     // The CPU engine's pages live in host memory: restored bytes need no upload.
     uploadMsPerMiB: 0,
     restoreMsPerMiB: {

@@ -1,3 +1,5 @@
+import { type CostFit, robustFit, type StepSample } from "./step-cost-fit.ts";
+
 /** Tiers a restore can read from, cheapest-to-reach first. */
 export type RestoreTier = "ram" | "ssd" | "peer" | "s3";
 export const RESTORE_TIERS: readonly RestoreTier[] = ["ram", "ssd", "peer", "s3"];
@@ -20,24 +22,63 @@ export interface ConfiguredCosts {
   readonly restorePerByteMs: Readonly<Record<RestoreTier, number>>;
 }
 
-/** Smoothed measured costs with sample counts, as published in heartbeats. */
+/**
+ * Measured costs with sample counts, as published in heartbeats.
+ *
+ * A prompt's prefill rows run in one or more prefill steps, and its last
+ * token in the step after them (a one-row lane that wants logits). The
+ * prefill cost comes from a fit of the last PREFILL_STEP_WINDOW steps with
+ * prefill rows (step-cost-fit.ts):
+ *   stepMs ≈ c₀ + c₁ · rows + c₂ · keys
+ *   prefillPerTokenMs = c₁ + c₂ · k̄      (k̄: keys per prefill row in the window)
+ *   prefillStepMs     = c₀               (each prefill step's pass over the weights)
+ * (Splitting each step's time by its rows instead charges the fixed pass to
+ * every row: a 16-row step reads as ~c₀ / 16 dearer per token than it is.)
+ * The first-token step and the rest are smoothed one sample at a time.
+ */
 export interface Calibration {
   /** Smoothing weight of a new sample after the first. */
   readonly alpha: number;
   readonly prefillPerTokenMs: Estimate;
+  /** Fixed cost of a prefill step (0 until MIN_FIT_STEPS steps). */
+  readonly prefillStepMs: number;
+  /** The step that computes a prompt's last token and samples the first. */
   readonly firstTokenMs: Estimate;
+  /** The last PREFILL_STEP_WINDOW prefill steps, oldest first, with their prefill rows' keys. */
+  readonly prefillSteps: readonly PrefillStep[];
   readonly decodeStepMs: Estimate;
   readonly restorePerByteMs: Readonly<Record<RestoreTier, Estimate>>;
   /** Time work waited before the device ran it; kept apart so load is not counted as hardware cost. */
   readonly queueDelayMs: Estimate;
 }
 
+/** One step with prefill rows: all its rows and keys (the fit's), and its prefill rows' share. */
+export interface PrefillStep extends StepSample {
+  readonly prefillRows: number;
+  readonly prefillKeys: number;
+}
+
+/** Prefill steps the fit looks back over: a few prompts' worth, so it follows a machine whose speed changes. */
+export const PREFILL_STEP_WINDOW = 64;
+
+/** Below this many prefill steps the fit is not trusted: a prefill row costs Σ ms / Σ rows, a step nothing fixed. */
+export const MIN_FIT_STEPS = 8;
+
 /**
  * A measurement. `deviceMs` is accelerator (or transfer engine) time alone;
  * `queueMs` is how long the work waited before it started.
  */
 export type Sample =
-  | { readonly kind: "prefill"; readonly tokens: number; readonly deviceMs: number; readonly queueMs: number }
+  | {
+      readonly kind: "prefill-step";
+      /** All the step's rows (decode and prefill) and their attended keys. */
+      readonly rows: number;
+      readonly keys: number;
+      readonly prefillRows: number;
+      readonly prefillKeys: number;
+      readonly deviceMs: number;
+      readonly queueMs: number;
+    }
   | { readonly kind: "first-token"; readonly deviceMs: number; readonly queueMs: number }
   | { readonly kind: "decode-step"; readonly deviceMs: number; readonly queueMs: number }
   | {
@@ -68,6 +109,8 @@ export function initialCalibration(costs: ConfiguredCosts, alpha = DEFAULT_ALPHA
     prefillPerTokenMs: configured(nonNegative("prefillPerTokenMs", costs.prefillPerTokenMs)),
     firstTokenMs: configured(nonNegative("firstTokenMs", costs.firstTokenMs)),
     decodeStepMs: configured(nonNegative("decodeStepMs", costs.decodeStepMs)),
+    prefillStepMs: 0,
+    prefillSteps: [],
     restorePerByteMs: restore,
     queueDelayMs: configured(0),
   };
@@ -79,18 +122,55 @@ export function smooth(e: Estimate, sample: number, alpha: number): Estimate {
   return { value: e.value + alpha * (sample - e.value), samples: e.samples + 1 };
 }
 
+function positiveInteger(what: string, v: number): number {
+  if (!Number.isSafeInteger(v) || v < 1) throw new RangeError(`${what} must be a positive integer, got ${v}`);
+  return v;
+}
+
+/**
+ * Prefill and first-token costs from the window (see Calibration). Before
+ * MIN_FIT_STEPS the fit cannot tell the fixed pass from the rows: Σ ms / Σ rows
+ * per row, nothing fixed.
+ */
+function prefillCosts(steps: readonly PrefillStep[]): { perToken: number; stepMs: number } {
+  let ms = 0;
+  let rows = 0;
+  let prefillRows = 0;
+  let prefillKeys = 0;
+  for (const s of steps) {
+    ms += s.ms;
+    rows += s.rows;
+    prefillRows += s.prefillRows;
+    prefillKeys += s.prefillKeys;
+  }
+  const fit: CostFit | null = steps.length >= MIN_FIT_STEPS ? robustFit(steps) : null;
+  if (fit === null) return { perToken: ms / rows, stepMs: 0 };
+  return { perToken: fit.c1 + fit.c2 * (prefillKeys / prefillRows), stepMs: fit.c0 };
+}
+
 /** A new calibration with `s` folded in. Pure; throws on a malformed sample and returns nothing changed. */
 export function observe(c: Calibration, s: Sample): Calibration {
-  const device = nonNegative(`${s.kind} deviceMs`, s.deviceMs);
   const queueDelayMs = smooth(c.queueDelayMs, nonNegative(`${s.kind} queueMs`, s.queueMs), c.alpha);
+  const device = nonNegative(`${s.kind} deviceMs`, s.deviceMs);
   switch (s.kind) {
-    case "prefill": {
-      if (!Number.isSafeInteger(s.tokens) || s.tokens < 1)
-        throw new RangeError(`prefill sample tokens must be a positive integer, got ${s.tokens}`);
+    case "prefill-step": {
+      const step: PrefillStep = {
+        rows: positiveInteger("prefill step rows", s.rows),
+        keys: nonNegative("prefill step keys", s.keys),
+        prefillRows: positiveInteger("prefill step prefillRows", s.prefillRows),
+        prefillKeys: nonNegative("prefill step prefillKeys", s.prefillKeys),
+        ms: device,
+      };
+      if (step.prefillRows > step.rows)
+        throw new RangeError(`prefill step has ${step.prefillRows} prefill rows of ${step.rows}`);
+      const prefillSteps = [...c.prefillSteps.slice(-(PREFILL_STEP_WINDOW - 1)), step];
+      const { perToken, stepMs } = prefillCosts(prefillSteps);
       return {
         ...c,
         queueDelayMs,
-        prefillPerTokenMs: smooth(c.prefillPerTokenMs, device / s.tokens, c.alpha),
+        prefillSteps,
+        prefillPerTokenMs: { value: perToken, samples: c.prefillPerTokenMs.samples + 1 },
+        prefillStepMs: stepMs,
       };
     }
     case "first-token":
@@ -99,8 +179,7 @@ export function observe(c: Calibration, s: Sample): Calibration {
       return { ...c, queueDelayMs, decodeStepMs: smooth(c.decodeStepMs, device, c.alpha) };
     case "restore": {
       if (!RESTORE_TIERS.includes(s.tier)) throw new RangeError(`unknown restore tier ${String(s.tier)}`);
-      if (!Number.isSafeInteger(s.bytes) || s.bytes < 1)
-        throw new RangeError(`restore sample bytes must be a positive integer, got ${s.bytes}`);
+      positiveInteger("restore sample bytes", s.bytes);
       const tiers = {
         ...c.restorePerByteMs,
         [s.tier]: smooth(c.restorePerByteMs[s.tier], device / s.bytes, c.alpha),

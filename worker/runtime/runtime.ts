@@ -12,7 +12,7 @@ import { type AppendPlan, PageManager } from "../pages/page-manager.ts";
 import { type Admission, type Preemption, planIteration } from "../scheduler/plan-iteration.ts";
 import { type Budgets, phaseOf } from "../scheduler/request.ts";
 import { buildBatch, type Lane, stepShape } from "./batch.ts";
-import { PrefillPacer } from "./prefill-pacer.ts";
+import { PrefillPacer, type StepShape } from "./prefill-pacer.ts";
 import {
   type RuntimeGeneration,
   type RuntimeOptions,
@@ -372,21 +372,18 @@ export class WorkerRuntime {
     }
     const stepMs = performance.now() - t0;
     this.counters.steps++;
-    let prefillRows = 0;
     for (const [i, seq] of laneSeqs.entries()) {
       const rows = lanes[i]!.tokens.length;
       const before = Math.floor(seq.processed / this.opts.pageTokens);
       seq.processed += rows;
       const sealed = seq.chain.extend(seq.tokens, seq.processed).slice(before);
       this.routes.commitAppend(seq.route, sealed, { cache: this.held.residencyCosts() });
-      if (!lanes[i]!.wantLogits) {
-        prefillRows += rows;
-        this.counters.computedPromptTokens += rows;
-      }
+      if (!lanes[i]!.wantLogits) this.counters.computedPromptTokens += rows;
     }
     this.releaseLease(lease);
-    this.recordCosts(stepMs, prefillRows, built.rows);
-    this.pacer?.observe(stepShape(lanes), stepMs);
+    const shape = stepShape(lanes);
+    this.recordCosts(stepMs, shape);
+    this.pacer?.observe(shape, stepMs);
     const vocab = this.opts.vocab;
     for (const [i, seq] of laneSeqs.entries()) {
       const lane = lanes[i]!;
@@ -441,15 +438,17 @@ export class WorkerRuntime {
     this.pages.releaseLease(lease);
   }
 
-  private recordCosts(stepMs: number, prefillRows: number, rows: number): void {
-    if (prefillRows === 0) {
+  private recordCosts(stepMs: number, shape: StepShape): void {
+    if (shape.prefillRows === 0) {
       this.calibrator.record({ kind: "decode-step", deviceMs: stepMs, queueMs: 0 });
     } else {
-      // The step's time is shared by its rows; prefill's share is its rows' fraction.
       this.calibrator.record({
-        kind: "prefill",
-        tokens: prefillRows,
-        deviceMs: (stepMs * prefillRows) / rows,
+        kind: "prefill-step",
+        rows: shape.decodeRows + shape.prefillRows,
+        keys: shape.decodeKeys + shape.prefillKeys,
+        prefillRows: shape.prefillRows,
+        prefillKeys: shape.prefillKeys,
+        deviceMs: stepMs,
         queueMs: 0,
       });
     }
