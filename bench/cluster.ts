@@ -38,6 +38,7 @@ import {
   type ZipfShape,
   zipfWorkload,
 } from "./_cluster-workloads.ts";
+import { cpuSecondsBetween, readCpu } from "./_proc-cpu.ts";
 import { type Bench, percentile, round } from "./contract.ts";
 
 /**
@@ -170,6 +171,8 @@ interface VariantResult {
   /** Warm start: the fleet's first request and steady-state requests of the same kind (ms). */
   readonly firstRequestTtftMs: number | null;
   readonly steadyTtftMs: number | null;
+  /** CPU seconds in the measured phase: the machine's, each fleet process's, and the rest (services, bench). */
+  readonly cpuS: Record<string, number | null>;
 }
 
 function fleetConfig(
@@ -272,9 +275,17 @@ async function runVariant(
     const before = await settledTotals(state.api);
     const routedBefore = await routedTokens(state.api);
     log(`  ${tag}: measured phase, ${measured.length} requests from ${spec.clients} clients`);
+    const pids = new Map(state.processes.map((p) => [p.name.replace(/-/g, "_"), p.pid]));
+    const cpuFrom = readCpu(pids);
     const measuredFrom = Date.now();
     const m = await drive(clients, model, measured, spec.clients, GEN_TOKENS);
     const measuredTo = Date.now();
+    const cpuS = cpuSecondsBetween(cpuFrom, readCpu(pids));
+    log(
+      `  ${tag}: CPU s in ${((measuredTo - measuredFrom) / 1000).toFixed(1)} s: ${Object.entries(cpuS)
+        .map(([k, v]) => `${k} ${v === null ? "?" : v.toFixed(1)}`)
+        .join(", ")}`,
+    );
     const after = await settledTotals(state.api);
     const routedAfter = await routedTokens(state.api);
     const routed: Record<string, number> = {};
@@ -301,6 +312,7 @@ async function runVariant(
       decisions,
       firstRequestTtftMs,
       steadyTtftMs,
+      cpuS,
     };
   } finally {
     await clusterDown(state, () => undefined);
@@ -316,6 +328,14 @@ async function ensureSmallModel(log: (l: string) => void): Promise<number> {
     return (await loadModelDir(MODEL_DIR, { variant: "bench" })).config.spec.vocab;
   }
 }
+
+/**
+ * The broker and the S3 server stand in for remote services but share this
+ * host's cores with the fleet: at nice 10 they run when a worker waits, and
+ * do not preempt its steps (no_reuse, which sends S3 nothing, would otherwise
+ * win by the S3 server's CPU alone).
+ */
+const SERVICES_NICENESS = 10;
 
 /** Measured requests of the discarded warm-up fleet. */
 const WARMUP_REQUESTS = 8;
@@ -376,6 +396,7 @@ function workloadFigures(
     f("prefetch_skipped", r.work.prefetchSkipped);
     if (r.firstRequestTtftMs !== null) f("first_request_ttft_ms", r.firstRequestTtftMs);
     if (r.steadyTtftMs !== null) f("steady_cold_ttft_ms", r.steadyTtftMs);
+    for (const [k, s] of Object.entries(r.cpuS)) f(`cpu_s_${k}`, s);
   }
   return figures;
 }
@@ -401,6 +422,7 @@ const bench: Bench = {
       dir: root,
       kafkaPort: await freePortPair(),
       s3Port: await freePort(),
+      niceness: SERVICES_NICENESS,
       progress: (l) => log(`  ${l}`),
     });
     const results: Partial<Record<Spec["name"], Record<Variant["name"], VariantResult>>> = {};
@@ -521,8 +543,7 @@ const bench: Bench = {
           "from each fleet's catalog: routed_to_holder_fraction = requests whose prefix was published that went to a worker holding it (resident pages or its own RAM/SSD copy); prediction_error_p90 = p90 of |predicted − measured| / measured TTFT (controller: offer → first token); <term>_measured_over_predicted from the workers' split of their time",
         warm_start:
           "zipf full fleet: first_request_ttft = its first request (a cold prompt) right after cluster up reported every worker ready; steady_cold_ttft = the mean of three such requests after the measured phase, one at a time",
-        services:
-          "one Kafka broker (KRaft) and one S3Proxy for every fleet, each with its own topics and bucket",
+        services: `one Kafka broker (KRaft) and one S3Proxy for every fleet, each with its own topics and bucket, both at nice ${SERVICES_NICENESS}`,
       },
     };
   },

@@ -90,14 +90,21 @@ export interface RunningServices {
 
 /**
  * The Kafka broker and the S3 server through their deploy scripts, as
- * `cluster up` starts them; stop() stops both (S3 first).
+ * `cluster up` starts them; stop() stops both (S3 first). `niceness` (0–19)
+ * starts both at that lower CPU priority, every thread included: where they
+ * share a small host with the fleet they stand in for remote services, and
+ * should not take cores from the workers they serve.
  */
 export async function startServices(o: {
   dir: string;
   kafkaPort: number;
   s3Port: number;
+  niceness?: number;
   progress: (line: string) => void;
 }): Promise<RunningServices & { stop(): Promise<void> }> {
+  const nice = o.niceness ?? 0;
+  if (!Number.isInteger(nice) || nice < 0 || nice > 19)
+    throw new RangeError(`niceness must be an integer in [0, 19], got ${nice}`);
   const kafkaDir = join(o.dir, "kafka");
   const s3Data = join(o.dir, "s3");
   const brokers = `127.0.0.1:${o.kafkaPort}`;
@@ -108,9 +115,9 @@ export async function startServices(o: {
   };
   try {
     o.progress(`kafka: starting on ${brokers} (data ${kafkaDir})`);
-    await script(KAFKA_SH, ["start", "--port", String(o.kafkaPort), "--dir", kafkaDir], 600_000);
+    await script(KAFKA_SH, ["start", "--port", String(o.kafkaPort), "--dir", kafkaDir], 600_000, nice);
     o.progress(`s3: starting on ${s3Endpoint} (data ${s3Data})`);
-    await script(S3_SH, ["start", "--port", String(o.s3Port), "--data", s3Data], 600_000);
+    await script(S3_SH, ["start", "--port", String(o.s3Port), "--data", s3Data], 600_000, nice);
   } catch (err) {
     await stop();
     throw err;
@@ -263,8 +270,10 @@ export function tail(path: string, n = 15): string {
   }
 }
 
-async function script(path: string, args: string[], timeoutMs: number): Promise<string> {
-  const { stdout } = await exec("bash", [path, ...args], { timeout: timeoutMs, cwd: ROOT });
+/** Runs a deploy script; with `nice` > 0 under nice(1), so the daemons it starts inherit the priority. */
+async function script(path: string, args: string[], timeoutMs: number, nice = 0): Promise<string> {
+  const argv = nice > 0 ? ["-n", String(nice), "bash", path, ...args] : [path, ...args];
+  const { stdout } = await exec(nice > 0 ? "nice" : "bash", argv, { timeout: timeoutMs, cwd: ROOT });
   return stdout;
 }
 

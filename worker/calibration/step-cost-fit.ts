@@ -122,4 +122,3 @@ function median(xs: readonly number[]): number {
   const n = s.length;
   return n % 2 === 1 ? s[(n - 1) / 2]! : (s[n / 2 - 1]! + s[n / 2]!) / 2;
 }
-
