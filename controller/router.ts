@@ -12,7 +12,8 @@ import { type HeartbeatView, liveWorkers } from "./heartbeat-view.ts";
 /**
  * The TTFT router (pure). For each candidate:
  *
- *   queue    = queuedTokens × prefillPerTokenMs + queuedRequests × firstTokenMs
+ *   queue    = sharedTokens × prefillPerTokenMs         (a worker that reports its batching)
+ *            = queuedTokens × prefillPerTokenMs + queuedRequests × firstTokenMs   (otherwise: serial)
  *   fetch    = Σ_tier bytes[tier] / MiB × restoreMsPerMiB[tier]
  *   upload   = Σ bytes / MiB × uploadMsPerMiB
  *   prefill  = (promptTokens − cachedTokens) × prefillPerTokenMs
@@ -44,6 +45,14 @@ import { type HeartbeatView, liveWorkers } from "./heartbeat-view.ts";
  * known failure of cache-aware routers): once that worker carries more than
  * its bounded share, the next request goes to the best other worker, which
  * fetches or recomputes the prefix and becomes a second home for it.
+ *
+ * Batching. A worker does not serve prompts one after another: each step,
+ * its decode lanes take a row each and the prefill lanes, in arrival order,
+ * take up to a tile of the step's row budget (worker/scheduler/plan-iteration.ts).
+ * A new prompt's rows join the steps of the prompts ahead of it, and its first
+ * token comes with the step that finishes its own rows, so what it waits for
+ * is the rows of others in those steps (sharedTokens, see sharedPrefillTokens),
+ * not all their rows plus each one's first-token step.
  */
 
 const MIB = 1024 * 1024;
@@ -144,6 +153,40 @@ export const roundRobinRouterPolicy: RouterPolicy = {
   order: "round_robin",
 };
 
+/** Steps sharedPrefillTokens follows; past it the rest ahead counts whole, as if served first. */
+export const MAX_SHARED_STEPS = 64;
+
+/**
+ * Others' prefill rows in the steps that carry a new prompt's `own` rows
+ * (at least one: a fully cached prompt still runs its last token). The
+ * `aheadRequests` attempts ahead, `aheadTokens` rows in all (the controller
+ * counts per worker, not per attempt), take up to a tile each of the step's
+ * budget first (stepTokens less one row per decode lane); the new prompt
+ * takes up to a tile of what is left. Pure; at most MAX_SHARED_STEPS steps.
+ */
+export function sharedPrefillTokens(
+  aheadTokens: number,
+  aheadRequests: number,
+  decodeRows: number,
+  own: number,
+  batching: { readonly stepTokens: number; readonly prefillTile: number },
+): number {
+  if (aheadTokens <= 0) return 0;
+  const budget = Math.max(1, batching.stepTokens - decodeRows);
+  const tile = Math.max(1, batching.prefillTile);
+  const aheadPerStep = Math.min(budget, Math.max(1, aheadRequests) * tile);
+  let ahead = aheadTokens;
+  let mine = Math.max(1, own);
+  let shared = 0;
+  for (let step = 0; step < MAX_SHARED_STEPS && mine > 0; step++) {
+    const taken = Math.min(ahead, aheadPerStep);
+    ahead -= taken;
+    shared += taken;
+    mine -= Math.min(mine, tile, budget - taken);
+  }
+  return mine > 0 ? shared + ahead : shared;
+}
+
 /** The predicted terms of one candidate on one worker. */
 export function predictTerms(
   hb: Heartbeat,
@@ -163,11 +206,18 @@ export function predictTerms(
   const r = c.restoreMsPerMiB;
   const fetchMs = (b.ram * r.ram + b.ssd * r.ssd + b.peer * r.peer + b.s3 * r.s3) / MIB;
   const bytes = b.ram + b.ssd + b.peer + b.s3;
+  const uncached = Math.max(0, promptTokens - candidate.cachedTokens);
+  const batching = own ? hb.queue.batching : undefined;
+  const queueMs =
+    batching === undefined
+      ? queuedTokens * c.prefillPerTokenMs + queuedRequests * c.firstTokenMs
+      : sharedPrefillTokens(queuedTokens, queuedRequests, outstanding?.running ?? 0, uncached, batching) *
+        c.prefillPerTokenMs;
   return {
-    queueMs: queuedTokens * c.prefillPerTokenMs + queuedRequests * c.firstTokenMs,
+    queueMs,
     fetchMs,
     uploadMs: (bytes / MIB) * c.uploadMsPerMiB,
-    prefillMs: Math.max(0, promptTokens - candidate.cachedTokens) * c.prefillPerTokenMs,
+    prefillMs: uncached * c.prefillPerTokenMs,
     firstTokenMs: c.firstTokenMs,
   };
 }

@@ -157,6 +157,14 @@ const QueueState = Schema.Struct({
   prefilling: Schema.optional(
     Schema.Array(PrefillProgress).check(Schema.isMaxLength(MAX_PREFILLING_ATTEMPTS)),
   ),
+  /**
+   * How the worker batches prefill (its scheduler's budgets): each step
+   * carries at most `stepTokens` rows, and a prompt's lane at most
+   * `prefillTile` of them. A new prompt's rows share steps with the prompts
+   * ahead of it rather than waiting for them; the router's queue term models
+   * that (controller/router.ts). Absent from workers built before the field.
+   */
+  batching: Schema.optional(Schema.Struct({ stepTokens: TokenCountField, prefillTile: TokenCountField })),
 });
 
 const TierCounts = Schema.Struct({ ram: Count, ssd: Count, peer: Count, s3: Count });

@@ -146,6 +146,10 @@ export function buildHeartbeat(
       queuedRequests: stats.waiting,
       runningRequests: stats.running,
       prefilling,
+      batching: {
+        stepTokens: TokenCount(stats.batching.stepTokens),
+        prefillTile: TokenCount(stats.batching.prefillTile),
+      },
     },
     costs: heartbeatCosts(stats.calibration),
     ...(id.status ? { status: id.status() } : {}),

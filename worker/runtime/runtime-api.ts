@@ -144,4 +144,6 @@ export interface RuntimeStats {
   /** Page-table entries released outside the window (every layer sliding), each dead for every layer. */
   readonly windowReleasedPages: number;
   readonly calibration: Calibration;
+  /** The scheduler's step budget and per-prompt prefill tile (rows), as heartbeats report them. */
+  readonly batching: { readonly stepTokens: number; readonly prefillTile: number };
 }

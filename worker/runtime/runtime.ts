@@ -233,6 +233,7 @@ export class WorkerRuntime {
       evictedPages: this.pages.evictions,
       windowReleasedPages: this.pages.windowReleases,
       calibration: this.calibrator.value,
+      batching: { stepTokens: this.opts.maxBatchTokens, prefillTile: this.opts.prefillTile },
     };
   }
 
