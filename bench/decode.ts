@@ -304,6 +304,7 @@ const bench: Bench = {
         bandwidth_bytes: BANDWIDTH_BYTES,
         threads: defaultThreads,
         cpu_features: features,
+        int8_tiles: kernels.int8Tiles(),
         ...sliding.env,
       },
     };

@@ -248,6 +248,7 @@ const bench: Bench = {
         backend: "cpu",
         cuda: nativeBackends().cuda,
         isa: kernels.isa(),
+        int8_tiles: kernels.int8Tiles(),
         threads: kernels.threads(),
         default_threads: defaultThreads,
         ...features,

@@ -6,6 +6,8 @@ export interface CpuFeatures {
   readonly f16c: boolean;
   /** AVX-512 F and DQ: the batched GEMM's 512-bit column pairs. */
   readonly avx512: boolean;
+  /** AVX512-VNNI with AVX512-VL: the "avx512" path's quantized products use vpdpbusd. */
+  readonly vnni: boolean;
 }
 
 export type CpuIsa = "generic" | "avx2" | "avx512";

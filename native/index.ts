@@ -40,6 +40,8 @@ export interface Kernels {
    */
   setIsa(isa: CpuIsa): boolean;
   isa(): CpuIsa;
+  /** The tiles of the quantized (int8) products: the ISA's, AVX512-VNNI's dot products on "avx512" where the CPU has them. */
+  int8Tiles(): "generic" | "avx2" | "avx512vnni";
   /** f32 → f16 bits through the vector path that routed append uses. */
   f32ToF16(x: Float32Array, y: Uint16Array): void;
   /** f32 → f16 bits through the scalar conversion. */

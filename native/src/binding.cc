@@ -84,6 +84,7 @@ Napi::Object Features(Napi::Env env) {
   o.Set("fma", f.fma);
   o.Set("f16c", f.f16c);
   o.Set("avx512", f.avx512);
+  o.Set("vnni", f.vnni);
   return o;
 }
 

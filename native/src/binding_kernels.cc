@@ -15,6 +15,7 @@
 #include "cpu.h"
 #include "kernels.h"
 #include "quant.h"
+#include "quant_dot.h"
 #include "thread_pool.h"
 
 namespace ck {
@@ -49,6 +50,11 @@ Napi::Value SetIsaJs(const Napi::CallbackInfo& info) {
 Napi::Value GetIsa(const Napi::CallbackInfo& info) {
   const Isa isa = active_isa();
   return Napi::String::New(info.Env(), isa == Isa::Avx512 ? "avx512" : isa == Isa::Avx2 ? "avx2" : "generic");
+}
+
+Napi::Value GetInt8Tiles(const Napi::CallbackInfo& info) {
+  const Int8Tiles t = int8_tiles();
+  return Napi::String::New(info.Env(), t == Int8Tiles::Avx512Vnni ? "avx512vnni" : t == Int8Tiles::Avx2 ? "avx2" : "generic");
 }
 
 Napi::Value F32ToF16(const Napi::CallbackInfo& info) {
@@ -326,6 +332,7 @@ void add_kernel_hooks(Napi::Env env, Napi::Object k) {
   k.Set("threads", Napi::Function::New(env, GetThreads));
   k.Set("setIsa", Napi::Function::New(env, SetIsaJs));
   k.Set("isa", Napi::Function::New(env, GetIsa));
+  k.Set("int8Tiles", Napi::Function::New(env, GetInt8Tiles));
   k.Set("f32ToF16", Napi::Function::New(env, F32ToF16));
   k.Set("f32ToF16Scalar", Napi::Function::New(env, F32ToF16Scalar));
   k.Set("f16ToF32", Napi::Function::New(env, F16ToF32));

@@ -30,6 +30,7 @@ struct CpuFeatures {
   bool fma = false;
   bool f16c = false;
   bool avx512 = false;  // AVX-512 F, DQ and BW (what the 512-bit GEMM uses)
+  bool vnni = false;    // AVX512-VNNI and AVX512-VL: the Avx512 ISA's integer dot products use vpdpbusd
 };
 
 CpuFeatures cpu_features();

@@ -99,6 +99,7 @@ CpuFeatures cpu_features() {
   f.f16c = (c >> 29) & 1u;
   f.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
              __builtin_cpu_supports("avx512bw");
+  f.vnni = f.avx512 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
 #endif
   return f;
 }

@@ -57,6 +57,11 @@ Q8Rows quantize_rows(const float* x, int32_t T, int32_t K);
 
 // Columns [n0, n1) of y [T, N] = x · W^T (+ bias), W of an int8_path()
 // type, on the active ISA.
+// The tiles int8_matmul_columns runs: the active ISA's, with AVX512-VNNI's
+// dot products on an Avx512 ISA whose CPU has them (the same bits on all).
+enum class Int8Tiles : int32_t { Generic = 0, Avx2 = 1, Avx512Vnni = 2 };
+Int8Tiles int8_tiles();
+
 void int8_matmul_columns(const Q8Rows& x, const void* W, DType wt, int32_t N, const float* bias, float* y,
                          int32_t n0, int32_t n1);
 
@@ -71,5 +76,10 @@ void quantize_rows(const float* x, int32_t T, int32_t K, int8_t* q, float* d, in
 void int8_matmul_columns(const Q8Rows& x, const void* W, DType wt, int32_t N, const float* bias, float* y,
                          int32_t n0, int32_t n1);
 }  // namespace avx2
+
+namespace avx512vnni {
+void int8_matmul_columns(const Q8Rows& x, const void* W, DType wt, int32_t N, const float* bias, float* y,
+                         int32_t n0, int32_t n1);
+}  // namespace avx512vnni
 
 }  // namespace ck

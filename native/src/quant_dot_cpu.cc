@@ -183,12 +183,24 @@ Q8Rows quantize_rows(const float* x, int32_t T, int32_t K) {
   return Q8Rows{tl_q8.q.data(), tl_q8.d.data(), tl_q8.s8.data(), T, K};
 }
 
+Int8Tiles int8_tiles() {
+#ifdef CK_HAVE_AVX2_PATH
+  static const bool vnni = cpu_features().vnni;
+  if (active_isa() == Isa::Avx512 && vnni) return Int8Tiles::Avx512Vnni;
+  if (active_isa() != Isa::Generic) return Int8Tiles::Avx2;
+#endif
+  return Int8Tiles::Generic;
+}
+
 void int8_matmul_columns(const Q8Rows& x, const void* W, DType wt, int32_t N, const float* bias, float* y,
                          int32_t n0, int32_t n1) {
+  switch (int8_tiles()) {
 #ifdef CK_HAVE_AVX2_PATH
-  if (active_isa() != Isa::Generic) return avx2::int8_matmul_columns(x, W, wt, N, bias, y, n0, n1);
+    case Int8Tiles::Avx512Vnni: return avx512vnni::int8_matmul_columns(x, W, wt, N, bias, y, n0, n1);
+    case Int8Tiles::Avx2: return avx2::int8_matmul_columns(x, W, wt, N, bias, y, n0, n1);
 #endif
-  generic::int8_matmul_columns(x, W, wt, N, bias, y, n0, n1);
+    default: return generic::int8_matmul_columns(x, W, wt, N, bias, y, n0, n1);
+  }
 }
 
 }  // namespace ck

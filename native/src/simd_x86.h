@@ -13,6 +13,8 @@
 
 #define CK_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define CK_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512dq")))
+// AVX512-VNNI's dot products on 256-bit registers (needs AVX512-VL).
+#define CK_AVX2_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
 
 namespace ck {
 namespace simd {

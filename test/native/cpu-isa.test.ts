@@ -8,9 +8,9 @@ import { features } from "../../native/index.ts";
  * AVX-512 host can measure the AVX2 path); anything else is refused with the
  * variable's name, never ignored.
  */
-const ALL: CpuFeatures = { avx2: true, fma: true, f16c: true, avx512: true };
-const AVX2_ONLY: CpuFeatures = { ...ALL, avx512: false };
-const NONE: CpuFeatures = { avx2: false, fma: false, f16c: false, avx512: false };
+const ALL: CpuFeatures = { avx2: true, fma: true, f16c: true, avx512: true, vnni: true };
+const AVX2_ONLY: CpuFeatures = { ...ALL, avx512: false, vnni: false };
+const NONE: CpuFeatures = { avx2: false, fma: false, f16c: false, avx512: false, vnni: false };
 
 describe("CONTINUUM_CPU_ISA", () => {
   it("unset or empty: the widest path the CPU has (null: no override)", () => {

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { kernels } from "../../native/index.ts";
+import { features, kernels } from "../../native/index.ts";
 import type { WeightDType } from "../../native/weights.ts";
 import { QUANT_BLOCKS, type QuantType, quantize } from "../../worker/model/quant.ts";
 
@@ -109,9 +109,12 @@ describe("quantized matmul, integer path", () => {
       const bias = Float32Array.from({ length: N }, () => r() * 0.01);
       const { y: want, bound } = referenceWithBound(x, TMAX, K, wide, N);
       const byIsa = new Map<string, Uint32Array>();
+      const tilesByIsa = new Map<string, string>();
       withEachIsa((isa) => {
         const all = product(x, TMAX, K, q, NATIVE[t], N, null);
         byIsa.set(isa, all);
+        tilesByIsa.set(isa, kernels.int8Tiles());
+        expect(kernels.int8Tiles()).toBe(isa === "avx512" ? (features.vnni ? "avx512vnni" : "avx2") : isa);
         for (const T of [1, 2, 3, 4, 5, 8, 16, 17]) {
           const xs = x.subarray(0, T * K);
           const y = product(xs, T, K, q, NATIVE[t], N, bias);
@@ -128,6 +131,8 @@ describe("quantized matmul, integer path", () => {
       });
       const first = [...byIsa.values()][0]!;
       for (const v of byIsa.values()) expect(v).toEqual(first);
+      // Where the CPU has AVX512-VNNI, the "avx512" run went through its tiles: those bits too.
+      if (features.vnni) expect(tilesByIsa.get("avx512")).toBe("avx512vnni");
       // The bound is not vacuous: the rounding shows.
       const got = new Float32Array(first.buffer);
       let diff = 0;
