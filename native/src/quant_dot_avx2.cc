@@ -58,13 +58,7 @@ CK_AVX2 void quantize_rows(const float* x, int32_t T, int32_t K, int8_t* q, floa
 
 CK_AVX2 void int8_matmul_columns(const Q8Rows& x, const void* W, DType wt, int32_t N, const float* bias, float* y,
                                  int32_t n0, int32_t n1) {
-  switch (wt) {
-    case DType::Q8_0: columns<DType::Q8_0>(x, W, N, bias, y, n0, n1); break;
-    case DType::Q4_0: columns<DType::Q4_0>(x, W, N, bias, y, n0, n1); break;
-    case DType::Q6_K: columns<DType::Q6_K>(x, W, N, bias, y, n0, n1); break;
-    case DType::Q4_K: columns<DType::Q4_K>(x, W, N, bias, y, n0, n1); break;
-    default: break;  // int8_path() types only
-  }
+  by_type(x, W, wt, N, bias, y, n0, n1);
 }
 
 }  // namespace avx2
@@ -85,13 +79,7 @@ namespace {
 
 CK_AVX2_VNNI void int8_matmul_columns(const Q8Rows& x, const void* W, DType wt, int32_t N, const float* bias,
                                       float* y, int32_t n0, int32_t n1) {
-  switch (wt) {
-    case DType::Q8_0: columns<DType::Q8_0>(x, W, N, bias, y, n0, n1); break;
-    case DType::Q4_0: columns<DType::Q4_0>(x, W, N, bias, y, n0, n1); break;
-    case DType::Q6_K: columns<DType::Q6_K>(x, W, N, bias, y, n0, n1); break;
-    case DType::Q4_K: columns<DType::Q4_K>(x, W, N, bias, y, n0, n1); break;
-    default: break;  // int8_path() types only
-  }
+  by_type(x, W, wt, N, bias, y, n0, n1);
 }
 
 }  // namespace avx512vnni
