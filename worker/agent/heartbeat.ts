@@ -59,10 +59,10 @@ export function prefillProgress<A extends PrefillingAttempt>(
 /** The heartbeat's costs from the worker's calibration (per-byte restore costs as ms per MiB). */
 export function heartbeatCosts(c: Calibration): CalibratedCosts {
   return {
-    prefillPerTokenMs: c.prefillPerTokenMs.value,
-    // The router charges a prompt its rows and its first token: the pass of
-    // its (usually one) prefill step rides with the first token's step.
-    firstTokenMs: c.firstTokenMs.value + c.prefillStepMs,
+    // The router charges a prompt its rows at their marginal cost, and the
+    // pass of its (usually one) prefill step with the first token's step.
+    prefillPerTokenMs: c.prefillFit?.perTokenMs ?? c.prefillPerTokenMs.value,
+    firstTokenMs: c.firstTokenMs.value + (c.prefillFit?.stepMs ?? 0),
     // The CPU engine's pages live in host memory: restored bytes need no upload.
     uploadMsPerMiB: 0,
     restoreMsPerMiB: {

@@ -26,22 +26,26 @@ export interface ConfiguredCosts {
  * Measured costs with sample counts, as published in heartbeats.
  *
  * A prompt's prefill rows run in one or more prefill steps, and its last
- * token in the step after them (a one-row lane that wants logits). The
- * prefill cost comes from a fit of the last PREFILL_STEP_WINDOW steps with
- * prefill rows (step-cost-fit.ts):
- *   stepMs ≈ c₀ + c₁ · rows + c₂ · keys
- *   prefillPerTokenMs = c₁ + c₂ · k̄      (k̄: keys per prefill row in the window)
- *   prefillStepMs     = c₀               (each prefill step's pass over the weights)
- * (Splitting each step's time by its rows instead charges the fixed pass to
- * every row: a 16-row step reads as ~c₀ / 16 dearer per token than it is.)
- * The first-token step and the rest are smoothed one sample at a time.
+ * token in the step after them (a one-row lane that wants logits). Over the
+ * last PREFILL_STEP_WINDOW steps with prefill rows:
+ *   prefillPerTokenMs = Σ ms / Σ rows   a row with its share of each step's
+ *                                       pass: what recomputing a token costs
+ *                                       the worker (checkpoint admission,
+ *                                       residency, restore plans read it)
+ *   prefillFit        = the robust fit stepMs ≈ c₀ + c₁·rows + c₂·keys
+ *                       (step-cost-fit.ts): a row's marginal cost c₁ + c₂·k̄
+ *                       (k̄: keys per prefill row in the window) and the
+ *                       pass c₀ (null before MIN_FIT_STEPS)
+ * The router predicts a prompt from the fit (worker/agent/heartbeat.ts):
+ * U rows cost U · (c₁ + c₂·k̄), and c₀ rides with the first-token step, so a
+ * short prompt is not charged c₀ / U per row. The first-token step and the
+ * rest are smoothed one sample at a time.
  */
 export interface Calibration {
   /** Smoothing weight of a new sample after the first. */
   readonly alpha: number;
   readonly prefillPerTokenMs: Estimate;
-  /** Fixed cost of a prefill step (0 until MIN_FIT_STEPS steps). */
-  readonly prefillStepMs: number;
+  readonly prefillFit: PrefillFit | null;
   /** The step that computes a prompt's last token and samples the first. */
   readonly firstTokenMs: Estimate;
   /** The last PREFILL_STEP_WINDOW prefill steps, oldest first, with their prefill rows' keys. */
@@ -50,6 +54,12 @@ export interface Calibration {
   readonly restorePerByteMs: Readonly<Record<RestoreTier, Estimate>>;
   /** Time work waited before the device ran it; kept apart so load is not counted as hardware cost. */
   readonly queueDelayMs: Estimate;
+}
+
+/** The fitted prefill costs (see Calibration): a row's marginal ms, and a step's fixed pass. */
+export interface PrefillFit {
+  readonly perTokenMs: number;
+  readonly stepMs: number;
 }
 
 /** One step with prefill rows: all its rows and keys (the fit's), and its prefill rows' share. */
@@ -61,7 +71,7 @@ export interface PrefillStep extends StepSample {
 /** Prefill steps the fit looks back over: a few prompts' worth, so it follows a machine whose speed changes. */
 export const PREFILL_STEP_WINDOW = 64;
 
-/** Below this many prefill steps the fit is not trusted: a prefill row costs Σ ms / Σ rows, a step nothing fixed. */
+/** Below this many prefill steps the fit is not trusted (prefillFit null). */
 export const MIN_FIT_STEPS = 8;
 
 /**
@@ -109,7 +119,7 @@ export function initialCalibration(costs: ConfiguredCosts, alpha = DEFAULT_ALPHA
     prefillPerTokenMs: configured(nonNegative("prefillPerTokenMs", costs.prefillPerTokenMs)),
     firstTokenMs: configured(nonNegative("firstTokenMs", costs.firstTokenMs)),
     decodeStepMs: configured(nonNegative("decodeStepMs", costs.decodeStepMs)),
-    prefillStepMs: 0,
+    prefillFit: null,
     prefillSteps: [],
     restorePerByteMs: restore,
     queueDelayMs: configured(0),
@@ -127,12 +137,8 @@ function positiveInteger(what: string, v: number): number {
   return v;
 }
 
-/**
- * Prefill and first-token costs from the window (see Calibration). Before
- * MIN_FIT_STEPS the fit cannot tell the fixed pass from the rows: Σ ms / Σ rows
- * per row, nothing fixed.
- */
-function prefillCosts(steps: readonly PrefillStep[]): { perToken: number; stepMs: number } {
+/** The window's ms per row, and its fit from MIN_FIT_STEPS steps on (see Calibration). */
+function prefillCosts(steps: readonly PrefillStep[]): { perRow: number; fit: PrefillFit | null } {
   let ms = 0;
   let rows = 0;
   let prefillRows = 0;
@@ -143,9 +149,9 @@ function prefillCosts(steps: readonly PrefillStep[]): { perToken: number; stepMs
     prefillRows += s.prefillRows;
     prefillKeys += s.prefillKeys;
   }
-  const fit: CostFit | null = steps.length >= MIN_FIT_STEPS ? robustFit(steps) : null;
-  if (fit === null) return { perToken: ms / rows, stepMs: 0 };
-  return { perToken: fit.c1 + fit.c2 * (prefillKeys / prefillRows), stepMs: fit.c0 };
+  const f: CostFit | null = steps.length >= MIN_FIT_STEPS ? robustFit(steps) : null;
+  const fit = f === null ? null : { perTokenMs: f.c1 + f.c2 * (prefillKeys / prefillRows), stepMs: f.c0 };
+  return { perRow: ms / rows, fit };
 }
 
 /** A new calibration with `s` folded in. Pure; throws on a malformed sample and returns nothing changed. */
@@ -164,13 +170,13 @@ export function observe(c: Calibration, s: Sample): Calibration {
       if (step.prefillRows > step.rows)
         throw new RangeError(`prefill step has ${step.prefillRows} prefill rows of ${step.rows}`);
       const prefillSteps = [...c.prefillSteps.slice(-(PREFILL_STEP_WINDOW - 1)), step];
-      const { perToken, stepMs } = prefillCosts(prefillSteps);
+      const { perRow, fit } = prefillCosts(prefillSteps);
       return {
         ...c,
         queueDelayMs,
         prefillSteps,
-        prefillPerTokenMs: { value: perToken, samples: c.prefillPerTokenMs.samples + 1 },
-        prefillStepMs: stepMs,
+        prefillPerTokenMs: { value: perRow, samples: c.prefillPerTokenMs.samples + 1 },
+        prefillFit: fit,
       };
     }
     case "first-token":

@@ -48,26 +48,33 @@ describe("calibration", () => {
     ).toThrow(/5 prefill rows of 4/);
   });
 
-  it("fits prefill steps: each row costs c₁ + c₂·k̄ and each step's fixed pass rides with the first token", () => {
+  it("fits prefill steps for the router: a row costs c₁ + c₂·k̄ and each step's pass rides with the first token", () => {
     // A machine whose steps cost 20 ms + 2 ms a row + 1 µs a key, with decode rows beside some prefills.
     const truth = (rows: number, keys: number) => 20 + 2 * rows + 0.001 * keys;
     let c: Calibration = initialCalibration(COSTS);
     let keysSum = 0;
     let rowsSum = 0;
+    let msSum = 0;
+    let allRows = 0;
     for (let i = 0; i < MIN_FIT_STEPS + 4; i++) {
       const p = 16 + 37 * i;
       const s = step(p, 384, i % 3);
       keysSum += s.prefillKeys;
       rowsSum += s.prefillRows;
+      msSum += truth(s.rows, s.keys);
+      allRows += s.rows;
       c = observe(c, { kind: "prefill-step", ...s, deviceMs: truth(s.rows, s.keys), queueMs: 0 });
-      if (i === 0) {
-        // One step cannot tell the pass from the rows: its ms per row, nothing fixed.
-        expect(c.prefillPerTokenMs.value).toBeCloseTo(truth(s.rows, s.keys) / s.rows, 9);
-        expect(c.prefillStepMs).toBe(0);
+      // Until MIN_FIT_STEPS the fit is not trusted: the heartbeat gives the window's ms per row, nothing fixed.
+      if (i < MIN_FIT_STEPS - 1) {
+        expect(c.prefillFit).toBeNull();
+        expect(heartbeatCosts(c).prefillPerTokenMs).toBeCloseTo(msSum / allRows, 9);
       }
+      // The worker's own recompute cost: a row with its share of each step's pass.
+      expect(c.prefillPerTokenMs.value).toBeCloseTo(msSum / allRows, 9);
     }
-    expect(c.prefillStepMs).toBeCloseTo(20, 3);
-    expect(c.prefillPerTokenMs.value).toBeCloseTo(2 + 0.001 * (keysSum / rowsSum), 3);
+    expect(c.prefillFit!.stepMs).toBeCloseTo(20, 3);
+    expect(c.prefillFit!.perTokenMs).toBeCloseTo(2 + 0.001 * (keysSum / rowsSum), 3);
+    expect(c.prefillPerTokenMs.value).toBeGreaterThan(c.prefillFit!.perTokenMs);
     c = observe(c, { kind: "first-token", deviceMs: 40, queueMs: 0 });
     // A 16-row prompt after 384 cached tokens: U·prefillPerTokenMs + firstTokenMs ≈ its prefill step + the first-token step.
     const costs = heartbeatCosts(c);
@@ -84,8 +91,8 @@ describe("calibration", () => {
       c = observe(c, { kind: "prefill-step", ...s, deviceMs: (slow ? 3 : 1) * (10 + s.rows), queueMs: 0 });
       expect(c.prefillSteps.length).toBe(Math.min(i + 1, PREFILL_STEP_WINDOW));
     }
-    expect(c.prefillPerTokenMs.value).toBeCloseTo(3, 6);
-    expect(c.prefillStepMs).toBeCloseTo(30, 4);
+    expect(c.prefillFit!.perTokenMs).toBeCloseTo(3, 6);
+    expect(c.prefillFit!.stepMs).toBeCloseTo(30, 4);
     expect(c.prefillPerTokenMs.samples).toBe(3 * PREFILL_STEP_WINDOW);
   });
 
