@@ -205,7 +205,10 @@ const command: Command = {
                     fetchTimeoutMs: pf.fetchTimeoutMs,
                     maxDeferMs: pf.maxDeferMs,
                     retryMs: pf.retryMs,
-                    busy: () => runtime.stats().waiting > 0,
+                    busy: () => {
+                      const s = runtime.stats();
+                      return s.waiting + s.running > 0;
+                    },
                     logger: log.child({ part: "prefetch" }),
                   }),
                 (p) => p.stop(),

@@ -21,8 +21,9 @@ import { type LocalState, type PlacedTier, planPrefetch, type WorkerPlacement } 
  * (worker/prefetch/plan.ts).
  *
  * Never on the token path: jobs run one at a time beside the runtime loop,
- * and a job starts only while `busy()` is false (no request waiting to be
- * prefilled), or after `maxDeferMs`, whichever is first. Bounds, each
+ * and a job starts only while `busy()` is false (the runtime holds no
+ * request: a fetch, its verification and its store take CPU the steps would
+ * otherwise have), or after `maxDeferMs`, whichever is first. Bounds, each
  * skipping (and logging) a placement rather than delaying anything:
  *   - at most `maxQueued` jobs wait (queue_full);
  *   - pinned RAM bytes ≤ ramBytes and fetched SSD bytes ≤ ssdBytes
@@ -45,7 +46,7 @@ export interface PrefetcherOptions {
   readonly maxDeferMs: number;
   /** Placements skipped or not yet readable (an S3 upload still in flight) are tried again this often. */
   readonly retryMs: number;
-  /** True while the runtime has prompts waiting to prefill. */
+  /** True while the runtime holds a request (waiting, prefilling or decoding). */
   readonly busy: () => boolean;
   readonly logger: Logger;
 }
