@@ -32,7 +32,7 @@ export interface ConfiguredCosts {
  *                                       pass: what recomputing a token costs
  *                                       the worker (checkpoint admission,
  *                                       residency, restore plans read it)
- *   prefillFit        = the robust fit stepMs ≈ c₀ + c₁·rows + c₂·keys
+ *   prefillFit(c)     = the robust fit stepMs ≈ c₀ + c₁·rows + c₂·keys
  *                       (step-cost-fit.ts): a row's marginal cost c₁ + c₂·k̄
  *                       (k̄: keys per prefill row in the window) and the
  *                       pass c₀ (null before MIN_FIT_STEPS)
@@ -45,7 +45,6 @@ export interface Calibration {
   /** Smoothing weight of a new sample after the first. */
   readonly alpha: number;
   readonly prefillPerTokenMs: Estimate;
-  readonly prefillFit: PrefillFit | null;
   /** The step that computes a prompt's last token and samples the first. */
   readonly firstTokenMs: Estimate;
   /** The last PREFILL_STEP_WINDOW prefill steps, oldest first, with their prefill rows' keys. */
@@ -71,7 +70,7 @@ export interface PrefillStep extends StepSample {
 /** Prefill steps the fit looks back over: a few prompts' worth, so it follows a machine whose speed changes. */
 export const PREFILL_STEP_WINDOW = 64;
 
-/** Below this many prefill steps the fit is not trusted (prefillFit null). */
+/** Below this many prefill steps the fit is not trusted (prefillFit gives null). */
 export const MIN_FIT_STEPS = 8;
 
 /**
@@ -119,7 +118,6 @@ export function initialCalibration(costs: ConfiguredCosts, alpha = DEFAULT_ALPHA
     prefillPerTokenMs: configured(nonNegative("prefillPerTokenMs", costs.prefillPerTokenMs)),
     firstTokenMs: configured(nonNegative("firstTokenMs", costs.firstTokenMs)),
     decodeStepMs: configured(nonNegative("decodeStepMs", costs.decodeStepMs)),
-    prefillFit: null,
     prefillSteps: [],
     restorePerByteMs: restore,
     queueDelayMs: configured(0),
@@ -137,21 +135,32 @@ function positiveInteger(what: string, v: number): number {
   return v;
 }
 
-/** The window's ms per row, and its fit from MIN_FIT_STEPS steps on (see Calibration). */
-function prefillCosts(steps: readonly PrefillStep[]): { perRow: number; fit: PrefillFit | null } {
+/** The window's ms per row (see Calibration). */
+function msPerRow(steps: readonly PrefillStep[]): number {
   let ms = 0;
   let rows = 0;
-  let prefillRows = 0;
-  let prefillKeys = 0;
   for (const s of steps) {
     ms += s.ms;
     rows += s.rows;
+  }
+  return ms / rows;
+}
+
+/**
+ * The fitted prefill costs of the window (see Calibration), null before
+ * MIN_FIT_STEPS. Derived on demand: only a heartbeat reads it, not each step.
+ */
+export function prefillFit(c: Calibration): PrefillFit | null {
+  const steps = c.prefillSteps;
+  const f: CostFit | null = steps.length >= MIN_FIT_STEPS ? robustFit(steps) : null;
+  if (f === null) return null;
+  let prefillRows = 0;
+  let prefillKeys = 0;
+  for (const s of steps) {
     prefillRows += s.prefillRows;
     prefillKeys += s.prefillKeys;
   }
-  const f: CostFit | null = steps.length >= MIN_FIT_STEPS ? robustFit(steps) : null;
-  const fit = f === null ? null : { perTokenMs: f.c1 + f.c2 * (prefillKeys / prefillRows), stepMs: f.c0 };
-  return { perRow: ms / rows, fit };
+  return { perTokenMs: f.c1 + f.c2 * (prefillKeys / prefillRows), stepMs: f.c0 };
 }
 
 /** A new calibration with `s` folded in. Pure; throws on a malformed sample and returns nothing changed. */
@@ -170,13 +179,11 @@ export function observe(c: Calibration, s: Sample): Calibration {
       if (step.prefillRows > step.rows)
         throw new RangeError(`prefill step has ${step.prefillRows} prefill rows of ${step.rows}`);
       const prefillSteps = [...c.prefillSteps.slice(-(PREFILL_STEP_WINDOW - 1)), step];
-      const { perRow, fit } = prefillCosts(prefillSteps);
       return {
         ...c,
         queueDelayMs,
         prefillSteps,
-        prefillPerTokenMs: { value: perRow, samples: c.prefillPerTokenMs.samples + 1 },
-        prefillFit: fit,
+        prefillPerTokenMs: { value: msPerRow(prefillSteps), samples: c.prefillPerTokenMs.samples + 1 },
       };
     }
     case "first-token":

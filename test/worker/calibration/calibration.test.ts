@@ -8,6 +8,7 @@ import {
   MIN_FIT_STEPS,
   observe,
   PREFILL_STEP_WINDOW,
+  prefillFit,
 } from "../../../worker/calibration/calibration.ts";
 
 const COSTS: ConfiguredCosts = {
@@ -66,15 +67,15 @@ describe("calibration", () => {
       c = observe(c, { kind: "prefill-step", ...s, deviceMs: truth(s.rows, s.keys), queueMs: 0 });
       // Until MIN_FIT_STEPS the fit is not trusted: the heartbeat gives the window's ms per row, nothing fixed.
       if (i < MIN_FIT_STEPS - 1) {
-        expect(c.prefillFit).toBeNull();
+        expect(prefillFit(c)).toBeNull();
         expect(heartbeatCosts(c).prefillPerTokenMs).toBeCloseTo(msSum / allRows, 9);
       }
       // The worker's own recompute cost: a row with its share of each step's pass.
       expect(c.prefillPerTokenMs.value).toBeCloseTo(msSum / allRows, 9);
     }
-    expect(c.prefillFit!.stepMs).toBeCloseTo(20, 3);
-    expect(c.prefillFit!.perTokenMs).toBeCloseTo(2 + 0.001 * (keysSum / rowsSum), 3);
-    expect(c.prefillPerTokenMs.value).toBeGreaterThan(c.prefillFit!.perTokenMs);
+    expect(prefillFit(c)!.stepMs).toBeCloseTo(20, 3);
+    expect(prefillFit(c)!.perTokenMs).toBeCloseTo(2 + 0.001 * (keysSum / rowsSum), 3);
+    expect(c.prefillPerTokenMs.value).toBeGreaterThan(prefillFit(c)!.perTokenMs);
     c = observe(c, { kind: "first-token", deviceMs: 40, queueMs: 0 });
     // A 16-row prompt after 384 cached tokens: U·prefillPerTokenMs + firstTokenMs ≈ its prefill step + the first-token step.
     const costs = heartbeatCosts(c);
@@ -91,8 +92,8 @@ describe("calibration", () => {
       c = observe(c, { kind: "prefill-step", ...s, deviceMs: (slow ? 3 : 1) * (10 + s.rows), queueMs: 0 });
       expect(c.prefillSteps.length).toBe(Math.min(i + 1, PREFILL_STEP_WINDOW));
     }
-    expect(c.prefillFit!.perTokenMs).toBeCloseTo(3, 6);
-    expect(c.prefillFit!.stepMs).toBeCloseTo(30, 4);
+    expect(prefillFit(c)!.perTokenMs).toBeCloseTo(3, 6);
+    expect(prefillFit(c)!.stepMs).toBeCloseTo(30, 4);
     expect(c.prefillPerTokenMs.samples).toBe(3 * PREFILL_STEP_WINDOW);
   });
 
