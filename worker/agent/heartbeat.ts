@@ -16,7 +16,7 @@ import {
   TokenCount,
   type WorkerId,
 } from "../../schema/ids.ts";
-import { type Calibration, prefillFit } from "../calibration/calibration.ts";
+import type { Calibration } from "../calibration/calibration.ts";
 import type { WorkerRuntime } from "../runtime/runtime.ts";
 import { type RunningAttempt, runtimeId } from "./attempt.ts";
 import type { ResidentLedger } from "./resident-ledger.ts";
@@ -58,12 +58,9 @@ export function prefillProgress<A extends PrefillingAttempt>(
 
 /** The heartbeat's costs from the worker's calibration (per-byte restore costs as ms per MiB). */
 export function heartbeatCosts(c: Calibration): CalibratedCosts {
-  const fit = prefillFit(c);
   return {
-    // The router charges a prompt its rows at their marginal cost, and the
-    // pass of its (usually one) prefill step with the first token's step.
-    prefillPerTokenMs: fit?.perTokenMs ?? c.prefillPerTokenMs.value,
-    firstTokenMs: c.firstTokenMs.value + (fit?.stepMs ?? 0),
+    prefillPerTokenMs: c.prefillPerTokenMs.value,
+    firstTokenMs: c.firstTokenMs.value,
     // The CPU engine's pages live in host memory: restored bytes need no upload.
     uploadMsPerMiB: 0,
     restoreMsPerMiB: {

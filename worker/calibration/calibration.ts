@@ -1,4 +1,4 @@
-import { type CostFit, robustFit, type StepSample } from "./step-cost-fit.ts";
+import type { StepSample } from "./step-cost-fit.ts";
 
 /** Tiers a restore can read from, cheapest-to-reach first. */
 export type RestoreTier = "ram" | "ssd" | "peer" | "s3";
@@ -27,19 +27,11 @@ export interface ConfiguredCosts {
  *
  * A prompt's prefill rows run in one or more prefill steps, and its last
  * token in the step after them (a one-row lane that wants logits). Over the
- * last PREFILL_STEP_WINDOW steps with prefill rows:
- *   prefillPerTokenMs = Σ ms / Σ rows   a row with its share of each step's
- *                                       pass: what recomputing a token costs
- *                                       the worker (checkpoint admission,
- *                                       residency, restore plans read it)
- *   prefillFit(c)     = the robust fit stepMs ≈ c₀ + c₁·rows + c₂·keys
- *                       (step-cost-fit.ts): a row's marginal cost c₁ + c₂·k̄
- *                       (k̄: keys per prefill row in the window) and the
- *                       pass c₀ (null before MIN_FIT_STEPS)
- * The router predicts a prompt from the fit (worker/agent/heartbeat.ts):
- * U rows cost U · (c₁ + c₂·k̄), and c₀ rides with the first-token step, so a
- * short prompt is not charged c₀ / U per row. The first-token step and the
- * rest are smoothed one sample at a time.
+ * last PREFILL_STEP_WINDOW steps with prefill rows, prefillPerTokenMs =
+ * Σ ms / Σ rows: a row with its share of each step's pass, what recomputing
+ * a token costs the worker (the router, checkpoint admission, residency and
+ * restore plans read it). The first-token step and the rest are smoothed one
+ * sample at a time.
  */
 export interface Calibration {
   /** Smoothing weight of a new sample after the first. */
@@ -55,23 +47,14 @@ export interface Calibration {
   readonly queueDelayMs: Estimate;
 }
 
-/** The fitted prefill costs (see Calibration): a row's marginal ms, and a step's fixed pass. */
-export interface PrefillFit {
-  readonly perTokenMs: number;
-  readonly stepMs: number;
-}
-
 /** One step with prefill rows: all its rows and keys (the fit's), and its prefill rows' share. */
 export interface PrefillStep extends StepSample {
   readonly prefillRows: number;
   readonly prefillKeys: number;
 }
 
-/** Prefill steps the fit looks back over: a few prompts' worth, so it follows a machine whose speed changes. */
+/** Prefill steps the per-row cost looks back over: a few prompts' worth, so it follows a machine whose speed changes. */
 export const PREFILL_STEP_WINDOW = 64;
-
-/** Below this many prefill steps the fit is not trusted (prefillFit gives null). */
-export const MIN_FIT_STEPS = 8;
 
 /**
  * A measurement. `deviceMs` is accelerator (or transfer engine) time alone;
@@ -144,23 +127,6 @@ function msPerRow(steps: readonly PrefillStep[]): number {
     rows += s.rows;
   }
   return ms / rows;
-}
-
-/**
- * The fitted prefill costs of the window (see Calibration), null before
- * MIN_FIT_STEPS. Derived on demand: only a heartbeat reads it, not each step.
- */
-export function prefillFit(c: Calibration): PrefillFit | null {
-  const steps = c.prefillSteps;
-  const f: CostFit | null = steps.length >= MIN_FIT_STEPS ? robustFit(steps) : null;
-  if (f === null) return null;
-  let prefillRows = 0;
-  let prefillKeys = 0;
-  for (const s of steps) {
-    prefillRows += s.prefillRows;
-    prefillKeys += s.prefillKeys;
-  }
-  return { perTokenMs: f.c1 + f.c2 * (prefillKeys / prefillRows), stepMs: f.c0 };
 }
 
 /** A new calibration with `s` folded in. Pure; throws on a malformed sample and returns nothing changed. */

@@ -4,8 +4,7 @@
  *   stepMs ≈ c₀ + c₁ · rows + c₂ · keys
  * where c₀ is a pass over the weights, c₁ each row's share of the matrix
  * products and c₂ each attended key's (a row at position p attends p + 1).
- * The prefill pacer sizes tiles with it; the calibration reads its prefill
- * and first-token costs from it.
+ * The prefill pacer sizes tiles with it.
  */
 
 /** stepMs ≈ c0 + c1 · rows + c2 · keys; every coefficient ≥ 0. */

@@ -5,10 +5,8 @@ import {
   type Calibration,
   type ConfiguredCosts,
   initialCalibration,
-  MIN_FIT_STEPS,
   observe,
   PREFILL_STEP_WINDOW,
-  prefillFit,
 } from "../../../worker/calibration/calibration.ts";
 
 const COSTS: ConfiguredCosts = {
@@ -49,51 +47,38 @@ describe("calibration", () => {
     ).toThrow(/5 prefill rows of 4/);
   });
 
-  it("fits prefill steps for the router: a row costs c₁ + c₂·k̄ and each step's pass rides with the first token", () => {
-    // A machine whose steps cost 20 ms + 2 ms a row + 1 µs a key, with decode rows beside some prefills.
+  it("a prefill row costs the window's ms per row, its share of each step's pass included", () => {
     const truth = (rows: number, keys: number) => 20 + 2 * rows + 0.001 * keys;
     let c: Calibration = initialCalibration(COSTS);
-    let keysSum = 0;
-    let rowsSum = 0;
     let msSum = 0;
     let allRows = 0;
-    for (let i = 0; i < MIN_FIT_STEPS + 4; i++) {
-      const p = 16 + 37 * i;
-      const s = step(p, 384, i % 3);
-      keysSum += s.prefillKeys;
-      rowsSum += s.prefillRows;
+    for (let i = 0; i < 12; i++) {
+      const s = step(16 + 37 * i, 384, i % 3);
       msSum += truth(s.rows, s.keys);
       allRows += s.rows;
       c = observe(c, { kind: "prefill-step", ...s, deviceMs: truth(s.rows, s.keys), queueMs: 0 });
-      // Until MIN_FIT_STEPS the fit is not trusted: the heartbeat gives the window's ms per row, nothing fixed.
-      if (i < MIN_FIT_STEPS - 1) {
-        expect(prefillFit(c)).toBeNull();
-        expect(heartbeatCosts(c).prefillPerTokenMs).toBeCloseTo(msSum / allRows, 9);
-      }
-      // The worker's own recompute cost: a row with its share of each step's pass.
       expect(c.prefillPerTokenMs.value).toBeCloseTo(msSum / allRows, 9);
+      expect(heartbeatCosts(c).prefillPerTokenMs).toBeCloseTo(msSum / allRows, 9);
     }
-    expect(prefillFit(c)!.stepMs).toBeCloseTo(20, 3);
-    expect(prefillFit(c)!.perTokenMs).toBeCloseTo(2 + 0.001 * (keysSum / rowsSum), 3);
-    expect(c.prefillPerTokenMs.value).toBeGreaterThan(prefillFit(c)!.perTokenMs);
-    c = observe(c, { kind: "first-token", deviceMs: 40, queueMs: 0 });
-    // A 16-row prompt after 384 cached tokens: U·prefillPerTokenMs + firstTokenMs ≈ its prefill step + the first-token step.
-    const costs = heartbeatCosts(c);
-    expect(costs.firstTokenMs).toBeCloseTo(60, 3);
-    const s16 = step(16, 384);
-    expect(16 * costs.prefillPerTokenMs + costs.firstTokenMs).toBeCloseTo(truth(16, s16.keys) + 40, -1);
   });
 
   it("keeps PREFILL_STEP_WINDOW steps and follows a machine whose speed changes", () => {
     let c: Calibration = initialCalibration(COSTS);
+    const ms = (rows: number, slow: boolean) => (slow ? 3 : 1) * (10 + rows);
     for (let i = 0; i < 3 * PREFILL_STEP_WINDOW; i++) {
       const s = step(16 + (i % 9) * 31, 0);
-      const slow = i >= PREFILL_STEP_WINDOW;
-      c = observe(c, { kind: "prefill-step", ...s, deviceMs: (slow ? 3 : 1) * (10 + s.rows), queueMs: 0 });
+      c = observe(c, {
+        kind: "prefill-step",
+        ...s,
+        deviceMs: ms(s.rows, i >= PREFILL_STEP_WINDOW),
+        queueMs: 0,
+      });
       expect(c.prefillSteps.length).toBe(Math.min(i + 1, PREFILL_STEP_WINDOW));
     }
-    expect(prefillFit(c)!.perTokenMs).toBeCloseTo(3, 6);
-    expect(prefillFit(c)!.stepMs).toBeCloseTo(30, 4);
+    // Only slow steps are left in the window.
+    const rows = c.prefillSteps.reduce((n, s) => n + s.rows, 0);
+    const total = c.prefillSteps.reduce((n, s) => n + ms(s.rows, true), 0);
+    expect(c.prefillPerTokenMs.value).toBeCloseTo(total / rows, 9);
     expect(c.prefillPerTokenMs.samples).toBe(3 * PREFILL_STEP_WINDOW);
   });
 
