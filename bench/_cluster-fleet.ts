@@ -151,7 +151,10 @@ export interface PhaseResult {
 const NO_WORKER_RETRIES = 40;
 const NO_WORKER_BACKOFF_MS = 250;
 
-/** Runs jobs from `concurrency` closed-loop clients (each takes the next job when its last one finished). */
+/**
+ * Runs jobs from `concurrency` closed-loop clients: each takes the next job
+ * when its last one finished and that job's think time has passed.
+ */
 export async function drive(
   clients: readonly OpenAI[],
   model: string,
@@ -198,6 +201,8 @@ export async function drive(
       }
       ttftMs.push(ttft);
       promptTokens += jobs[i]!.tokens.length;
+      const think = jobs[i]!.thinkMs ?? 0;
+      if (think > 0) await new Promise((res) => setTimeout(res, think));
     }
   };
   // Every client runs to its end before a failure is reported (none is left unhandled).

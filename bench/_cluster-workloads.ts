@@ -13,16 +13,21 @@ import { Rng, seedRng } from "../worker/model/prng.ts";
  *
  * zipf — where routing matters: T tenants × P prompts each (T × P salted
  *   prefixes of L tokens), popularity Zipf(s) over them in a seeded order, so
- *   a few prefixes carry most requests and a long tail appears for the first
- *   time during the measured phase (a cold prefill of seconds beside cheap
- *   hits). Warm: the `warm` most popular prefixes once each; measured: N
- *   requests drawn by popularity from more closed-loop clients than workers.
+ *   a few prefixes carry most requests. Warm: every prefix once, in popularity
+ *   order, so the measured phase is the steady state (every prefix computed
+ *   once somewhere, in S3): a prefix's first prefill costs the same under any
+ *   policy, and a tail first seen while measuring made those unavoidable
+ *   seconds most of every fleet's mean. Measured: N requests drawn by
+ *   popularity from more closed-loop clients than workers, each pausing
+ *   (`thinkMs`) between its requests.
  */
 
 export interface Job {
   readonly tenant: number;
   readonly prompt: number;
   readonly tokens: readonly number[];
+  /** The client's pause after this request ends, before it sends its next (0: none). */
+  readonly thinkMs?: number;
 }
 
 export interface SharedShape {
@@ -35,8 +40,13 @@ export interface SharedShape {
 export interface ZipfShape extends SharedShape {
   /** Zipf exponent of prefix popularity. */
   readonly s: number;
-  /** Most popular prefixes computed once before the measured phase. */
-  readonly warm: number;
+  /**
+   * Mean pause of a client between its measured requests (exponential, capped
+   * at 4× the mean): users who read an answer before asking again, so the
+   * fleet runs below saturation and TTFT shows each request's own latency
+   * rather than the closed loop's throughput.
+   */
+  readonly thinkMs: number;
 }
 
 export interface Workload {
@@ -105,10 +115,11 @@ export function zipfWorkload(shape: ZipfShape, vocab: number): Workload {
     }
     return pairs[n - 1]!;
   };
-  const warm = pairs.slice(0, shape.warm).map((p) => job(p.tenant, p.prompt));
+  const warm = pairs.map((p) => job(p.tenant, p.prompt));
+  const think = () => Math.min(4, -Math.log(1 - rng.nextFloat())) * shape.thinkMs;
   const measured = Array.from({ length: shape.requests }, () => {
     const p = draw();
-    return job(p.tenant, p.prompt);
+    return { ...job(p.tenant, p.prompt), thinkMs: think() };
   });
   return { warm, measured, ranked: pairs };
 }

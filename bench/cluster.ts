@@ -53,11 +53,14 @@ import { type Bench, percentile, round } from "./contract.ts";
  *   shared  tenants sharing a few long system prompts, 2 closed-loop clients,
  *           pools holding about one cached prefix; every worker reaches every
  *           peer's RAM;
- *   zipf    Zipf-skewed prefix popularity across tenants, a tail first seen
- *           during the run, more closed-loop clients than workers, pools and
- *           RAM tiers holding a few prefixes each, S3 the only tier the
- *           workers share (CONTINUUM_BENCH_CLUSTER_PEER=on lets them read each
- *           other's RAM/SSD too); placement and prefetch on.
+ *   zipf    Zipf-skewed prefix popularity across tenants, every prefix
+ *           computed once before measuring (the steady state), more
+ *           closed-loop clients than workers, each pausing between its
+ *           requests, one worker's pool and RAM tier holding about half the
+ *           prefixes (the fleet's, all of them), S3 the only tier the
+ *           workers share (CONTINUUM_BENCH_CLUSTER_PEER=on lets them read
+ *           each other's RAM/SSD too); placement and prefetch on.
+ *           bench/cluster.md says why this shape.
  * Fleets:
  *   full        TTFT routing (controller.routing: ttft), durable reuse on;
  *   no_reuse    TTFT routing, worker.durableReuse false: no checkpoints and no
@@ -116,8 +119,8 @@ function specs(quick: boolean, peerSwitch: boolean): Spec[] {
     ? { tenants: 6, prompts: 2, promptTokens: 384, requests: 24 }
     : { tenants: 6, prompts: 3, promptTokens: 768, requests: 48 };
   const zipf: ZipfShape = quick
-    ? { tenants: 3, prompts: 4, promptTokens: 384, requests: 32, s: 1.1, warm: 4 }
-    : { tenants: 4, prompts: 6, promptTokens: 512, requests: 72, s: 1.1, warm: 6 };
+    ? { tenants: 4, prompts: 6, promptTokens: 384, requests: 128, s: 0.8, thinkMs: 400 }
+    : { tenants: 4, prompts: 8, promptTokens: 512, requests: 192, s: 0.8, thinkMs: 400 };
   return [
     {
       name: "shared",
