@@ -11,7 +11,7 @@ const globalSetup = readdirSync(new URL("./test/setup/", import.meta.url))
   .map((f) => `./test/setup/${f}`);
 
 // test/ mirrors the source tree: test/<room>/... holds the tests of
-// <room>/... (schema, catalog, controller, worker, native, cli, deploy), whether
+// <room>/... (schema, catalog, controller, worker, native, cli, deploy, bench), whether
 // they are pure-logic units, numeric oracles or in-process integration against
 // the real Kafka and S3 that test/setup/ starts. test/e2e/ holds the
 // process-level suites: `continuum serve` and `cluster up` as child processes
