@@ -55,6 +55,9 @@ export class MeteredEngine implements Engine {
   createPool(numPages: number, pageSize: number): void {
     this.inner.createPool(numPages, pageSize);
   }
+  commitPool(): Promise<void> {
+    return this.inner.commitPool();
+  }
   createContiguousCache(numSeqs: number, ctxCap: number): void {
     this.inner.createContiguousCache(numSeqs, ctxCap);
   }

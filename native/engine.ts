@@ -85,6 +85,13 @@ export interface Engine {
    * in its group), so the pool holds max(group size) layers' K/V per page.
    */
   createPool(numPages: number, pageSize: number, layerGroups?: Int32Array | readonly number[]): void;
+  /**
+   * Commits the whole pool now (the CPU engine's pool is otherwise faulted in
+   * as steps first write it; the CUDA pool is committed at createPool). A
+   * server calls it before it is ready, so no request pays that first touch
+   * and a host that cannot back the pool fails at start-up. Contents unchanged.
+   */
+  commitPool(): Promise<void>;
   /** Allocates the contiguous oracle cache [numSeqs, ctxCap] per layer, zeroed; once per engine. */
   createContiguousCache(numSeqs: number, ctxCap: number): void;
   /** Full forward over the paged pools; resolves with logits [logitRows.length, vocab]. */
@@ -180,6 +187,9 @@ class NativeBackedEngine implements Engine {
       layerGroups === undefined ? undefined : Int32Array.from(layerGroups),
     );
     this.#hasPool = true;
+  }
+  commitPool(): Promise<void> {
+    return this.#live().commitPool();
   }
   createContiguousCache(numSeqs: number, ctxCap: number): void {
     this.#live().createContiguousCache(numSeqs, ctxCap);

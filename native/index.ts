@@ -21,6 +21,7 @@ export interface NativeEngine {
   downloadPages(ids: Int32Array): Promise<Uint8Array>;
   uploadPages(ids: Int32Array, bytes: Uint8Array): Promise<void>;
   copyPage(src: number, dst: number): Promise<void>;
+  commitPool(): Promise<void>;
   setProfiling(on: boolean): void;
   profile(): StepProfile;
   free(): void;

@@ -214,6 +214,12 @@ class Backend {
   virtual void step(const StepBatch& b, float* logits) = 0;
   virtual void step_contiguous(const StepBatch& b, float* logits) = 0;
 
+  // Commits the whole page pool now (a server calls it before it says it is
+  // ready): the first requests then do not pay for faulting in the pages they
+  // write, and a host that cannot back the pool fails here. The CUDA pool is
+  // committed (cudaMalloc, cleared) at allocation, so this is a no-op there.
+  virtual void commit_pool() {}
+
   virtual std::string validate_pages(const std::vector<int32_t>& ids) const = 0;
   virtual void download_pages(const std::vector<int32_t>& ids, uint8_t* out) = 0;
   virtual void upload_pages(const std::vector<int32_t>& ids, const uint8_t* in) = 0;

@@ -92,6 +92,12 @@ struct CopyJob : Job {
   void execute() override { engine->copy_page(src, dst); }
 };
 
+struct CommitPoolJob : Job {
+  Backend* engine;
+  CommitPoolJob(Napi::Env env, Backend* e) : Job(env), engine(e) {}
+  void execute() override { engine->commit_pool(); }
+};
+
 // ---- Engine ------------------------------------------------------------------
 
 class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
@@ -108,6 +114,7 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
                            InstanceMethod<&EngineWrap::DownloadPages>("downloadPages"),
                            InstanceMethod<&EngineWrap::UploadPages>("uploadPages"),
                            InstanceMethod<&EngineWrap::CopyPage>("copyPage"),
+                           InstanceMethod<&EngineWrap::CommitPool>("commitPool"),
                            InstanceMethod<&EngineWrap::Free>("free"),
                            InstanceMethod<&EngineWrap::SetProfiling>("setProfiling"),
                            InstanceMethod<&EngineWrap::Profile>("profile"),
@@ -334,6 +341,16 @@ class EngineWrap : public Napi::ObjectWrap<EngineWrap> {
     auto* job = new CopyJob(env, e, src, dst);
     job->keep(Value());
     return transfer_->submit(env, job);
+  }
+
+  // On the compute queue, so it is ordered before any step submitted after it.
+  Napi::Value CommitPool(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Backend* e = live(env);
+    need(env, e->has_pool(), "commitPool: the engine has no page pool (createPool first)");
+    auto* job = new CommitPoolJob(env, e);
+    job->keep(Value());
+    return compute_->submit(env, job);
   }
 
   Napi::Value Free(const Napi::CallbackInfo& info) {

@@ -45,6 +45,12 @@ bool set_isa(Isa isa);
 // TLB entry every 4 KiB.
 void advise_huge_pages(void* p, size_t bytes);
 
+// Faults in every page of [p, p + bytes) now, writable, leaving its contents
+// as they are (Linux MADV_POPULATE_WRITE; where the kernel refuses it, an
+// atomic no-op write to every 4 KiB), so the kernel's zeroing of fresh pages
+// is paid here rather than by whichever step first writes there.
+void commit_pages(void* p, size_t bytes);
+
 // At least n floats of buf from a 64-byte boundary on (buf grows as needed):
 // a 512-bit load from an unaligned address straddles two cache lines, which
 // costs two loads (std::vector only promises 16-byte alignment).

@@ -134,6 +134,11 @@ std::string Engine::allocate_pool(int64_t num_pages, int32_t page_size) {
   return "";
 }
 
+void Engine::commit_pool() {
+  for (auto* pools : {&k_pages_, &v_pages_})
+    for (F16Buffer& b : *pools) commit_pages(b.ptr.get(), static_cast<size_t>(b.elems) * sizeof(f16));
+}
+
 std::string Engine::allocate_contiguous(int32_t num_seqs, int32_t ctx_cap) {
   const int64_t slots = static_cast<int64_t>(num_seqs) * ctx_cap;
   for (int32_t l = 0; l < spec_.n_layers; ++l) {

@@ -53,9 +53,10 @@ struct LayerWeights {
 };
 
 // A page-sized buffer of f16 from calloc: the OS zero-fills lazily, so a big
-// pool costs nothing until it is touched; touched memory comes in 2 MiB
-// transparent huge pages where the kernel allows (advise_huge_pages), so a
-// pool commits up to 2 MiB per touched region, not 4 KiB.
+// pool costs nothing until it is touched (or committed: Engine::commit_pool);
+// touched memory comes in 2 MiB transparent huge pages where the kernel allows
+// (advise_huge_pages), so a pool commits up to 2 MiB per touched region, not
+// 4 KiB.
 struct F16Buffer {
   struct Free {
     void operator()(f16* p) const { std::free(p); }
@@ -80,6 +81,8 @@ class Engine final : public Backend {
   int64_t num_pages() const override { return num_pages_; }
   int32_t page_size() const override { return page_size_; }
   bool has_contiguous() const override { return ctx_seqs_ > 0; }
+  // Faults in every K and V page (commit_pages).
+  void commit_pool() override;
 
   // Empty when the batch is valid for step()/step_contiguous().
   std::string validate_paged(const StepBatch& b) const override;

@@ -116,6 +116,21 @@ void advise_huge_pages(void* p, size_t bytes) {
 #endif
 }
 
+void commit_pages(void* p, size_t bytes) {
+  if (p == nullptr || bytes == 0) return;
+#if defined(__linux__) && defined(MADV_POPULATE_WRITE)
+  constexpr uintptr_t kPage = 4096;
+  const uintptr_t b = reinterpret_cast<uintptr_t>(p) & ~(kPage - 1);
+  const uintptr_t e = reinterpret_cast<uintptr_t>(p) + bytes;
+  if (madvise(reinterpret_cast<void*>(b), e - b, MADV_POPULATE_WRITE) == 0) return;
+#endif
+  // An atomic or of zero writes without changing a byte, even if a step writes
+  // the same page meanwhile.
+  auto* bytes_p = static_cast<uint8_t*>(p);
+  for (size_t off = 0; off < bytes; off += 4096) __atomic_fetch_or(bytes_p + off, uint8_t{0}, __ATOMIC_RELAXED);
+  __atomic_fetch_or(bytes_p + bytes - 1, uint8_t{0}, __ATOMIC_RELAXED);
+}
+
 namespace {
 Isa detect_isa() {
   const CpuFeatures f = cpu_features();

@@ -513,6 +513,31 @@ describe("page transfers", () => {
   });
 });
 
+describe("committing the pool", () => {
+  it("commitPool faults in every page of the pool now and leaves its contents as they were", async () => {
+    const m = makeModel(SPEC, 20);
+    const pages = 65_536; // 1 KiB a page (2 layers x 4 positions x 2 heads x 16 x f16, K and V): 64 MiB
+    const e = await engineFor(m, pages);
+    expect(e.pageBytes).toBe(1024);
+    const bytes = new Uint8Array(2 * e.pageBytes).map((_, i) => (i * 31 + 7) & 255);
+    await e.uploadPages(Int32Array.from([3, pages - 1]), bytes);
+    const before = process.memoryUsage().rss;
+    await e.commitPool();
+    const grew = process.memoryUsage().rss - before;
+    // Lazily allocated, the pool held only the two pages written; committed, all of it is resident.
+    expect(grew).toBeGreaterThan(0.8 * pages * e.pageBytes);
+    expect(Buffer.compare(await e.downloadPages(Int32Array.from([3, pages - 1])), bytes)).toBe(0);
+    expect((await e.downloadPages(Int32Array.from([0]))).every((b) => b === 0)).toBe(true);
+  });
+
+  it("commitPool without a pool is refused by name", async () => {
+    const m = makeModel(SPEC, 21);
+    const e = await createEngine(m.spec, m.weights);
+    live.push(e);
+    expect(() => e.commitPool()).toThrow(/commitPool: the engine has no page pool/);
+  });
+});
+
 describe("event loop liveness", () => {
   it("a 50 ms timer stays within 20 ms of schedule while long steps run", async () => {
     const spec: ModelSpec = {

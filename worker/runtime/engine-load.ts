@@ -33,7 +33,8 @@ export function chooseEngine(backend: BackendChoice, configured: string): Engine
 /**
  * Creates the engine for a loaded model and allocates its page pool, one
  * page table per layer group (layerGroups, as the WorkerRuntime holds its
- * pages); frees the engine if the pool fails.
+ * pages), and commits the pool, so requests never pay for its first touch;
+ * frees the engine if the pool fails.
  */
 export async function loadEngine(
   model: LoadedModel,
@@ -48,6 +49,7 @@ export async function loadEngine(
       pool.pageTokens,
       groups.groups.length > 1 ? groups.groupOf : undefined,
     );
+    await engine.commitPool();
   } catch (err) {
     engine.free();
     throw err;
