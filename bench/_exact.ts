@@ -96,7 +96,7 @@ async function checkRestore(model: LoadedModel, backend: BackendName, promptToke
       ...defaultConfig.store,
       dataDir: dir,
       ram: { maxBytes: 2 << 30 },
-      dir: { path: join(dir, "store"), maxObjectBytes: 256 << 20 },
+      dir: { path: join(dir, "store"), maxObjectBytes: 256 << 20, maxBytes: 8 * 2 ** 30 },
     },
     worker: defaultConfig.worker,
     auth: { ...defaultConfig.auth, tokens: {}, clusterSecret: "" },

@@ -83,7 +83,7 @@ function storeConfig(dir: string, s3: boolean, bucket: string): Config["store"] 
   return {
     dataDir: dir,
     ram: { maxBytes: 1 << 30 },
-    dir: { path: join(dir, "store"), maxObjectBytes: 256 << 20 },
+    dir: { path: join(dir, "store"), maxObjectBytes: 256 << 20, maxBytes: 8 * 2 ** 30 },
     s3: s3
       ? {
           ...defaultConfig.store.s3,

@@ -175,6 +175,7 @@ const bench: Bench = {
           await FileTier.open({
             dir: join(dir, `files-${p.label}`),
             maxObjectBytes: 64 * MiB,
+            maxBytes: 2 * p.size * p.count + MiB,
             report: () => {},
           }),
         ];

@@ -38,6 +38,7 @@ export const rules: Record<string, Rule> = {
   "store.ram.maxBytes": int(0),
   "store.dir.path": optStr,
   "store.dir.maxObjectBytes": int(1),
+  "store.dir.maxBytes": int(1),
   "store.s3.enabled": { kind: "bool" },
   "store.s3.endpoint": str,
   "store.s3.bucket": str,

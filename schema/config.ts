@@ -61,7 +61,8 @@ export interface Config {
     /** Root for local data: store files, embedded log, generated models. */
     dataDir: string;
     ram: { maxBytes: number };
-    dir: { path: string; maxObjectBytes: number };
+    /** Chunk files (the SSD tier); maxBytes bounds what they hold, frames included (FileTier). */
+    dir: { path: string; maxObjectBytes: number; maxBytes: number };
     s3: {
       enabled: boolean;
       endpoint: string;
@@ -285,7 +286,7 @@ export const defaultConfig: Config = {
   store: {
     dataDir: ".continuum",
     ram: { maxBytes: 1 << 30 },
-    dir: { path: "", maxObjectBytes: 256 << 20 },
+    dir: { path: "", maxObjectBytes: 256 << 20, maxBytes: 32 * 2 ** 30 },
     s3: {
       enabled: false,
       endpoint: "http://127.0.0.1:9000",

@@ -156,7 +156,12 @@ export async function replicaVerdicts(
           if (dir === undefined) throw new Error(`no store dir known for ${r.worker}`);
           let tier = files.get(dir);
           if (tier === undefined) {
-            tier = await FileTier.open({ dir, maxObjectBytes: 256 << 20, report: () => undefined });
+            tier = await FileTier.open({
+              dir,
+              maxObjectBytes: 256 << 20,
+              maxBytes: 1 << 30,
+              report: () => undefined,
+            });
             files.set(dir, tier);
           }
           if ((await tier.get(r.content)) === undefined) throw new Error("absent");

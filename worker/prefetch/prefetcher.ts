@@ -8,6 +8,7 @@ import { type ChunkDescriptor, metaMismatch } from "../checkpoint/chunk-format.t
 import { fetchPeerChunk } from "../peer/client.ts";
 import type { VerifiedChunk } from "../store/chunk.ts";
 import type { ChunkTiers } from "../store/chunk-tiers.ts";
+import { FileFullError } from "../store/errors.ts";
 import { type LocalState, type PlacedTier, planPrefetch, type WorkerPlacement } from "./plan.ts";
 
 /**
@@ -316,10 +317,15 @@ export class Prefetcher {
     // The SSD copy first (durable here), unless this worker holds one already or its budget is spent.
     const ownSsd = catalog.holdsReady(job.node, "ssd");
     if (!ownSsd && (job.tier === "ssd" || this.ssdUsed + bytes <= this.opts.ssdBytes)) {
-      await tiers.file.putVerified(chunk);
-      this.ssdUsed += bytes;
-      this.noteFetched(job.node, "ssd", bytes);
-      held.push("ssd");
+      try {
+        await tiers.file.putVerified(chunk);
+        this.ssdUsed += bytes;
+        this.noteFetched(job.node, "ssd", bytes);
+        held.push("ssd");
+      } catch (err) {
+        if (!(err instanceof FileFullError)) throw err;
+        if (job.tier === "ssd") return this.skip(job.node, job.tier, "store_full", err.message);
+      }
     }
     if (job.tier === "ram") {
       await tiers.ram!.putVerified(chunk);

@@ -1,6 +1,7 @@
 import type { Config } from "../../schema/config.ts";
 import type { ContentId } from "../../schema/ids.ts";
 import type { StoreReporter, VerifiedChunk } from "./chunk.ts";
+import { FileFullError } from "./errors.ts";
 import type { FileTier } from "./file.ts";
 import { openConfiguredTiers } from "./index.ts";
 import type { RamTier } from "./ram.ts";
@@ -36,12 +37,18 @@ export class ChunkTiers {
 
   /**
    * Keeps a verified chunk fetched from elsewhere (a peer, S3) in the local
-   * tiers, without another S3 upload. Returns the local tiers now holding it.
+   * tiers, without another S3 upload: in the files unless they are full
+   * (store.dir.maxBytes), in RAM when it fits. Returns the local tiers now
+   * holding it.
    */
   async keepLocal(chunk: VerifiedChunk): Promise<("ram" | "ssd")[]> {
     const held: ("ram" | "ssd")[] = [];
-    await this.file.putVerified(chunk);
-    held.push("ssd");
+    try {
+      await this.file.putVerified(chunk);
+      held.push("ssd");
+    } catch (err) {
+      if (!(err instanceof FileFullError)) throw err;
+    }
     if (this.ram?.fits(chunk.bytes.byteLength)) {
       await this.ram.putVerified(chunk);
       held.push("ram");

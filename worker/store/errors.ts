@@ -104,6 +104,23 @@ export function describe(err: unknown): string {
   return String(err);
 }
 
+/**
+ * The file tier is at its byte bound (store.dir.maxBytes): the object would
+ * take it past. Nothing was stored; callers keep the chunk elsewhere or skip
+ * it, as for a full write-behind queue.
+ */
+export class FileFullError extends StoreError {
+  override readonly name = "FileFullError";
+  readonly code = "file-full";
+  constructor(
+    readonly bytes: number,
+    readonly heldBytes: number,
+    readonly limit: number,
+  ) {
+    super(`file: no room for ${bytes} bytes: ${heldBytes} of ${limit} bytes held (store.dir.maxBytes)`);
+  }
+}
+
 /** The RAM tier cannot make room: pinned entries hold too much of it. Nothing was stored. */
 export class RamFullError extends StoreError {
   override readonly name = "RamFullError";

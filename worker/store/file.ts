@@ -21,12 +21,24 @@ import {
   type TierStats,
   VerifiedChunk,
 } from "./chunk.ts";
-import { CorruptChunkError, InvalidChunkError, StoreClosedError, StoreUnavailableError } from "./errors.ts";
+import {
+  CorruptChunkError,
+  FileFullError,
+  InvalidChunkError,
+  StoreClosedError,
+  StoreUnavailableError,
+} from "./errors.ts";
 
 export interface FileTierOptions {
   /** Root directory; created when missing. */
   readonly dir: string;
   readonly maxObjectBytes: number;
+  /**
+   * Bound on the bytes stored (frames included), writes in flight counted:
+   * a put that would pass it is refused (FileFullError). Nothing is evicted
+   * here: without S3 these files are the only durable copies.
+   */
+  readonly maxBytes: number;
   /** Bytes per read while hashing; reads of the next piece overlap hashing of this one. */
   readonly readPieceBytes?: number;
   /** Objects up to this size are read with blocking calls (see readSmallSync); 0 turns that off. */
@@ -51,6 +63,10 @@ const READ_AHEAD = 2;
  *   tmp/                 writes in progress
  *   corrupt/<id>         the last object of that id that failed verification
  *
+ * Invariant: storedBytes + reservedBytes ≤ maxBytes, except where the files
+ * found at open already held more (then every put is refused until deletes
+ * make room).
+ *
  * A put is atomic: write a temp file, fsync it, rename it into place, fsync
  * the directory. A reader sees the whole object or none. A get reads the file
  * into one buffer, hashing each piece while the next is read, and returns the
@@ -60,6 +76,7 @@ export class FileTier implements ChunkTier {
   readonly tier = "file" as const;
   readonly dir: string;
   readonly maxObjectBytes: number;
+  readonly maxBytes: number;
   private readonly pieceBytes: number;
   private readonly syncReadMaxBytes: number;
   /** Warm buffer the blocking small-object reads go through (syncReadMaxBytes long, made on first use). */
@@ -68,6 +85,8 @@ export class FileTier implements ChunkTier {
   private readonly counters = new TierCounters();
   private objects = 0;
   private storedBytes = 0;
+  /** Bytes of writes in flight, taken before they start (the bound counts them). */
+  private reservedBytes = 0;
   /** Shard directories known to exist: saves a mkdir per put. */
   private readonly shards = new Set<string>();
   /** Puts in flight by id: concurrent puts of one chunk become one write. */
@@ -78,6 +97,9 @@ export class FileTier implements ChunkTier {
   private constructor(opts: FileTierOptions) {
     this.dir = opts.dir;
     this.maxObjectBytes = opts.maxObjectBytes;
+    if (!Number.isSafeInteger(opts.maxBytes) || opts.maxBytes < 1)
+      throw new RangeError(`file tier: maxBytes must be a positive integer, got ${opts.maxBytes}`);
+    this.maxBytes = opts.maxBytes;
     this.pieceBytes = Math.max(MIN_PIECE, opts.readPieceBytes ?? 2 << 20);
     this.syncReadMaxBytes = opts.syncReadMaxBytes ?? 1 << 20;
     this.report = opts.report ?? stderrReporter;
@@ -121,7 +143,6 @@ export class FileTier implements ChunkTier {
   }
 
   private async write(chunk: VerifiedChunk): Promise<void> {
-    const header = encodeHeader(chunk.metaJson, chunk.bytes.byteLength);
     const total = HEADER_BYTES + chunk.metaJson.byteLength + chunk.bytes.byteLength;
     const final = this.pathOf(chunk.id);
     // Content-addressed and immutable: an object of the right size is this
@@ -131,6 +152,24 @@ export class FileTier implements ChunkTier {
       this.counters.puts++;
       return;
     }
+    const grows = total - (existing?.size ?? 0);
+    if (this.storedBytes + this.reservedBytes + grows > this.maxBytes) {
+      throw new FileFullError(total, this.storedBytes + this.reservedBytes, this.maxBytes);
+    }
+    this.reservedBytes += grows;
+    try {
+      await this.writeNew(chunk, final, total);
+    } finally {
+      this.reservedBytes -= grows;
+    }
+    if (existing !== undefined) this.storedBytes -= existing.size;
+    else this.objects++;
+    this.storedBytes += total;
+    this.counters.puts++;
+  }
+
+  private async writeNew(chunk: VerifiedChunk, final: string, total: number): Promise<void> {
+    const header = encodeHeader(chunk.metaJson, chunk.bytes.byteLength);
     const tmp = join(this.dir, "tmp", `${chunk.id}.${process.pid}.${this.tempSeq++}.tmp`);
     try {
       await this.ensureShard(chunk.id);
@@ -148,10 +187,6 @@ export class FileTier implements ChunkTier {
       await unlink(tmp).catch(() => undefined);
       throw new StoreUnavailableError("file", `put ${chunk.id}`, 1, err);
     }
-    if (existing !== undefined) this.storedBytes -= existing.size;
-    else this.objects++;
-    this.storedBytes += total;
-    this.counters.puts++;
   }
 
   async get(id: unknown): Promise<VerifiedChunk | undefined> {
@@ -404,7 +439,7 @@ export class FileTier implements ChunkTier {
       tier: "file",
       objects: this.objects,
       bytes: this.storedBytes,
-      capacityBytes: null,
+      capacityBytes: this.maxBytes,
       ...this.counters,
     };
   }

@@ -50,6 +50,7 @@ export async function openConfiguredTiers(
   const file = await FileTier.open({
     dir: store.dir.path || join(store.dataDir, "store"),
     maxObjectBytes,
+    maxBytes: store.dir.maxBytes,
     ...(report && { report }),
   });
   const s = store.s3;

@@ -8,7 +8,7 @@ import {
   type TierStats,
   VerifiedChunk,
 } from "./chunk.ts";
-import { CorruptChunkError, describe, StoreClosedError, StoreError } from "./errors.ts";
+import { CorruptChunkError, describe, FileFullError, StoreClosedError, StoreError } from "./errors.ts";
 import type { FileTier } from "./file.ts";
 import type { RamTier } from "./ram.ts";
 import type { S3Tier } from "./s3.ts";
@@ -128,6 +128,8 @@ export class TieredChunkStore {
       if (this.ram?.fits(chunk.bytes.byteLength)) await this.ram.putVerified(chunk);
     } catch (err) {
       slot?.release();
+      // A full file tier refuses like a full queue: the caller skips this chunk.
+      if (err instanceof FileFullError) return { status: "refused", reason: err.message };
       throw err;
     }
     if (pending !== undefined) return { status: "stored", remote: "queued", durable: pending };

@@ -7,6 +7,7 @@ import type { WorkerRuntime } from "../runtime/runtime.ts";
 import { greedyRequest } from "../runtime/runtime-api.ts";
 import { VerifiedChunk } from "../store/chunk.ts";
 import type { ChunkTiers } from "../store/chunk-tiers.ts";
+import { FileFullError } from "../store/errors.ts";
 
 /**
  * Warm start: a worker says it is ready (heartbeat `ready`, its catalog
@@ -67,7 +68,8 @@ export async function warmStep<T>(warm: WarmStart, step: WarmStep, fn: () => Pro
 
 export interface TierProbe {
   readonly ram: number | null;
-  readonly ssd: number;
+  /** "full": the files are at store.dir.maxBytes (logged; they still serve reads). */
+  readonly ssd: number | "full";
   /** null: no S3 tier; "failed": it did not answer (logged; the worker serves from its local tiers). */
   readonly s3: number | null | "failed";
 }
@@ -98,7 +100,15 @@ export async function probeTiers(tiers: ChunkTiers, who: string, log: Logger): P
     return performance.now() - t0;
   };
   const ram = tiers.ram ? await probe(tiers.ram) : null;
-  const ssd = await probe(tiers.file);
+  let ssd: TierProbe["ssd"];
+  try {
+    ssd = await probe(tiers.file);
+  } catch (err) {
+    // Full files still serve reads (restores, the peer server); new chunks skip them until room is made.
+    if (!(err instanceof FileFullError)) throw err;
+    ssd = "full";
+    log.log("warn", "warm.ssd_full", { message: err.message });
+  }
   let s3: TierProbe["s3"] = null;
   if (tiers.s3) {
     try {

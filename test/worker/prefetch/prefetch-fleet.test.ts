@@ -94,10 +94,16 @@ describe.skipIf(!brokers)("prefetch: placements pulled ahead of demand (real Kaf
       catalogNodeId(w.cache.catalog.id.fingerprint, n.hash),
     );
 
-  const worker = async (id: string, ramBytes?: number) => {
+  const worker = async (id: string, ramBytes?: number, fileBytes?: number) => {
     const log = await open(id);
     cleanups.push(() => log.close());
-    const w = await startWorker(model, { id, log, s3Bucket: bucket, ...(ramBytes ? { ramBytes } : {}) });
+    const w = await startWorker(model, {
+      id,
+      log,
+      s3Bucket: bucket,
+      ...(ramBytes ? { ramBytes } : {}),
+      ...(fileBytes ? { fileBytes } : {}),
+    });
     cleanups.push(() => w.close());
     return w;
   };
@@ -225,6 +231,20 @@ describe.skipIf(!brokers)("prefetch: placements pulled ahead of demand (real Kaf
     await ps.idle();
     expect(ps.stats().fetched.ram).toBe(0);
     expect(two.nodes.some((n) => c.cache.catalog.holdsReady(n, "ram"))).toBe(false);
+
+    // Files at their byte bound (store.dir.maxBytes, below one chunk): SSD placements skip as store_full.
+    const e = await worker("pf-e", undefined, 1024);
+    const flog = recordingLogger();
+    const pf = prefetcher(e, { logger: flog });
+    await place("pf-e", two.nodes, "ssd", true);
+    await waitFor(
+      "three store_full skips at the file bound",
+      () => flog.lines.filter((l) => l.fields.reason === "store_full").length >= 3,
+    );
+    await pf.idle();
+    expect(flog.lines.some((l) => /store\.dir\.maxBytes/.test(String(l.fields.detail)))).toBe(true);
+    expect(pf.stats().fetched.ssd).toBe(0);
+    expect(two.nodes.some((n) => e.cache.catalog.holdsReady(n, "ssd"))).toBe(false);
   });
 
   it("a withdrawn placement lets its copy go, but never the last durable copy", async () => {

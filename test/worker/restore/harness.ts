@@ -95,6 +95,8 @@ export interface WorkerSpec {
   /** Another S3 endpoint than the test server (a dead or silent one). */
   readonly s3Endpoint?: string;
   readonly ramBytes?: number;
+  /** store.dir.maxBytes (default 1 GiB). */
+  readonly fileBytes?: number;
   readonly secret?: string;
   readonly runtime?: Partial<RuntimeOptions>;
   readonly cache?: Partial<DurableCacheOptions>;
@@ -130,7 +132,7 @@ export async function startWorker(model: LoadedModel, spec: WorkerSpec): Promise
     store: {
       dataDir: dir,
       ram: { maxBytes: spec.ramBytes ?? 64 << 20 },
-      dir: { path: join(dir, "store"), maxObjectBytes: 64 << 20 },
+      dir: { path: join(dir, "store"), maxObjectBytes: 64 << 20, maxBytes: spec.fileBytes ?? 1 << 30 },
       s3: spec.s3Bucket ? s3Settings(spec.s3Bucket, spec.s3Endpoint) : defaultConfig.store.s3,
     },
     worker: { ...defaultConfig.worker, id: spec.id },

@@ -2,7 +2,12 @@ import { mkdtemp, readdir, readFile, rm, truncate, writeFile } from "node:fs/pro
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { CorruptChunkError, InvalidChunkError, ObjectTooLargeError } from "../../../worker/store/errors.ts";
+import {
+  CorruptChunkError,
+  FileFullError,
+  InvalidChunkError,
+  ObjectTooLargeError,
+} from "../../../worker/store/errors.ts";
 import { FileTier } from "../../../worker/store/file.ts";
 import { chunkOf, collect, recorder } from "./fixtures.ts";
 
@@ -34,6 +39,7 @@ describe("file tier", () => {
       const tier = await FileTier.open({
         dir,
         maxObjectBytes: 64 << 20,
+        maxBytes: 1 << 30,
         readPieceBytes: 1 << 20,
         syncReadMaxBytes,
       });
@@ -59,6 +65,7 @@ describe("file tier", () => {
     const tier = await FileTier.open({
       dir,
       maxObjectBytes: 64 << 20,
+      maxBytes: 1 << 30,
       readPieceBytes: 1 << 20,
       report: () => {},
     });
@@ -88,13 +95,13 @@ describe("file tier", () => {
   it("counts what is on disk when reopened; list, has and delete agree", async () => {
     const a = chunkOf(5000, "a");
     const b = chunkOf(7000, "b");
-    const t1 = await FileTier.open({ dir, maxObjectBytes: 1 << 20 });
+    const t1 = await FileTier.open({ dir, maxObjectBytes: 1 << 20, maxBytes: 1 << 30 });
     await t1.put(a.id, a.bytes, a.meta);
     await t1.put(b.id, b.bytes, b.meta);
     await t1.put(b.id, b.bytes, b.meta); // idempotent
     const stored = t1.stats().bytes;
     await t1.close();
-    const t2 = await FileTier.open({ dir, maxObjectBytes: 1 << 20 });
+    const t2 = await FileTier.open({ dir, maxObjectBytes: 1 << 20, maxBytes: 1 << 30 });
     expect(t2.stats()).toMatchObject({ objects: 2, bytes: stored });
     expect((await collect(t2.list())).map((i) => i.id).sort()).toEqual([a.id, b.id].sort());
     expect(await t2.delete(a.id)).toBe(true);
@@ -104,8 +111,84 @@ describe("file tier", () => {
     await t2.close();
   });
 
+  it("refuses a put past store.dir.maxBytes, changing nothing, and takes it once a delete makes room", async () => {
+    const a = chunkOf(4000, "a");
+    const b = chunkOf(4000, "b");
+    const probe = await FileTier.open({
+      dir: join(dir, "probe"),
+      maxObjectBytes: 1 << 20,
+      maxBytes: 1 << 30,
+    });
+    await probe.put(a.id, a.bytes, a.meta);
+    const one = probe.stats().bytes!; // one object, frames included
+    await probe.close();
+
+    const tier = await FileTier.open({
+      dir: join(dir, "t"),
+      maxObjectBytes: 1 << 20,
+      maxBytes: one + one / 2,
+    });
+    expect(tier.stats().capacityBytes).toBe(one + one / 2);
+    await tier.put(a.id, a.bytes, a.meta);
+    await tier.put(a.id, a.bytes, a.meta); // already held: costs nothing, so not refused
+    const before = await tree(join(dir, "t"));
+    const refused = tier.put(b.id, b.bytes, b.meta);
+    await expect(refused).rejects.toThrow(FileFullError);
+    await expect(refused).rejects.toThrow(/store\.dir\.maxBytes/);
+    expect(await tree(join(dir, "t"))).toEqual(before);
+    expect(tier.stats()).toMatchObject({ objects: 1, bytes: one });
+    expect(await tier.delete(a.id)).toBe(true);
+    await tier.put(b.id, b.bytes, b.meta);
+    expect(tier.stats()).toMatchObject({ objects: 1, bytes: one });
+    await tier.close();
+  });
+
+  it("counts writes in flight against the bound: of two concurrent puts that fit only one at a time, one is refused", async () => {
+    const a = chunkOf(4000, "a");
+    const b = chunkOf(4000, "b");
+    const probe = await FileTier.open({
+      dir: join(dir, "probe"),
+      maxObjectBytes: 1 << 20,
+      maxBytes: 1 << 30,
+    });
+    await probe.put(a.id, a.bytes, a.meta);
+    const one = probe.stats().bytes!;
+    await probe.close();
+    const tier = await FileTier.open({ dir: join(dir, "t"), maxObjectBytes: 1 << 20, maxBytes: one + 10 });
+    const results = await Promise.allSettled([
+      tier.put(a.id, a.bytes, a.meta),
+      tier.put(b.id, b.bytes, b.meta),
+    ]);
+    expect(results.map((r) => r.status).sort()).toEqual(["fulfilled", "rejected"]);
+    const failed = results.find((r) => r.status === "rejected") as PromiseRejectedResult;
+    expect(failed.reason).toBeInstanceOf(FileFullError);
+    expect(tier.stats()).toMatchObject({ objects: 1, bytes: one });
+    await tier.close();
+  });
+
+  it("opened over files that already pass the bound, refuses every put until deletes make room", async () => {
+    const a = chunkOf(4000, "a");
+    const b = chunkOf(4000, "b");
+    const c = chunkOf(100, "c");
+    const t1 = await FileTier.open({ dir, maxObjectBytes: 1 << 20, maxBytes: 1 << 30 });
+    await t1.put(a.id, a.bytes, a.meta);
+    await t1.put(b.id, b.bytes, b.meta);
+    const one = t1.stats().bytes! / 2;
+    await t1.close();
+    const t2 = await FileTier.open({ dir, maxObjectBytes: 1 << 20, maxBytes: one });
+    expect(t2.stats().bytes).toBe(2 * one);
+    await expect(t2.put(c.id, c.bytes, c.meta)).rejects.toThrow(FileFullError);
+    expect((await t2.get(a.id))!.bytes.byteLength).toBe(4000); // still serves reads
+    expect(await t2.delete(a.id)).toBe(true);
+    await expect(t2.put(c.id, c.bytes, c.meta)).rejects.toThrow(FileFullError); // one object held: at the bound
+    expect(await t2.delete(b.id)).toBe(true);
+    await t2.put(c.id, c.bytes, c.meta);
+    await t2.close();
+    await expect(FileTier.open({ dir, maxObjectBytes: 1 << 20, maxBytes: 0 })).rejects.toThrow(/maxBytes/);
+  });
+
   it("refuses bad input with a clear error and leaves the directory unchanged", async () => {
-    const tier = await FileTier.open({ dir, maxObjectBytes: 10_000 });
+    const tier = await FileTier.open({ dir, maxObjectBytes: 10_000, maxBytes: 1 << 30 });
     const ok = chunkOf(100, "ok");
     await tier.put(ok.id, ok.bytes, ok.meta);
     const before = await tree(dir);
@@ -130,6 +213,7 @@ describe("file tier", () => {
       const tier = await FileTier.open({
         dir,
         maxObjectBytes: 4 << 20,
+        maxBytes: 1 << 30,
         readPieceBytes: 1 << 20,
         syncReadMaxBytes,
         report,
@@ -161,7 +245,7 @@ describe("file tier", () => {
   );
 
   it("a corrupt header (garbage under the id) is caught before any hashing", async () => {
-    const tier = await FileTier.open({ dir, maxObjectBytes: 1 << 20, report: () => {} });
+    const tier = await FileTier.open({ dir, maxObjectBytes: 1 << 20, maxBytes: 1 << 30, report: () => {} });
     const a = chunkOf(100, "garbage");
     await tier.put(a.id, a.bytes, a.meta);
     await writeFile(tier.pathOf(a.id), Buffer.from("this is not a chunk at all"));
@@ -172,7 +256,7 @@ describe("file tier", () => {
   });
 
   it("removes stale temp files at open and keeps fresh ones", async () => {
-    const t1 = await FileTier.open({ dir, maxObjectBytes: 1 << 20 });
+    const t1 = await FileTier.open({ dir, maxObjectBytes: 1 << 20, maxBytes: 1 << 30 });
     await t1.close();
     const stale = join(dir, "tmp", "x.1.0.tmp");
     const fresh = join(dir, "tmp", "y.1.0.tmp");
@@ -181,7 +265,7 @@ describe("file tier", () => {
     const { utimes } = await import("node:fs/promises");
     const old = new Date(Date.now() - 3_600_000);
     await utimes(stale, old, old);
-    const t2 = await FileTier.open({ dir, maxObjectBytes: 1 << 20 });
+    const t2 = await FileTier.open({ dir, maxObjectBytes: 1 << 20, maxBytes: 1 << 30 });
     expect(await readdir(join(dir, "tmp"))).toEqual(["y.1.0.tmp"]);
     expect(t2.stats().objects).toBe(0);
     await t2.close();

@@ -92,7 +92,11 @@ describe("S3 tier under server faults", () => {
   });
 
   it("write-behind: a full queue refuses an optional write at once and times out a required one; nothing is written", async () => {
-    const local = await FileTier.open({ dir: join(dir, "wb-files"), maxObjectBytes: 16 * MiB });
+    const local = await FileTier.open({
+      dir: join(dir, "wb-files"),
+      maxObjectBytes: 16 * MiB,
+      maxBytes: 1 << 30,
+    });
     const rec = recorder();
     const ram = new RamTier({ maxBytes: 64 * MiB });
     const s3 = await S3Tier.open(options({ report: rec.report }));
@@ -143,7 +147,11 @@ describe("S3 tier under server faults", () => {
 
   it("write-behind: a required write waits for room and goes through once the upload ahead of it finishes", async () => {
     const s3 = await S3Tier.open(options({}));
-    const local = await FileTier.open({ dir: join(dir, "wb2-files"), maxObjectBytes: 16 * MiB });
+    const local = await FileTier.open({
+      dir: join(dir, "wb2-files"),
+      maxObjectBytes: 16 * MiB,
+      maxBytes: 1 << 30,
+    });
     const store = new TieredChunkStore({
       file: local,
       s3,

@@ -3,8 +3,10 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { resolveConfig } from "../../../schema/config-load.ts";
+import { ChunkTiers } from "../../../worker/store/chunk-tiers.ts";
 import {
   CorruptChunkError,
+  FileFullError,
   InvalidChunkError,
   ObjectTooLargeError,
   StoreClosedError,
@@ -30,7 +32,7 @@ describe("tiered chunk store (RAM → files → real S3)", () => {
     rec = recorder();
     dir = await mkdtemp(join(tmpdir(), "continuum-tiered-"));
     ram = new RamTier({ maxBytes: 4 * MiB, report: rec.report });
-    file = await FileTier.open({ dir, maxObjectBytes: 32 * MiB, report: rec.report });
+    file = await FileTier.open({ dir, maxObjectBytes: 32 * MiB, maxBytes: 1 << 30, report: rec.report });
     s3 = await S3Tier.open({
       ...s3Env(),
       bucket: bucketName("tiered"),
@@ -88,7 +90,7 @@ describe("tiered chunk store (RAM → files → real S3)", () => {
     expect(Buffer.compare(Buffer.from(got!.bytes), Buffer.from(c.bytes))).toBe(0);
     expect(await ram.has(c.id)).toBe(true); // promoted at once
     await store.close(); // waits for the background file promotion
-    const reopened = await FileTier.open({ dir, maxObjectBytes: 32 * MiB });
+    const reopened = await FileTier.open({ dir, maxObjectBytes: 32 * MiB, maxBytes: 1 << 30 });
     expect(Buffer.compare(Buffer.from((await reopened.get(c.id))!.bytes), Buffer.from(c.bytes))).toBe(0);
     await reopened.close();
   });
@@ -154,6 +156,48 @@ describe("tiered chunk store (RAM → files → real S3)", () => {
     expect(await store.get(big.id)).toBeUndefined();
     await store.close();
     await expect(store.get(small.id)).rejects.toThrow(StoreClosedError);
+  });
+});
+
+describe("a full file tier (store.dir.maxBytes)", () => {
+  let dir: string;
+  beforeEach(async () => {
+    dir = await mkdtemp(join(tmpdir(), "continuum-full-"));
+  });
+  afterEach(async () => {
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  it("refuses a checkpoint put with a reason, storing nothing in any tier; keepLocal keeps RAM only", async () => {
+    const a = chunkOf(50_000, "a");
+    const b = chunkOf(50_000, "b");
+    const ram = new RamTier({ maxBytes: 4 * MiB });
+    // Room for one object of this size (header and meta are well under 10 kB).
+    const file = await FileTier.open({ dir, maxObjectBytes: 32 * MiB, maxBytes: 60_000 });
+    const store = new TieredChunkStore({
+      ram,
+      file,
+      maxObjectBytes: 32 * MiB,
+      writeBehind: { capacity: 8, maxBytes: 64 * MiB, concurrency: 2, requiredWaitMs: 30_000 },
+    });
+    try {
+      expect((await store.put(a.id, a.bytes, a.meta)).status).toBe("stored");
+      const r = await store.put(b.id, b.bytes, b.meta);
+      expect(r).toMatchObject({ status: "refused" });
+      expect(r.status === "refused" && r.reason).toMatch(/store\.dir\.maxBytes/);
+      expect(await file.has(b.id)).toBe(false);
+      expect(await ram.has(b.id)).toBe(false);
+
+      const tiers = new ChunkTiers(store, file, ram, undefined);
+      const checked = (await file.get(a.id))!;
+      await file.delete(a.id);
+      await file.put(b.id, b.bytes, b.meta); // the files are full again, with b
+      expect(await tiers.keepLocal(checked)).toEqual(["ram"]);
+      expect(await file.has(a.id)).toBe(false);
+      await expect(file.put(a.id, a.bytes, a.meta)).rejects.toThrow(FileFullError);
+    } finally {
+      await store.close();
+    }
   });
 });
 
