@@ -29,6 +29,19 @@ describe("file tier", () => {
     await rm(dir, { recursive: true, force: true });
   });
 
+  /** What one chunk takes in the files, frames included, measured in a scratch tier. */
+  async function storedBytes(c: ReturnType<typeof chunkOf>): Promise<number> {
+    const probe = await FileTier.open({
+      dir: join(dir, "probe"),
+      maxObjectBytes: 1 << 20,
+      maxBytes: 1 << 30,
+    });
+    await probe.put(c.id, c.bytes, c.meta);
+    const bytes = probe.stats().bytes!;
+    await probe.close();
+    return bytes;
+  }
+
   // syncReadMaxBytes 0: every read takes the async paths (one read, or pieces read ahead while hashing).
   it.each([
     ["blocking reads for small objects", 1 << 20],
@@ -114,14 +127,7 @@ describe("file tier", () => {
   it("refuses a put past store.dir.maxBytes, changing nothing, and takes it once a delete makes room", async () => {
     const a = chunkOf(4000, "a");
     const b = chunkOf(4000, "b");
-    const probe = await FileTier.open({
-      dir: join(dir, "probe"),
-      maxObjectBytes: 1 << 20,
-      maxBytes: 1 << 30,
-    });
-    await probe.put(a.id, a.bytes, a.meta);
-    const one = probe.stats().bytes!; // one object, frames included
-    await probe.close();
+    const one = await storedBytes(a);
 
     const tier = await FileTier.open({
       dir: join(dir, "t"),
@@ -146,14 +152,7 @@ describe("file tier", () => {
   it("counts writes in flight against the bound: of two concurrent puts that fit only one at a time, one is refused", async () => {
     const a = chunkOf(4000, "a");
     const b = chunkOf(4000, "b");
-    const probe = await FileTier.open({
-      dir: join(dir, "probe"),
-      maxObjectBytes: 1 << 20,
-      maxBytes: 1 << 30,
-    });
-    await probe.put(a.id, a.bytes, a.meta);
-    const one = probe.stats().bytes!;
-    await probe.close();
+    const one = await storedBytes(a);
     const tier = await FileTier.open({ dir: join(dir, "t"), maxObjectBytes: 1 << 20, maxBytes: one + 10 });
     const results = await Promise.allSettled([
       tier.put(a.id, a.bytes, a.meta),
