@@ -309,6 +309,15 @@ export class Prefetcher {
         `${this.ssdUsed} of ${this.opts.ssdBytes} SSD bytes placed`,
       );
     }
+    // Files that cannot take an SSD placement's payload skip it before anything is fetched.
+    const free = tiers.file.freeBytes();
+    if (job.tier === "ssd" && free < bytes)
+      return this.skip(
+        job.node,
+        job.tier,
+        "store_full",
+        `${free} bytes free in the files (store.dir.maxBytes)`,
+      );
     const id = ContentId(db.get(c, "chunk/content"));
     const chunk = await this.fetch(job.node, c, id);
     if (chunk === null) return this.skip(job.node, job.tier, "no_source", "no ready copy could be read");

@@ -142,6 +142,11 @@ export class FileTier implements ChunkTier {
     return p;
   }
 
+  /** Bytes a put may still take before store.dir.maxBytes, writes in flight counted. */
+  freeBytes(): number {
+    return Math.max(0, this.maxBytes - this.storedBytes - this.reservedBytes);
+  }
+
   private async write(chunk: VerifiedChunk): Promise<void> {
     const total = HEADER_BYTES + chunk.metaJson.byteLength + chunk.bytes.byteLength;
     const final = this.pathOf(chunk.id);

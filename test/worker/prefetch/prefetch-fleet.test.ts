@@ -244,6 +244,8 @@ describe.skipIf(!brokers)("prefetch: placements pulled ahead of demand (real Kaf
     await pf.idle();
     expect(flog.lines.some((l) => /store\.dir\.maxBytes/.test(String(l.fields.detail)))).toBe(true);
     expect(pf.stats().fetched.ssd).toBe(0);
+    const s3 = e.cache.tiers.s3!.stats();
+    expect(s3.hits + s3.misses).toBe(0); // skipped before any fetch, not after
     expect(two.nodes.some((n) => e.cache.catalog.holdsReady(n, "ssd"))).toBe(false);
   });
 
