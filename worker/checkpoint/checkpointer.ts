@@ -410,8 +410,9 @@ export class Checkpointer implements RouteCheckpointer {
           layout: descriptor.layout,
           created: verifiedAt,
         },
-        { op: "replica.ready", node: descriptor.node, worker: me, tier: "ssd", verifiedAt },
       ];
+      if (put.files)
+        ops.push({ op: "replica.ready", node: descriptor.node, worker: me, tier: "ssd", verifiedAt });
       if (tiers.ram !== undefined && (await tiers.ram.has(id)))
         ops.push({ op: "replica.ready", node: descriptor.node, worker: me, tier: "ram", verifiedAt });
       if (put.remote === "queued")

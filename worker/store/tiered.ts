@@ -42,6 +42,8 @@ export type PutResult =
       readonly status: "stored";
       /** "queued": S3 write-behind pending; "none": no S3 tier, the local tiers are the durable ones. */
       readonly remote: "queued" | "none";
+      /** The chunk files hold it. False when they are full (store.dir.maxBytes) and S3 is to hold it instead. */
+      readonly files: boolean;
       /** Resolves once the most durable tier holds the chunk; rejects if its upload failed for good. */
       readonly durable: Promise<void>;
     }
@@ -123,18 +125,31 @@ export class TieredChunkStore {
         ? await this.queue.reserve(chunk.bytes.byteLength, durability)
         : undefined;
     if (slot !== undefined && "refused" in slot) return { status: "refused", reason: slot.refused };
+    const toS3 = pending !== undefined || slot !== undefined;
+    let files: boolean;
     try {
-      if (this.file !== undefined) await this.file.putVerified(chunk);
+      files = this.file !== undefined && (await this.putFiles(chunk, toS3));
       if (this.ram?.fits(chunk.bytes.byteLength)) await this.ram.putVerified(chunk);
     } catch (err) {
       slot?.release();
-      // A full file tier refuses like a full queue: the caller skips this chunk.
+      // Full files and no S3 to hold the chunk: refused like a full queue, the caller skips it.
       if (err instanceof FileFullError) return { status: "refused", reason: err.message };
       throw err;
     }
-    if (pending !== undefined) return { status: "stored", remote: "queued", durable: pending };
-    if (slot !== undefined) return { status: "stored", remote: "queued", durable: slot.commit(chunk) };
-    return { status: "stored", remote: "none", durable: Promise.resolve() };
+    if (pending !== undefined) return { status: "stored", remote: "queued", files, durable: pending };
+    if (slot !== undefined) return { status: "stored", remote: "queued", files, durable: slot.commit(chunk) };
+    return { status: "stored", remote: "none", files, durable: Promise.resolve() };
+  }
+
+  /** Writes the chunk files; full files are passed over (false) only when S3 is to hold the chunk. */
+  private async putFiles(chunk: VerifiedChunk, toS3: boolean): Promise<boolean> {
+    try {
+      await this.file!.putVerified(chunk);
+      return true;
+    } catch (err) {
+      if (toS3 && err instanceof FileFullError) return false;
+      throw err;
+    }
   }
 
   /** The verified chunk from the fastest tier that holds a good copy; undefined when none holds it. */
@@ -242,7 +257,9 @@ export class TieredChunkStore {
         await this.ram.putVerified(chunk).catch((err) => this.promoteFailed(tier, chunk.id, err));
         this.promotions++;
       } else if (tier === this.file) {
-        if (this.promoting.size >= this.maxPromotions) continue;
+        // Full files (store.dir.maxBytes) take no promotions: the chunk stays where it was found.
+        if (this.promoting.size >= this.maxPromotions || this.file.freeBytes() < chunk.bytes.byteLength)
+          continue;
         const file = this.file;
         const p = file
           .putVerified(chunk)

@@ -40,6 +40,7 @@ let b: TestWorker;
 let c: TestWorker;
 let baseline: { logits: Float32Array; greedy: number[] };
 let aTokens: number[];
+let bucket: string;
 const prompt = promptOf(420, 11);
 const devices: Device[] = [];
 
@@ -53,7 +54,7 @@ beforeAll(async () => {
   ({ model, cleanup: cleanupModel } = await tinyModel());
   log = await EmbeddedLog.open();
   writer = startWriter(log);
-  const bucket = uniqueBucket();
+  bucket = uniqueBucket();
   a = await startWorker(model, { id: "w-a", log, s3Bucket: bucket });
   b = await startWorker(model, { id: "w-b", log, s3Bucket: bucket });
   c = await startWorker(model, { id: "w-c", log, s3Bucket: bucket });
@@ -180,5 +181,30 @@ describe("restore from each source tier is bit-exact", () => {
       return n === 3;
     }, 10_000);
     expect(ok).toBe(true);
+  });
+});
+
+describe("a worker whose chunk files are full (store.dir.maxBytes)", () => {
+  it("publishes its checkpoints as RAM and S3 replicas, no SSD one, and another worker restores them bit-exact", async () => {
+    const full = await startWorker(model, { id: "w-full", log, s3Bucket: bucket, fileBytes: 1024 });
+    try {
+      const own = promptOf(420, 12);
+      const reference = await generate(full.runtime, own, 4);
+      await full.cache.idle();
+      await waitPublished(full, own, 3);
+      const db = full.cache.catalog.db;
+      const tiers = new Set<string>();
+      for (const [, ent] of db.entities()) {
+        if (ent.get("replica/state") !== "ready") continue;
+        if (db.get(ent.get("replica/worker") as number, "worker/id") === "w-full")
+          tiers.add(ent.get("replica/tier") as string);
+      }
+      expect([...tiers].sort()).toEqual(["ram", "s3"]);
+      const out = await generate(b.runtime, own, 4);
+      expect(out.cachedTokens).toBe(390);
+      expect(out.tokens).toEqual(reference.tokens);
+    } finally {
+      await full.close();
+    }
   });
 });

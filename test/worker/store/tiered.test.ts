@@ -201,6 +201,59 @@ describe("a full file tier (store.dir.maxBytes)", () => {
   });
 });
 
+describe("a full file tier beside S3", () => {
+  it("stores past full files in RAM and S3 (files: false), and promotes nothing into them", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "continuum-full-s3-"));
+    const rec = recorder();
+    const a = chunkOf(50_000, "fa");
+    const b = chunkOf(50_000, "fb");
+    const ram = new RamTier({ maxBytes: 4 * MiB, report: rec.report });
+    const file = await FileTier.open({ dir, maxObjectBytes: 32 * MiB, maxBytes: 60_000, report: rec.report });
+    const s3 = await S3Tier.open({
+      ...s3Env(),
+      bucket: bucketName("full"),
+      maxObjectBytes: 32 * MiB,
+      multipartThresholdBytes: 8 * MiB,
+      partBytes: 5 * MiB,
+      partConcurrency: 1,
+      maxAttempts: 3,
+      retryBaseMs: 50,
+      requestTimeoutMs: 30_000,
+      createBucket: true,
+      report: rec.report,
+    });
+    const store = new TieredChunkStore({
+      ram,
+      file,
+      s3,
+      maxObjectBytes: 32 * MiB,
+      writeBehind: { capacity: 8, maxBytes: 64 * MiB, concurrency: 2, requiredWaitMs: 30_000 },
+      report: rec.report,
+    });
+    try {
+      const ra = await store.put(a.id, a.bytes, a.meta);
+      expect(ra).toMatchObject({ status: "stored", remote: "queued", files: true });
+      const rb = await store.put(b.id, b.bytes, b.meta);
+      expect(rb).toMatchObject({ status: "stored", remote: "queued", files: false });
+      if (rb.status === "stored") await rb.durable;
+      expect(await s3.has(b.id)).toBe(true);
+      expect(await ram.has(b.id)).toBe(true);
+      expect(await file.has(b.id)).toBe(false);
+      // Read from S3 once RAM lost it: served, and not promoted into the full files.
+      await ram.delete(b.id);
+      expect((await store.get(b.id))?.meta).toEqual(b.meta);
+      await store.close(); // waits for promotions in flight
+      const after = await FileTier.open({ dir, maxObjectBytes: 32 * MiB, maxBytes: 60_000 });
+      expect(await after.has(b.id)).toBe(false);
+      await after.close();
+      expect(rec.events.filter((e) => e.kind === "promote-failed")).toEqual([]);
+    } finally {
+      await store.close();
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+});
+
 describe("openConfiguredTiers: the store the configuration describes", () => {
   it("close finishes the write-behind uploads, then closes", async () => {
     const dir = await mkdtemp(join(tmpdir(), "continuum-layer-"));
