@@ -15,6 +15,7 @@ import { KvGeometry } from "../checkpoint/chunk-format.ts";
 import { type LayerGroups, layerGroups, layoutsOfWindows } from "../model/layout.ts";
 import type { PrefixRestorer, RouteCheckpointer } from "../pages/durable-hooks.ts";
 import { PeerServer } from "../peer/server.ts";
+import { FileReclaimer } from "../reclaim/file-reclaimer.ts";
 import type { StoreReporter } from "../store/chunk.ts";
 import { ChunkTiers } from "../store/chunk-tiers.ts";
 import { Restorer } from "./restorer.ts";
@@ -62,6 +63,14 @@ export function durableGeometry(spec: ModelSpec): { groups: LayerGroups; geometr
   return { groups, geometry: KvGeometry.of(spec, groups.slots) };
 }
 
+/**
+ * Free bytes the reclaimer keeps in the chunk files: a sixteenth of them, at
+ * least two chunks (so a capture rarely waits for a round), at most all.
+ */
+export function fileHeadroom(maxBytes: number, chunkBytes: number): number {
+  return Math.min(maxBytes, Math.max(2 * chunkBytes, Math.floor(maxBytes / 16)));
+}
+
 /** Bound on each catalog wait of start-up (catching up, withdrawals, registration). */
 const STARTUP_CATALOG_MS = 30_000;
 
@@ -87,6 +96,8 @@ export class DurableCache {
     readonly peer: PeerServer,
     readonly checkpointer: Checkpointer,
     readonly restorer: Restorer,
+    /** null without S3: then the files are the durable copy and nothing deletes them to make room. */
+    readonly reclaimer: FileReclaimer | null,
     private readonly scope: Scoped<unknown>,
   ) {}
 
@@ -180,11 +191,40 @@ export class DurableCache {
             }),
           (c) => c.close(),
         );
-        return { tiers, replica, catalog, peer, checkpointer, restorer };
+        // With S3 on, the files are a cache of it: their coldest chunks S3 holds make room (first to close).
+        const reclaimer =
+          tiers.s3 === undefined
+            ? null
+            : yield* resource(
+                () =>
+                  new FileReclaimer({
+                    file: tiers.file,
+                    catalog,
+                    logger: o.logger,
+                    headroomBytes: fileHeadroom(
+                      config.store.dir.maxBytes,
+                      geometry.tokenBytes * config.pages.chunkTokens,
+                    ),
+                    intervalMs: 250,
+                    maxScan: 1024,
+                    maxDelete: 64,
+                  }),
+                (r) => r.stop(),
+              );
+        return { tiers, replica, catalog, peer, checkpointer, restorer, reclaimer };
       }),
     );
     const p = opened.value;
-    const cache = new DurableCache(p.tiers, p.replica, p.catalog, p.peer, p.checkpointer, p.restorer, opened);
+    const cache = new DurableCache(
+      p.tiers,
+      p.replica,
+      p.catalog,
+      p.peer,
+      p.checkpointer,
+      p.restorer,
+      p.reclaimer,
+      opened,
+    );
     cache.registered = !o.deferRegistration;
     return cache;
   }

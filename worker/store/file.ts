@@ -83,7 +83,8 @@ export class FileTier implements ChunkTier {
   private scratch: Buffer | undefined;
   private readonly report: StoreReporter;
   private readonly counters = new TierCounters();
-  private objects = 0;
+  /** Objects held, id → stored bytes, least recently used first (one entry per object). */
+  private readonly recency = new Map<ContentId, number>();
   private storedBytes = 0;
   /** Bytes of writes in flight, taken before they start (the bound counts them). */
   private reservedBytes = 0;
@@ -117,8 +118,12 @@ export class FileTier implements ChunkTier {
       const st = await stat(p).catch(() => undefined);
       if (st !== undefined && now - st.mtimeMs > STALE_TEMP_MS) await unlink(p).catch(() => undefined);
     }
-    for await (const info of tier.list()) {
-      tier.objects++;
+    // Recency starts as the files' modification order: oldest written, first to go.
+    const found: { id: ContentId; storedBytes: number; mtimeMs: number }[] = [];
+    for await (const info of tier.scan()) found.push(info);
+    found.sort((x, y) => x.mtimeMs - y.mtimeMs);
+    for (const info of found) {
+      tier.recency.set(info.id, info.storedBytes);
       tier.storedBytes += info.storedBytes;
     }
     return tier;
@@ -140,6 +145,11 @@ export class FileTier implements ChunkTier {
     const p = this.write(chunk).finally(() => this.writing.delete(chunk.id));
     this.writing.set(chunk.id, p);
     return p;
+  }
+
+  /** Objects held, least recently written or read first: what a reclaimer deletes first. */
+  *coldest(): IterableIterator<{ readonly id: ContentId; readonly storedBytes: number }> {
+    for (const [id, storedBytes] of this.recency) yield { id, storedBytes };
   }
 
   /** Bytes a put may still take before store.dir.maxBytes, writes in flight counted. */
@@ -168,8 +178,9 @@ export class FileTier implements ChunkTier {
       this.reservedBytes -= grows;
     }
     if (existing !== undefined) this.storedBytes -= existing.size;
-    else this.objects++;
     this.storedBytes += total;
+    this.recency.delete(chunk.id);
+    this.recency.set(chunk.id, total);
     this.counters.puts++;
   }
 
@@ -224,7 +235,7 @@ export class FileTier implements ChunkTier {
         return undefined;
       }
       if (small !== "large") {
-        this.counters.hits++;
+        this.touched(cid);
         return small;
       }
     } catch (err) {
@@ -242,7 +253,7 @@ export class FileTier implements ChunkTier {
     }
     try {
       const got = await this.readVerified(cid, fh, dest);
-      this.counters.hits++;
+      this.touched(cid);
       return got;
     } catch (err) {
       return this.readFailed(cid, err);
@@ -421,19 +432,23 @@ export class FileTier implements ChunkTier {
       if ((err as NodeJS.ErrnoException).code === "ENOENT") return false;
       throw new StoreUnavailableError("file", `delete ${cid}`, 1, err);
     }
-    this.objects--;
+    this.recency.delete(cid);
     this.storedBytes -= st.size;
     return true;
   }
 
   async *list(): AsyncIterable<ChunkInfo> {
+    for await (const { id, storedBytes } of this.scan()) yield { id, storedBytes };
+  }
+
+  private async *scan(): AsyncIterable<{ id: ContentId; storedBytes: number; mtimeMs: number }> {
     const root = join(this.dir, "objects");
     for (const a of (await readdir(root)).sort()) {
       for (const b of (await readdir(join(root, a)).catch(() => [] as string[])).sort()) {
         for (const name of (await readdir(join(root, a, b)).catch(() => [] as string[])).sort()) {
           if (!ID_NAME.test(name)) continue;
           const st = await stat(join(root, a, b, name)).catch(() => undefined);
-          if (st !== undefined) yield { id: name as ContentId, storedBytes: st.size };
+          if (st !== undefined) yield { id: name as ContentId, storedBytes: st.size, mtimeMs: st.mtimeMs };
         }
       }
     }
@@ -442,7 +457,7 @@ export class FileTier implements ChunkTier {
   stats(): TierStats {
     return {
       tier: "file",
-      objects: this.objects,
+      objects: this.recency.size,
       bytes: this.storedBytes,
       capacityBytes: this.maxBytes,
       ...this.counters,
@@ -464,9 +479,18 @@ export class FileTier implements ChunkTier {
       await unlink(from).catch(() => undefined);
     }
     if (st !== undefined) {
-      this.objects--;
+      this.recency.delete(id);
       this.storedBytes -= st.size;
     }
+  }
+
+  /** A verified read: counted, and the object is now the most recently used. */
+  private touched(id: ContentId): void {
+    this.counters.hits++;
+    const bytes = this.recency.get(id);
+    if (bytes === undefined) return;
+    this.recency.delete(id);
+    this.recency.set(id, bytes);
   }
 
   private async ensureShard(id: ContentId): Promise<void> {
