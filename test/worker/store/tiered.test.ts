@@ -19,6 +19,7 @@ import { TieredChunkStore } from "../../../worker/store/tiered.ts";
 import { bucketName, chunkOf, collect, recorder, s3Env } from "./fixtures.ts";
 
 const MiB = 1 << 20;
+const writeBehind = { capacity: 8, maxBytes: 64 * MiB, concurrency: 2, requiredWaitMs: 30_000 };
 
 describe("tiered chunk store (RAM → files → real S3)", () => {
   let dir: string;
@@ -51,7 +52,7 @@ describe("tiered chunk store (RAM → files → real S3)", () => {
       file,
       s3,
       maxObjectBytes: 32 * MiB,
-      writeBehind: { capacity: 8, maxBytes: 64 * MiB, concurrency: 2, requiredWaitMs: 30_000 },
+      writeBehind,
       report: rec.report,
     });
   });
@@ -178,7 +179,7 @@ describe("a full file tier (store.dir.maxBytes)", () => {
       ram,
       file,
       maxObjectBytes: 32 * MiB,
-      writeBehind: { capacity: 8, maxBytes: 64 * MiB, concurrency: 2, requiredWaitMs: 30_000 },
+      writeBehind,
     });
     try {
       expect((await store.put(a.id, a.bytes, a.meta)).status).toBe("stored");
@@ -227,7 +228,7 @@ describe("a full file tier beside S3", () => {
       file,
       s3,
       maxObjectBytes: 32 * MiB,
-      writeBehind: { capacity: 8, maxBytes: 64 * MiB, concurrency: 2, requiredWaitMs: 30_000 },
+      writeBehind,
       report: rec.report,
     });
     try {
