@@ -101,6 +101,8 @@ interface Spec {
   readonly physicalPages: number;
   /** store.ram.maxBytes of each worker (0: the default). */
   readonly ramBytes: number;
+  /** store.dir.maxBytes of each worker (0: the default): its SSD tier, a cache of S3 kept below it. */
+  readonly dirBytes: number;
   readonly peers: boolean;
   readonly shape: SharedShape | ZipfShape;
   readonly workload: (vocab: number) => Workload;
@@ -127,6 +129,7 @@ function specs(quick: boolean, peerSwitch: boolean): Spec[] {
       clients: 2,
       physicalPages: quick ? 96 : 160,
       ramBytes: 0,
+      dirBytes: 0,
       peers: true,
       shape: shared,
       workload: (v) => sharedWorkload(shared, v),
@@ -139,6 +142,8 @@ function specs(quick: boolean, peerSwitch: boolean): Spec[] {
       physicalPages: quick ? 192 : 256,
       // A few prefixes of 4.5–6 MiB per worker's RAM tier.
       ramBytes: quick ? 24 * MIB : 48 * MIB,
+      // Chunk files for about half the working set (24 × 4.5 MiB quick, 32 × 6 MiB full), as the pool and RAM.
+      dirBytes: quick ? 54 * MIB : 96 * MIB,
       peers: peerSwitch,
       shape: zipf,
       workload: (v) => zipfWorkload(zipf, v),
@@ -202,6 +207,7 @@ function fleetConfig(
     store: {
       ...base.store,
       ram: { maxBytes: ram },
+      dir: { ...base.store.dir, ...(spec.dirBytes > 0 && { maxBytes: spec.dirBytes }) },
       s3: { ...base.store.s3, bucket: `bench-${run}-${spec.name}-${v.name.replace("_", "-")}` },
     },
     catalog: { ...base.catalog, topics },
