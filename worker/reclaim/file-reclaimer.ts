@@ -1,23 +1,10 @@
 import type { CatalogDb } from "../../catalog/db.ts";
+import { readyReplicasOfChunk } from "../../catalog/queries.ts";
 import type { ContentId, NodeId } from "../../schema/ids.ts";
 import type { Logger } from "../../schema/log.ts";
 import type { CatalogLink } from "../checkpoint/catalog-link.ts";
 import type { FileTier } from "../store/file.ts";
 
-/**
- * Makes room in the chunk files (store.dir.maxBytes) when S3 is on: the
- * files are then a cache of S3, and their least recently used chunks that S3
- * holds ready are deleted, their SSD replica withdrawn first. A chunk S3 does
- * not hold ready (its upload pending, or S3 off) is never deleted here: the
- * files may be its only durable copy. Nor is one placed on this worker's SSD
- * (the placement authority wants it there; prefetch would fetch it again).
- *
- * Bounds: one round at a time, every intervalMs while fewer than headroomBytes
- * are free; a round looks at the maxScan coldest objects (one pass over the
- * catalog's chunks to find theirs) and deletes at most maxDelete of them. A
- * round that finds nothing droppable doubles the wait before the next, up to
- * MAX_BACKOFF_TICKS intervals, so full files of pending uploads cost little.
- */
 export interface FileReclaimerOptions {
   readonly file: FileTier;
   readonly catalog: CatalogLink;
@@ -66,6 +53,20 @@ export interface ReclaimStats {
 
 const MAX_BACKOFF_TICKS = 40;
 
+/**
+ * Makes room in the chunk files (store.dir.maxBytes) when S3 is on: the
+ * files are then a cache of S3, and their least recently used chunks that S3
+ * holds ready are deleted, their SSD replica withdrawn first. A chunk S3 does
+ * not hold ready (its upload pending, or S3 off) is never deleted here: the
+ * files may be its only durable copy. Nor is one placed on this worker's SSD
+ * (the placement authority wants it there; prefetch would fetch it again).
+ *
+ * Bounds: one round at a time, every intervalMs while fewer than headroomBytes
+ * are free; a round looks at the maxScan coldest objects (one pass over the
+ * catalog's chunks to find theirs) and deletes at most maxDelete of them. A
+ * round that finds nothing droppable doubles the wait before the next, up to
+ * MAX_BACKOFF_TICKS intervals, so full files of pending uploads cost little.
+ */
 export class FileReclaimer {
   private readonly timer: NodeJS.Timeout;
   private running: Promise<void> | null = null;
@@ -125,7 +126,9 @@ export class FileReclaimer {
     const placed = placedOnMySsd(catalog.db, catalog.id.workerId);
     const droppable = (id: ContentId): boolean => {
       const c = chunks.get(id);
-      return c !== undefined && !placed.has(c) && readyInS3(catalog.db, c);
+      return (
+        c !== undefined && !placed.has(c) && readyReplicasOfChunk(catalog.db, c).some((r) => r.tier === "s3")
+      );
     };
     const need = this.opts.headroomBytes - file.freeBytes();
     const victims = pickReclaim(coldest, need, droppable, this.opts.maxDelete);
@@ -185,10 +188,4 @@ function placedOnMySsd(db: CatalogDb, workerId: string): Set<number> {
     if (db.get(p, "placement/desired") === true) out.add(db.get(p, "placement/chunk") as number);
   }
   return out;
-}
-
-function readyInS3(db: CatalogDb, chunk: number): boolean {
-  for (const r of db.replicasOf(chunk))
-    if (db.get(r, "replica/tier") === "s3" && db.get(r, "replica/state") === "ready") return true;
-  return false;
 }

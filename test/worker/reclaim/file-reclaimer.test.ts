@@ -150,6 +150,43 @@ describe("the file reclaimer (real workers, catalog and S3)", () => {
     }
   }, 120_000);
 
+  it("looks at only the maxScan coldest objects, and backs off after rounds that find nothing to delete", async () => {
+    const w = await startWorker(model, { id: "rc-b", log });
+    try {
+      const prompt = promptOf(5 * CHUNK + 11, 33);
+      await generate(w.runtime, prompt, 2);
+      await w.cache.idle();
+      await waitPublished(w, prompt, 5);
+      const nodes = nodesOf(w, prompt);
+      const cat = w.cache.catalog;
+      // Only the warmest chunk has an S3 copy: beyond the two coldest a round looks at.
+      await cat.propose([
+        { op: "replica.ready", node: nodes[4]!, worker: "rc-b", tier: "s3", verifiedAt: Date.now() },
+      ]);
+      expect(await cat.waitUntil(() => cat.holdsReady(nodes[4]!, "s3"), 10_000)).toBe(true);
+      const file = w.cache.tiers.file;
+      const reclaimer = new FileReclaimer({
+        file,
+        catalog: cat,
+        logger: silentLogger,
+        headroomBytes: file.freeBytes() + 1,
+        intervalMs: 3_600_000,
+        maxScan: 2,
+        maxDelete: 64,
+      });
+      try {
+        for (let i = 0; i < 10; i++) await reclaimer.tick();
+        // Rounds at ticks 1, 3 and 7 (after each stuck round, 2^streak − 1 ticks are passed over).
+        expect(reclaimer.stats()).toMatchObject({ rounds: 3, stuck: 3, deleted: 0 });
+        expect(await file.has(contentOf(w, nodes[4]!))).toBe(true);
+      } finally {
+        await reclaimer.stop();
+      }
+    } finally {
+      await w.close();
+    }
+  }, 120_000);
+
   it("in a worker with S3, keeps headroom in files too small for its prompt, and the prompt is still served exactly", async () => {
     // Files for five chunks and their frames; the prompt has nine.
     const w = await startWorker(model, {

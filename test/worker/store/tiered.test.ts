@@ -3,6 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { resolveConfig } from "../../../schema/config-load.ts";
+import type { StoreEvent } from "../../../worker/store/chunk.ts";
 import { ChunkTiers } from "../../../worker/store/chunk-tiers.ts";
 import {
   CorruptChunkError,
@@ -19,6 +20,21 @@ import { TieredChunkStore } from "../../../worker/store/tiered.ts";
 import { bucketName, chunkOf, collect, recorder, s3Env } from "./fixtures.ts";
 
 const MiB = 1 << 20;
+/** A tier over the test S3 server, in a fresh bucket named after `name`. */
+const openTestS3 = (name: string, report: (e: StoreEvent) => void) =>
+  S3Tier.open({
+    ...s3Env(),
+    bucket: bucketName(name),
+    maxObjectBytes: 32 * MiB,
+    multipartThresholdBytes: 8 * MiB,
+    partBytes: 5 * MiB,
+    partConcurrency: 2,
+    maxAttempts: 3,
+    retryBaseMs: 50,
+    requestTimeoutMs: 30_000,
+    createBucket: true,
+    report,
+  });
 const writeBehind = { capacity: 8, maxBytes: 64 * MiB, concurrency: 2, requiredWaitMs: 30_000 };
 
 describe("tiered chunk store (RAM → files → real S3)", () => {
@@ -34,19 +50,7 @@ describe("tiered chunk store (RAM → files → real S3)", () => {
     dir = await mkdtemp(join(tmpdir(), "continuum-tiered-"));
     ram = new RamTier({ maxBytes: 4 * MiB, report: rec.report });
     file = await FileTier.open({ dir, maxObjectBytes: 32 * MiB, maxBytes: 1 << 30, report: rec.report });
-    s3 = await S3Tier.open({
-      ...s3Env(),
-      bucket: bucketName("tiered"),
-      maxObjectBytes: 32 * MiB,
-      multipartThresholdBytes: 8 * MiB,
-      partBytes: 5 * MiB,
-      partConcurrency: 2,
-      maxAttempts: 3,
-      retryBaseMs: 50,
-      requestTimeoutMs: 30_000,
-      createBucket: true,
-      report: rec.report,
-    });
+    s3 = await openTestS3("tiered", rec.report);
     store = new TieredChunkStore({
       ram,
       file,
@@ -210,19 +214,7 @@ describe("a full file tier beside S3", () => {
     const b = chunkOf(50_000, "fb");
     const ram = new RamTier({ maxBytes: 4 * MiB, report: rec.report });
     const file = await FileTier.open({ dir, maxObjectBytes: 32 * MiB, maxBytes: 60_000, report: rec.report });
-    const s3 = await S3Tier.open({
-      ...s3Env(),
-      bucket: bucketName("full"),
-      maxObjectBytes: 32 * MiB,
-      multipartThresholdBytes: 8 * MiB,
-      partBytes: 5 * MiB,
-      partConcurrency: 1,
-      maxAttempts: 3,
-      retryBaseMs: 50,
-      requestTimeoutMs: 30_000,
-      createBucket: true,
-      report: rec.report,
-    });
+    const s3 = await openTestS3("full", rec.report);
     const store = new TieredChunkStore({
       ram,
       file,
