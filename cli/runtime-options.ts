@@ -6,8 +6,9 @@ import type { RuntimeOptions } from "../worker/runtime/runtime-api.ts";
 /**
  * A worker runtime's options from the configuration and the loaded model:
  * the same for the embedded default and a fleet worker. Costs start from
- * configured guesses for a CPU engine; calibration replaces each with
- * measurements after its first sample.
+ * configured guesses for a CPU engine (the restore tiers' from
+ * worker.restorePriorMsPerByte); calibration replaces each with measurements
+ * after its first sample.
  */
 export function runtimeOptions(config: Config, model: LoadedModel, logger: Logger): RuntimeOptions {
   const s = config.scheduler;
@@ -28,7 +29,7 @@ export function runtimeOptions(config: Config, model: LoadedModel, logger: Logge
       prefillPerTokenMs: 0.5,
       firstTokenMs: 5,
       decodeStepMs: 5,
-      restorePerByteMs: { ram: 1e-6, ssd: 1e-5, peer: 2e-5, s3: 1e-4 },
+      restorePerByteMs: { ...config.worker.restorePriorMsPerByte },
     },
     logger,
   };

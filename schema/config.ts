@@ -241,6 +241,18 @@ export interface Config {
      */
     peerTransfer: boolean;
     /**
+     * The warm-start tier probe's reads become each tier's first restore-cost
+     * sample (worker/warm/warm-start.ts); false: the configured priors stand
+     * until real restores measure the tiers.
+     */
+    probeCosts: boolean;
+    /**
+     * Restore costs, ms per byte, before a tier is measured (by the probe, or
+     * by real restores): what the router and the worker's restore plan price
+     * an unmeasured tier at.
+     */
+    restorePriorMsPerByte: { ram: number; ssd: number; peer: number; s3: number };
+    /**
      * Prefetch (worker/prefetch/): chunks the placement authority placed on
      * this worker are pulled into its RAM/SSD ahead of demand, beside the
      * runtime loop. Needs durableReuse.
@@ -375,6 +387,8 @@ export const defaultConfig: Config = {
     durableReuse: true,
     token: "",
     peerTransfer: true,
+    probeCosts: true,
+    restorePriorMsPerByte: { ram: 1e-6, ssd: 1e-5, peer: 2e-5, s3: 1e-4 },
     prefetch: {
       enabled: true,
       maxQueued: 16,

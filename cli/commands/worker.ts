@@ -7,7 +7,14 @@ import { Prefetcher } from "../../worker/prefetch/prefetcher.ts";
 import { DurableCache } from "../../worker/restore/durable-cache.ts";
 import { WorkerRuntime } from "../../worker/runtime/runtime.ts";
 import { ConstraintCompiler } from "../../worker/structured/constraint.ts";
-import { probeTiers, WarmStart, warmCatalog, warmEngine, warmStep } from "../../worker/warm/warm-start.ts";
+import {
+  probeSamples,
+  probeTiers,
+  WarmStart,
+  warmCatalog,
+  warmEngine,
+  warmStep,
+} from "../../worker/warm/warm-start.ts";
 import type { Command } from "../command.ts";
 import { openModelEngine } from "../embedded/model.ts";
 import { ownDataDirs } from "../embedded/startup.ts";
@@ -170,7 +177,10 @@ const command: Command = {
         // (catch: the failure itself, so the exit names its cause, not "An error occurred in Effect.tryPromise".)
         yield* Effect.tryPromise({
           try: async () => {
-            const probe = await warmStep(warm, "tiers", () => probeTiers(durable.tiers, workerId, log));
+            const probe = await warmStep(warm, "tiers", () =>
+              probeTiers(durable.tiers, workerId, log, config.pages.chunkTokens * kvBytesPerToken),
+            );
+            if (config.worker.probeCosts) for (const s of probeSamples(probe)) runtime.calibrate(s);
             await warmStep(warm, "catalog", () =>
               warmCatalog(durable, runtime, config.pages.pageTokens, 60_000),
             );

@@ -3,7 +3,7 @@ import { Effect, Fiber } from "effect";
 import type { Engine, StepBatch } from "../../native/engine.ts";
 import { StreamQueue } from "../../schema/channel.ts";
 import { type PageCount, pagesFor, type RequestId, TokenCount } from "../../schema/ids.ts";
-import { CostCalibrator } from "../calibration/calibration.ts";
+import { CostCalibrator, type Sample } from "../calibration/calibration.ts";
 import { layerGroups, releaseWindow } from "../model/layout.ts";
 import { NO_RULES, TokenHistory, tokenLogprob } from "../model/logits.ts";
 import { initialSamplerState, nextToken, samplingParams } from "../model/sampling.ts";
@@ -216,6 +216,11 @@ export class WorkerRuntime {
   prefilled(id: RequestId): number | undefined {
     const seq = this.seqs.get(id);
     return seq === undefined ? undefined : Math.min(seq.processed, seq.promptLength);
+  }
+
+  /** A cost measured outside the loop (warm start's tier probe) folded into the calibration. */
+  calibrate(sample: Sample): void {
+    this.calibrator.record(sample);
   }
 
   stats(): RuntimeStats {

@@ -2,6 +2,7 @@ import { randomBytes } from "node:crypto";
 import { longestPublishedPrefixOfChain, readyReplicas } from "../../catalog/queries.ts";
 import { catalogNodeId, contentId, prefixChain } from "../../schema/identity.ts";
 import type { Logger } from "../../schema/log.ts";
+import type { RestoreTier, Sample } from "../calibration/calibration.ts";
 import type { DurableCache } from "../restore/durable-cache.ts";
 import type { WorkerRuntime } from "../runtime/runtime.ts";
 import { greedyRequest } from "../runtime/runtime-api.ts";
@@ -15,8 +16,9 @@ import { FileFullError } from "../store/errors.ts";
  * a first request would otherwise pay has been paid, in this order:
  *
  *   model     weights loaded into the engine (the caller's first step);
- *   tiers     each store tier opened and probed: a small probe object
- *             written, read back verified and deleted (RAM, SSD, S3);
+ *   tiers     each store tier opened and probed: a chunk-sized probe
+ *             object written, read back verified and deleted (RAM, SSD,
+ *             S3); its reads are the tiers' first restore-cost samples;
  *   catalog   the replica caught up with the log, and the prepared queries
  *             the restorer and router read run once (first-call costs);
  *   engine    one warm-up request through the runtime (a prefill step and a
@@ -66,38 +68,61 @@ export async function warmStep<T>(warm: WarmStart, step: WarmStep, fn: () => Pro
   return out;
 }
 
-export interface TierProbe {
-  readonly ram: number | null;
-  /** "full": the files are at store.dir.maxBytes (logged; they still serve reads). */
-  readonly ssd: number | "full";
-  /** null: no S3 tier; "failed": it did not answer (logged; the worker serves from its local tiers). */
-  readonly s3: number | null | "failed";
+/** One tier's probe: the whole round trip, and the best of its verified reads of `bytes`. */
+export interface TierTiming {
+  readonly ms: number;
+  readonly readMs: number;
+  readonly bytes: number;
 }
 
+export interface TierProbe {
+  readonly ram: TierTiming | null;
+  /** "full": the files are at store.dir.maxBytes (logged; they still serve reads). */
+  readonly ssd: TierTiming | "full";
+  /** null: no S3 tier; "failed": it did not answer (logged; the worker serves from its local tiers). */
+  readonly s3: TierTiming | null | "failed";
+}
+
+/** Verified reads of the probe object per tier; the fastest is the sample (the first may pay a one-time path). */
+const PROBE_READS = 2;
+
 /**
- * Writes, reads back (verified) and deletes one small probe object per tier.
- * RAM and SSD must work or start-up stops; S3 failing is logged and the
- * worker goes on (its write-behind retries; restores fall back to other
- * sources).
+ * Writes one probe object of `chunkBytes` (a chunk of this model, so the
+ * per-byte figure carries a real chunk's per-object share) per tier, reads it
+ * back verified PROBE_READS times and deletes it. RAM and SSD must work or
+ * start-up stops; S3 failing is logged and the worker goes on (its
+ * write-behind retries; restores fall back to other sources).
  */
-export async function probeTiers(tiers: ChunkTiers, who: string, log: Logger): Promise<TierProbe> {
-  const bytes = new Uint8Array(randomBytes(256));
-  const meta = { format: "continuum.probe/1", worker: who, at: Date.now() };
-  const id = contentId(bytes, meta);
+export async function probeTiers(
+  tiers: ChunkTiers,
+  who: string,
+  log: Logger,
+  chunkBytes: number,
+): Promise<TierProbe> {
+  if (!Number.isSafeInteger(chunkBytes) || chunkBytes < 1)
+    throw new RangeError(`warm start: probe size must be a positive integer of bytes, got ${chunkBytes}`);
   const probe = async (tier: {
     readonly tier: "ram" | "file" | "s3";
     readonly maxObjectBytes: number;
     putVerified(c: VerifiedChunk): Promise<void>;
     get(id: unknown): Promise<VerifiedChunk | undefined>;
     delete(id: unknown): Promise<boolean>;
-  }): Promise<number> => {
+  }): Promise<TierTiming> => {
+    const bytes = new Uint8Array(randomBytes(Math.min(chunkBytes, tier.maxObjectBytes)));
+    const meta = { format: "continuum.probe/1", worker: who, at: Date.now() };
+    const id = contentId(bytes, meta);
     const t0 = performance.now();
     await tier.putVerified(VerifiedChunk.check(id, bytes, meta, tier));
-    const back = await tier.get(id);
-    if (back === undefined || Buffer.compare(Buffer.from(back.bytes), Buffer.from(bytes)) !== 0)
-      throw new Error(`warm start: the ${tier.tier} tier did not give its probe object back`);
+    let readMs = Number.POSITIVE_INFINITY;
+    for (let i = 0; i < PROBE_READS; i++) {
+      const r0 = performance.now();
+      const back = await tier.get(id);
+      if (back === undefined || Buffer.compare(Buffer.from(back.bytes), Buffer.from(bytes)) !== 0)
+        throw new Error(`warm start: the ${tier.tier} tier did not give its probe object back`);
+      readMs = Math.min(readMs, performance.now() - r0);
+    }
     await tier.delete(id);
-    return performance.now() - t0;
+    return { ms: performance.now() - t0, readMs, bytes: bytes.length };
   };
   const ram = tiers.ram ? await probe(tiers.ram) : null;
   let ssd: TierProbe["ssd"];
@@ -119,6 +144,24 @@ export async function probeTiers(tiers: ChunkTiers, who: string, log: Logger): P
     }
   }
   return { ram, ssd, s3 };
+}
+
+/**
+ * The probe's reads as restore samples, so the worker's first heartbeat
+ * prices each tier it has from a measurement, not the configured guess (a
+ * guess that prices S3 above recompute is never corrected: the router then
+ * never sends the worker an S3 restore to measure).
+ */
+export function probeSamples(probe: TierProbe): Sample[] {
+  const out: Sample[] = [];
+  const add = (tier: RestoreTier, t: TierTiming | null | "full" | "failed") => {
+    if (t !== null && typeof t === "object")
+      out.push({ kind: "restore", tier, bytes: t.bytes, deviceMs: t.readMs, queueMs: 0 });
+  };
+  add("ram", probe.ram);
+  add("ssd", probe.ssd);
+  add("s3", probe.s3);
+  return out;
 }
 
 /**

@@ -4,8 +4,10 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { EmbeddedLog } from "../../../catalog/log-embedded.ts";
 import { silentLogger } from "../../../schema/log.ts";
+import { KvGeometry } from "../../../worker/checkpoint/chunk-format.ts";
 import type { LoadedModel } from "../../../worker/model/model-dir.ts";
 import {
+  probeSamples,
   probeTiers,
   WARM_STEPS,
   WarmStart,
@@ -47,6 +49,20 @@ describe("WarmStart", () => {
   });
 });
 
+describe("probeSamples", () => {
+  it("turns each probed tier's best read into a restore sample, and skips a tier that is absent, full or failed", () => {
+    const t = (readMs: number) => ({ ms: readMs * 3, readMs, bytes: 4096 });
+    expect(probeSamples({ ram: t(0.1), ssd: "full", s3: "failed" })).toEqual([
+      { kind: "restore", tier: "ram", bytes: 4096, deviceMs: 0.1, queueMs: 0 },
+    ]);
+    expect(probeSamples({ ram: null, ssd: t(0.5), s3: t(4) })).toEqual([
+      { kind: "restore", tier: "ssd", bytes: 4096, deviceMs: 0.5, queueMs: 0 },
+      { kind: "restore", tier: "s3", bytes: 4096, deviceMs: 4, queueMs: 0 },
+    ]);
+    expect(probeSamples({ ram: null, ssd: "full", s3: null })).toEqual([]);
+  });
+});
+
 describe.skipIf(!process.env.CONTINUUM_S3_ENDPOINT)("the warm-up steps on a real worker", () => {
   it("probes every tier, runs the catalog queries, steps the engine and registers, leaving no probe behind", async () => {
     const dir = await mkdtemp(join(tmpdir(), "continuum-warm-"));
@@ -67,10 +83,26 @@ describe.skipIf(!process.env.CONTINUUM_S3_ENDPOINT)("the warm-up steps on a real
 
     const warm = new WarmStart();
     warm.mark("model", 0);
-    const probe = await warmStep(warm, "tiers", () => probeTiers(w.cache.tiers, "warm-0", silentLogger));
-    expect(probe.ram).toBeGreaterThan(0);
-    expect(probe.ssd).toBeGreaterThan(0);
-    expect(typeof probe.s3).toBe("number");
+    const chunkBytes = 128 * KvGeometry.of(model.config.spec).tokenBytes;
+    const probe = await warmStep(warm, "tiers", () =>
+      probeTiers(w.cache.tiers, "warm-0", silentLogger, chunkBytes),
+    );
+    for (const t of [probe.ram, probe.ssd, probe.s3]) {
+      if (t === null || typeof t !== "object") throw new Error(`a tier did not probe: ${String(t)}`);
+      expect(t.bytes).toBe(chunkBytes);
+      expect(t.readMs).toBeGreaterThan(0);
+      expect(t.ms).toBeGreaterThan(t.readMs);
+    }
+    // The reads become the tiers' first restore samples: measured, not the configured guess.
+    const before = w.runtime.stats().calibration.restorePerByteMs;
+    expect(before.s3.samples).toBe(0);
+    const samples = probeSamples(probe);
+    expect(samples.map((s) => s.kind === "restore" && s.tier)).toEqual(["ram", "ssd", "s3"]);
+    for (const s of samples) w.runtime.calibrate(s);
+    const after = w.runtime.stats().calibration.restorePerByteMs;
+    const s3 = probe.s3 as { readMs: number; bytes: number };
+    expect(after.s3).toEqual({ value: s3.readMs / s3.bytes, samples: 1 });
+    expect(after.peer).toEqual(before.peer);
     expect(w.cache.tiers.ram!.stats().objects).toBe(0);
     // No object is left in the chunk files (objects/<2>/<2>/<id>) nor in S3.
     const files = await readdir(join(w.dir, "store", "objects"), { recursive: true, withFileTypes: true });
